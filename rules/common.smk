@@ -1,0 +1,85 @@
+import os
+import sys
+from pathlib import Path
+
+BASE_DIR = Path(workflow.basedir)
+SRC = str(BASE_DIR / "src")
+# Jobs (scripts in their own processes, conda envs included) import the ftbench library from here.
+sys.path.insert(0, SRC)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
+
+from ftbench import config as ftc  # noqa: E402
+
+# Cross-reference checks that a JSON schema cannot express; a bad config stops here, before any job.
+ftc.check_config(config, BASE_DIR)
+RUNS = ftc.expand_matrix(config)
+PROFILED = ftc.profiled_runs(config)
+
+
+wildcard_constraints:
+    study="|".join(config["studies"]),
+    model="|".join(config["models"]),
+    dataset="|".join(config["datasets"]),
+    variant="|".join(config["variants"]),
+    scale="tiny|proxy|full",
+    batch_size=r"\d+",
+
+
+def model_manifest(model):
+    return f"results/models/{model}/{ftc.model_scale(config, model)}/model.json"
+
+
+def run_inputs(wildcards):
+    return {
+        "model": model_manifest(wildcards.model),
+        "train": f"results/data/{wildcards.dataset}/train.parquet",
+        "eval": f"results/data/{wildcards.dataset}/eval.parquet",
+    }
+
+
+def run_hash(wildcards):
+    """Config hash of one run: a changed knob, dataset or model definition reruns it."""
+    spec = ftc.find_run(config, **wildcards)
+    return ftc.config_hash(ftc.run_config(config, spec))
+
+
+def study_metrics(wildcards):
+    return [f"{s.run_dir}/metrics.json" for s in RUNS if s.study == wildcards.study]
+
+
+def study_profiles(wildcards):
+    return [f"{s.run_dir.replace('results/runs', 'results/profiles')}/summary.json" for s in PROFILED
+            if s.study == wildcards.study]
+
+
+def token_stats_inputs(wildcards):
+    return [f"results/token_stats/{e['dataset']}/{e['model']}.json" for e in config.get("token_stats", [])]
+
+
+def token_stats_model(wildcards):
+    return model_manifest(wildcards.model)
+
+
+def study_title(wildcards):
+    return config["studies"][wildcards.study].get("title", wildcards.study)
+
+
+def all_targets():
+    targets = [f"results/studies/{study}/{name}" for study in config["studies"]
+               for name in ("runs.html", "step_time.svg", "memory.svg", "throughput.svg")]
+    targets += [model_manifest(m) for m in config.get("materialize", [])]
+    if config.get("token_stats"):
+        targets += ["results/token_stats/token_stats.html", "results/token_stats/token_stats.svg"]
+    return targets
+
+
+def dataset_def(wildcards):
+    return config["datasets"][wildcards.dataset]
+
+
+def model_def(wildcards):
+    return config["models"][wildcards.model]
+
+
+def architecture_file(wildcards):
+    return str(ftc.architecture_path(config, wildcards.model, BASE_DIR))

@@ -1,0 +1,88 @@
+rule aggregate:
+    input:
+        metrics=study_metrics,
+        extra=config.get("merge_runs", []),
+    output:
+        parquet="results/studies/{study}/runs.parquet",
+        csv="results/studies/{study}/runs.csv",
+        html=report(
+            "results/studies/{study}/runs.html",
+            caption="../report/runs.rst",
+            category="{study}",
+            subcategory="Runs",
+            labels={"table": "all runs"},
+        ),
+    params:
+        title=study_title,
+    log:
+        "logs/aggregate/{study}.log",
+    benchmark:
+        "benchmarks/aggregate/{study}.tsv"
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/aggregate.py"
+
+
+rule figures:
+    input:
+        runs="results/studies/{study}/runs.parquet",
+        profiles=study_profiles,
+    output:
+        step_time=report(
+            "results/studies/{study}/step_time.svg",
+            caption="../report/step_time.rst",
+            category="{study}",
+            subcategory="Figures",
+            labels={"figure": "step time vs batch size"},
+        ),
+        memory=report(
+            "results/studies/{study}/memory.svg",
+            caption="../report/memory.rst",
+            category="{study}",
+            subcategory="Figures",
+            labels={"figure": "peak memory vs batch size"},
+        ),
+        throughput=report(
+            "results/studies/{study}/throughput.svg",
+            caption="../report/throughput.rst",
+            category="{study}",
+            subcategory="Figures",
+            labels={"figure": "samples per hour vs batch size"},
+        ),
+    log:
+        "logs/figures/{study}.log",
+    benchmark:
+        "benchmarks/figures/{study}.tsv"
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/figures.py"
+
+
+rule token_table:
+    input:
+        token_stats_inputs,
+    output:
+        html=report(
+            "results/token_stats/token_stats.html",
+            caption="../report/token_stats.rst",
+            category="Data",
+            subcategory="Token statistics",
+            labels={"table": "token statistics"},
+        ),
+        figure=report(
+            "results/token_stats/token_stats.svg",
+            caption="../report/token_stats.rst",
+            category="Data",
+            subcategory="Token statistics",
+            labels={"table": "tokens per sample"},
+        ),
+    log:
+        "logs/token_table.log",
+    benchmark:
+        "benchmarks/token_table.tsv"
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/token_table.py"

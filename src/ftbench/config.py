@@ -1,0 +1,178 @@
+"""Config: the run matrix, variant knobs and the checks a schema cannot express."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+RUN_DIR = "results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}"
+
+
+class ConfigError(ValueError):
+    """A config that is wrong in a way the JSON schema cannot see."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One named set of knobs; every key of a variant in config maps to a field here."""
+
+    name: str
+    peft: str = "lora"  # lora | none
+    precision: str = "bf16"  # bf16 | fp16 | fp32 | nf4 | fp8
+    fp8_backend: str | None = None  # te | torchao (precision fp8 only)
+    fp8_recipe: str = "delayed"  # delayed | current (Transformer Engine)
+    fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
+    compile: str | None = None  # None | default | reduce-overhead | max-autotune
+    shape_policy: str = "dynamic"  # dynamic (AnyRes, dynamic padding) | fixed | bucketed
+    framework: str = "hf"  # hf | unsloth
+    gradient_checkpointing: bool = False
+    dataloader_workers: int = 0
+    pin_memory: bool = False
+    cached_latents: bool = False  # diffusion: train from pre-encoded latents
+    clip_grad_sync_free: bool = False  # diffusion: clip gradients without a host sync
+
+    @classmethod
+    def from_config(cls, name: str, knobs: dict) -> "Variant":
+        known = {f.name for f in dataclasses.fields(cls)} - {"name"}
+        unknown = sorted(set(knobs) - known)
+        if unknown:
+            raise ConfigError(f"variants.{name}: unknown knob(s) {unknown}; known: {sorted(known)}")
+        return cls(name=name, **knobs)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training job: the identity of a run and everything it needs to know."""
+
+    study: str
+    model: str
+    scale: str
+    dataset: str
+    variant: str
+    batch_size: int
+
+    @property
+    def run_dir(self) -> str:
+        return RUN_DIR.format(**dataclasses.asdict(self))
+
+    @property
+    def wildcards(self) -> dict:
+        return {k: str(v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass
+class TrainSettings:
+    """Everything a runner needs besides the model, data and variant, resolved from config."""
+
+    max_steps: int
+    warmup_steps: int
+    max_seq_length: int = 2048
+    learning_rate: float = 2e-4
+    max_grad_norm: float = 0.3
+    gradient_accumulation_steps: int = 1
+    logging_steps: int = 1
+    memory_log_every: int = 10
+    seed: int = 42
+    lora: dict = field(default_factory=dict)
+    optim: str = "adamw_torch"
+    eval_batches: int = 2
+
+
+def load_yaml(path) -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def model_scale(config: dict, model: str) -> str:
+    return config["models"][model].get("scale", config["scale"])
+
+
+def expand_matrix(config: dict) -> list[RunSpec]:
+    """Every run of every study: the union over each study's matrix blocks of their products."""
+    runs = []
+    for study, sdef in config["studies"].items():
+        for block in sdef["matrix"]:
+            for model, dataset, variant, bs in itertools.product(
+                block["models"], block["datasets"], block["variants"], block["batch_sizes"]
+            ):
+                spec = RunSpec(study, model, model_scale(config, model), dataset, variant, int(bs))
+                if spec not in runs:
+                    runs.append(spec)
+    return runs
+
+
+def find_run(config: dict, **wildcards) -> RunSpec:
+    for spec in expand_matrix(config):
+        if spec.wildcards == {k: str(v) for k, v in wildcards.items() if k in spec.wildcards}:
+            return spec
+    raise ConfigError(f"no run in the config matrix matches {wildcards}")
+
+
+def architecture_path(config: dict, model: str, base_dir) -> Path:
+    return Path(base_dir) / "config" / "architectures" / config["models"][model]["architecture"]
+
+
+def check_config(config: dict, base_dir) -> None:
+    """Cross-reference checks, run after schema validation and before any job: name the key."""
+    for name, knobs in config["variants"].items():
+        Variant.from_config(name, knobs or {})
+    for model, mdef in config["models"].items():
+        path = architecture_path(config, model, base_dir)
+        if not path.is_file():
+            raise ConfigError(f"models.{model}.architecture: file not found: {path}")
+    for study, sdef in config["studies"].items():
+        for i, block in enumerate(sdef["matrix"]):
+            where = f"studies.{study}.matrix[{i}]"
+            for key, pool in (("models", "models"), ("datasets", "datasets"), ("variants", "variants")):
+                for name in block[key]:
+                    if name not in config[pool]:
+                        raise ConfigError(f"{where}.{key}: unknown {key[:-1]} '{name}' (defined: {sorted(config[pool])})")
+    for i, entry in enumerate(config.get("token_stats", [])):
+        for key, pool in (("model", "models"), ("dataset", "datasets")):
+            if entry[key] not in config[pool]:
+                raise ConfigError(f"token_stats[{i}].{key}: unknown {key} '{entry[key]}'")
+    runs = expand_matrix(config)
+    for i, sel in enumerate(config.get("profile", [])):
+        if not any(_matches(spec, sel) for spec in runs):
+            raise ConfigError(f"profile[{i}]: selects no run of the matrix: {sel}")
+
+
+def _matches(spec: RunSpec, selector: dict) -> bool:
+    return all(str(getattr(spec, k)) == str(v) for k, v in selector.items())
+
+
+def profiled_runs(config: dict) -> list[RunSpec]:
+    runs = expand_matrix(config)
+    return [s for s in runs if any(_matches(s, sel) for sel in config.get("profile", []))]
+
+
+def run_config(config: dict, spec: RunSpec) -> dict:
+    """The slice of config that determines one run; its hash is part of the run's provenance."""
+    study = config["studies"][spec.study]
+    return {
+        "run": dataclasses.asdict(spec),
+        "model": config["models"][spec.model],
+        "dataset": config["datasets"][spec.dataset],
+        "variant": config["variants"][spec.variant] or {},
+        "training": config["training"],
+        "study": {k: v for k, v in study.items() if k != "matrix"},
+        "seed": config["seed"],
+    }
+
+
+def config_hash(obj) -> str:
+    blob = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def train_settings(config: dict, spec: RunSpec) -> TrainSettings:
+    study = config["studies"][spec.study]
+    merged = {**config["training"], **study.get("training", {})}
+    known = {f.name for f in dataclasses.fields(TrainSettings)}
+    return TrainSettings(seed=config["seed"], **{k: v for k, v in merged.items() if k in known})

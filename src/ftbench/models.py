@@ -1,0 +1,123 @@
+"""Model materialization: random-weight checkpoints in the hub's format, or a pointer to a hub id."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from .data import text_corpus
+from .tokenizer import build_tokenizer
+
+TOKENIZER_VOCAB = 3072  # below every scale's vocab_size, so token ids always fit the embedding
+
+
+def _n_params(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _causal_lm(arch, out, tok, device):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = dict(arch["config"])
+    cfg_obj = AutoConfig.for_model(
+        cfg.pop("model_type"), **cfg, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    )
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg_obj, dtype=torch.bfloat16)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return {"parameters": _n_params(model)}
+
+
+def _lmm(arch, out, tok, device):
+    from transformers import (LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextImageProcessor,
+                              LlavaNextProcessor)
+
+    cfg = dict(arch["config"])
+    cfg.pop("model_type")
+    cfg["image_token_index"] = tok.convert_tokens_to_ids("<image>")
+    cfg["text_config"] = dict(cfg["text_config"], pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    config = LlavaNextConfig(**cfg)
+    with torch.device(device):
+        model = LlavaNextForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(out)
+    vcfg = arch["config"]["vision_config"]
+    processor = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessor(**arch["image_processor"]),
+        tokenizer=tok,
+        patch_size=vcfg["patch_size"],
+        vision_feature_select_strategy=arch["config"]["vision_feature_select_strategy"],
+        num_additional_image_tokens=1,  # the CLS token of the CLIP tower
+        chat_template=tok.chat_template,
+    )
+    processor.save_pretrained(out)
+    return {"parameters": _n_params(model), "image_token_index": cfg["image_token_index"]}
+
+
+def _diffusion(arch, out, tok, device):
+    import diffusers
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    comps = arch["components"]
+    counts = {}
+    with torch.device(device):
+        for name in ("unet", "vae"):
+            module = getattr(diffusers, comps[name]["class"])(**comps[name]["config"])
+            module.save_pretrained(Path(out) / name)
+            counts[name] = _n_params(module)
+        tcfg = dict(comps["text_encoder"]["config"])
+        tcfg.pop("model_type", None)
+        text = CLIPTextModel(CLIPTextConfig(**tcfg, pad_token_id=tok.pad_token_id, bos_token_id=tok.pad_token_id,
+                                            eos_token_id=tok.eos_token_id))
+    text.save_pretrained(Path(out) / "text_encoder")
+    counts["text_encoder"] = _n_params(text)
+    getattr(diffusers, comps["scheduler"]["class"])(**comps["scheduler"]["config"]).save_pretrained(
+        Path(out) / "scheduler")
+    tok.save_pretrained(Path(out) / "tokenizer")
+    index = {"_class_name": "StableDiffusionPipeline", "_diffusers_version": diffusers.__version__,
+             "requires_safety_checker": False, "safety_checker": [None, None], "feature_extractor": [None, None]}
+    for name, lib in (("unet", "diffusers"), ("vae", "diffusers"), ("scheduler", "diffusers"),
+                      ("text_encoder", "transformers"), ("tokenizer", "transformers")):
+        cls = type(tok).__name__ if name == "tokenizer" else (
+            "CLIPTextModel" if name == "text_encoder" else comps[name]["class"])
+        index[name] = [lib, cls]
+    (Path(out) / "model_index.json").write_text(json.dumps(index, indent=2))
+    return {"parameters": sum(counts.values()), "component_parameters": counts}
+
+
+BUILDERS = {"causal_lm": _causal_lm, "lmm": _lmm, "diffusion": _diffusion}
+
+
+def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str = "cpu") -> dict:
+    """Write a loadable checkpoint (random weights) or, for a hub source, a manifest pointing at it.
+
+    Returns the manifest, which is also written to `out_dir/model.json`; runners load `manifest["path"]`
+    through the ordinary `from_pretrained`, whichever it is.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {"family": arch["family"], "architecture": arch["hub_id"], "scale": arch["scale"],
+                "weights_source": source, "seed": seed}
+    if source == "random":
+        ckpt = out / "checkpoint"
+        t0 = time.perf_counter()
+        torch.manual_seed(seed)
+        max_len = 77 if arch["family"] == "diffusion" else 32768
+        tok = build_tokenizer(text_corpus(), TOKENIZER_VOCAB, max_len)
+        manifest.update(BUILDERS[arch["family"]](arch, ckpt, tok, device))
+        manifest.update(path=str(ckpt), tokenizer="offline byte-level BPE", materialize_s=time.perf_counter() - t0)
+    else:
+        if arch["scale"] != "full":
+            raise ValueError(f"hub weights ({source}) exist only at full scale, config asks for {arch['scale']}")
+        manifest.update(path=source, tokenizer=source)
+    (out / "model.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def read_manifest(path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,130 @@
+"""Profiling: torch.profiler on a run (wait 1, warm-up 1, active 5) and a summary of its Chrome trace."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import torch
+
+SCHEDULE = {"wait": 1, "warmup": 1, "active": 5}
+STEPS_NEEDED = sum(SCHEDULE.values()) + 1
+DATA_LOADING_MARKERS = ("enumerate(DataLoader)", "ftbench.data")
+IDLE_GAP_US = 50.0  # a gap between device kernels longer than this counts as idle
+
+
+def make_profiler(device: torch.device, trace_path: str, ops_path: str, top: int = 15):
+    """A profiler that, when its active window closes, writes the Chrome trace and the top operators
+    by self time on the device (self CPU time on a machine without a GPU)."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+
+    def on_ready(prof):
+        prof.export_chrome_trace(trace_path)
+        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        rows = sorted(prof.key_averages(), key=lambda a: -getattr(a, key))[:top]
+        total = sum(getattr(a, key) for a in prof.key_averages()) or 1.0
+        ops = [{"name": a.key[:120], "self_time_ms": getattr(a, key) / 1e3, "share": getattr(a, key) / total,
+                "calls": a.count} for a in rows]
+        with open(ops_path, "w") as f:
+            json.dump({"by": key, "operators": ops}, f, indent=2)
+
+    return torch.profiler.profile(activities=acts, schedule=torch.profiler.schedule(repeat=1, **SCHEDULE),
+                                  on_trace_ready=on_ready, record_shapes=False, with_stack=False)
+
+
+def _union_us(intervals) -> float:
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def _clip(intervals, lo, hi):
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
+
+
+def load_trace(path) -> list[dict]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
+    """Device busy vs idle share per step and overall, data-loading share, idle gaps, top operators."""
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    steps = sorted((e for e in complete if e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    device = "cuda" if kernels else "cpu"
+    if not kernels:  # on a CPU the "device" is the host: top-level operators stand in for kernels
+        kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") == "cpu_op"]
+    loading = [(e["ts"], e["ts"] + e["dur"]) for e in complete
+               if any(m in e.get("name", "") for m in DATA_LOADING_MARKERS)]
+    per_step = []
+    for st in steps:
+        lo, hi = st["ts"], st["ts"] + st["dur"]
+        busy = sorted(_clip(kernels, lo, hi))
+        gaps, prev = [], lo
+        for s, e in busy:
+            if s - prev > IDLE_GAP_US:
+                gaps.append(s - prev)
+            prev = max(prev, e)
+        if hi - prev > IDLE_GAP_US:
+            gaps.append(hi - prev)
+        per_step.append({"step": st["name"], "duration_ms": st["dur"] / 1e3,
+                         "busy_share": _union_us(busy) / st["dur"] if st["dur"] else None,
+                         "data_loading_share": _union_us(_clip(loading, lo, hi)) / st["dur"] if st["dur"] else None,
+                         "idle_gaps": len(gaps), "idle_gap_ms_total": sum(gaps) / 1e3,
+                         "largest_gap_ms": max(gaps) / 1e3 if gaps else 0.0})
+    span = sum(s["duration_ms"] for s in per_step)
+
+    def weighted(key):
+        return sum(s[key] * s["duration_ms"] for s in per_step) / span if span else None
+
+    return {"device": device, "steps": len(per_step), "busy_share": weighted("busy_share"),
+            "idle_share": 1 - weighted("busy_share") if span else None,
+            "data_loading_share": weighted("data_loading_share"), "per_step": per_step,
+            "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < 0.8 if device == "cuda" else None}
+
+
+def profile_run(ctx, trace_path, summary_path, html_path) -> dict:
+    """Rerun a training job under the profiler; write its trace, a summary and an HTML page."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    import polars as pl
+
+    from .analysis import html_page
+    from .harness import pick_device
+    from .runners import execute
+
+    device = pick_device()
+    ops_path = str(Path(summary_path).with_suffix(".ops.json"))
+    settings = dataclasses.replace(ctx.settings, max_steps=max(ctx.settings.max_steps, STEPS_NEEDED))
+    ctx = dataclasses.replace(ctx, settings=settings, profiler=make_profiler(device, str(trace_path), ops_path))
+    with tempfile.TemporaryDirectory() as tmp:
+        record = execute(ctx, f"{tmp}/metrics.json", f"{tmp}/steps.csv", f"{tmp}/memory.csv")
+    summary = {"run": record["run"], "status": record["status"], "reason": record["reason"],
+               "step_time_s": record["timing"]["step_time_s"], "schedule": SCHEDULE}
+    if record["status"] == "ok":
+        ops = json.loads(Path(ops_path).read_text())["operators"]
+        summary.update(summarize_trace(load_trace(trace_path), ops))
+    else:  # keep the DAG whole: an empty trace stands for a run that could not be profiled
+        with gzip.open(trace_path, "wt") as f:
+            json.dump({"traceEvents": []}, f)
+    Path(summary_path).write_text(json.dumps(summary, indent=2))
+    blocks = [f"status {summary['status']} {summary['reason'] or ''}; device {summary.get('device')}; "
+              f"busy share {summary.get('busy_share')}; data-loading share {summary.get('data_loading_share')}"]
+    if summary.get("per_step"):
+        blocks.append(("Per step", pl.DataFrame(summary["per_step"]), "per_step"))
+        blocks.append(("Top operators by self time", pl.DataFrame(summary["top_operators"]), "top_ops"))
+    run = record["run"]
+    title = f"Profile: {run['model']} / {run['dataset']} / {run['variant']} / batch {run['batch_size']}"
+    Path(html_path).write_text(html_page(title, blocks))
+    return summary

@@ -1,0 +1,141 @@
+"""Causal-LM runner: TRL's SFTTrainer, as users train, with the harness attached as a callback."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..flops import causal_lm_shape, train_flops
+from ..harness import memory_now, timed
+from ..variants import adapted_modules, apply_lora, parameter_counts, quantization_config, torch_dtype
+
+
+def load_model(ctx, device):
+    """Load the checkpoint (random or hub) with the variant's precision and adapters applied."""
+    v, path, lora = ctx.variant, ctx.manifest["path"], ctx.settings.lora
+    if v.framework == "unsloth":
+        from unsloth import FastLanguageModel  # imported first: Unsloth patches transformers
+
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            path, max_seq_length=ctx.settings.max_seq_length, dtype=torch.bfloat16,
+            load_in_4bit=v.precision == "nf4")
+        model = FastLanguageModel.get_peft_model(
+            model, r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
+            target_modules=lora.get("target_modules"), bias="none", random_state=3407,
+            use_gradient_checkpointing="unsloth" if v.gradient_checkpointing else False)
+        return model, tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    quant = quantization_config(v)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch_dtype(v), quantization_config=quant, attn_implementation="sdpa",
+        device_map={"": device} if quant is not None else None)
+    if quant is None:
+        model.to(device)
+    if v.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    return apply_lora(model, v, lora), tokenizer
+
+
+def fused_head_available() -> bool:
+    """Whether TRL's fused LM-head loss (a Triton kernel) can run here."""
+    from trl.trainer import utils
+
+    return utils._ChunkedLogProbFunction is not None
+
+
+def sft_dataset(path, kind):
+    from ..data import read_split, sft_messages
+
+    ds = read_split(path)
+    return ds.map(lambda ex: {"messages": sft_messages(ex, kind)}, remove_columns=ds.column_names)
+
+
+def train(ctx, record, device, clock, memory_log):
+    """Load, wrap, train with SFTTrainer for warm-up + measured steps, evaluate; fill the record."""
+    from transformers import Trainer, TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    s, v = ctx.settings, ctx.variant
+    with timed(record["timing"], "model_load_s", device):
+        model, tokenizer = load_model(ctx, device)
+    total, trainable = parameter_counts(model)
+    record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model))
+    shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
+
+    args = SFTConfig(
+        output_dir=str(ctx.spec.run_dir) + "/trainer", max_steps=s.max_steps,
+        per_device_train_batch_size=ctx.spec.batch_size, per_device_eval_batch_size=ctx.spec.batch_size,
+        gradient_accumulation_steps=s.gradient_accumulation_steps, learning_rate=s.learning_rate,
+        optim=s.optim, max_grad_norm=s.max_grad_norm, bf16=v.precision in ("bf16", "nf4", "fp8"),
+        fp16=v.precision == "fp16", max_length=s.max_seq_length, logging_steps=s.logging_steps,
+        save_strategy="no", eval_strategy="no", report_to="none", seed=s.seed, data_seed=s.seed,
+        dataloader_num_workers=v.dataloader_workers, dataloader_pin_memory=v.pin_memory,
+        use_cpu=device.type == "cpu", disable_tqdm=True, torch_compile=v.compile is not None,
+        torch_compile_mode=v.compile, lr_scheduler_type="linear", warmup_steps=0)
+    train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
+
+    class MeasuredSFTTrainer(SFTTrainer):
+        """SFTTrainer that remembers each micro-batch's shape, real tokens and loss (no host sync)."""
+
+        pending: list = []
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if fused_head_available():
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            # TRL's fused LM head is a Triton kernel; without Triton (CPU-only machines) use the model's loss
+            return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            ids = inputs["input_ids"]
+            mask = inputs.get("attention_mask")
+            real = mask.sum() if mask is not None else torch.tensor(ids.numel())
+            self.pending.append((ids.shape[0], ids.shape[1], real, loss))
+            return loss
+
+    class HarnessCallback(TrainerCallback):
+        """Marks step boundaries on the harness clock and keeps the published memory log."""
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+            clock.start()
+
+        def on_step_end(self, args, state, control, **kw):
+            batches, trainer.pending[:] = list(trainer.pending), []
+            lens = [t for b, t, _, _ in batches for _ in range(b)]
+            flops = train_flops(lens, shape["matmul_params_per_token"], trainable, shape["layers"],
+                                shape["attention_width"], v.gradient_checkpointing)
+            clock.step_end(samples=sum(b for b, *_ in batches), tokens=int(sum(r.item() for *_, r, _ in batches)),
+                           padded_tokens=sum(lens), loss=float(sum(l.item() for *_, l in batches) / len(batches)),
+                           flops=flops)
+            if ctx.profiler is not None:
+                ctx.profiler.step()
+            if state.global_step % s.memory_log_every == 0 or state.global_step == state.max_steps:
+                self.log_memory(state)
+
+        def log_memory(self, state):
+            mem = memory_now(device)
+            memory_log.append({"step": state.global_step, "epoch": state.epoch,
+                               "elapsed_s": time.perf_counter() - self.t0,
+                               "progress": state.global_step / state.max_steps,
+                               "allocated_gib": mem["allocated_gib"], "reserved_gib": mem["reserved_gib"],
+                               "peak_allocated_gib": mem["peak_allocated_gib"],
+                               "host_peak_rss_gib": mem["host_peak_rss_gib"]})
+
+    trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                                 processing_class=tokenizer, callbacks=[HarnessCallback()])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer.train()
+    losses = [r["loss"] for r in clock.steps]
+    record["loss"].update(first=losses[0] if losses else None, last=losses[-1] if losses else None)
+    record["extra"]["loss_path"] = "trl_fused_lm_head" if fused_head_available() else "model_cross_entropy"
+    n_train = len(train_ds)
+    record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size
+    record["extra"]["train_samples"] = n_train
+    with timed(record["timing"], "eval_s", device):
+        record["loss"]["eval"] = trainer.evaluate()["eval_loss"]

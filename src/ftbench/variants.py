@@ -1,0 +1,81 @@
+"""Variant knobs turned into model changes: small functions a runner composes, plus the support check."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from .config import Variant
+from .harness import Unsupported
+
+
+def check_supported(variant: Variant, device: torch.device) -> None:
+    """Raise Unsupported with the reason when this machine cannot run the variant."""
+    cuda = device.type == "cuda"
+    if variant.framework == "unsloth":
+        if not cuda:
+            raise Unsupported("Unsloth needs a CUDA GPU; this machine has none")
+        if importlib.util.find_spec("unsloth") is None:
+            raise Unsupported("Unsloth is not installed (pip install '.[gpu]')")
+    if variant.precision == "fp8":
+        if not cuda:
+            raise Unsupported("FP8 needs a CUDA GPU of compute capability 8.9 or newer; this machine has none")
+        cap = torch.cuda.get_device_capability(device)
+        if cap < (8, 9):
+            raise Unsupported(f"FP8 needs compute capability 8.9 or newer; this GPU has {cap[0]}.{cap[1]}")
+        module = {"te": "transformer_engine", "torchao": "torchao"}.get(variant.fp8_backend)
+        if module is None:
+            raise Unsupported(f"FP8 backend {variant.fp8_backend!r} is not one of te, torchao")
+        if importlib.util.find_spec(module) is None:
+            raise Unsupported(f"FP8 backend {variant.fp8_backend}: {module} is not installed")
+    if variant.precision == "nf4" and importlib.util.find_spec("bitsandbytes") is None:
+        raise Unsupported("NF4 needs bitsandbytes, which is not installed")
+    if variant.pin_memory and not cuda:
+        raise Unsupported("pin_memory pins host memory for copies to a CUDA GPU; this machine has none")
+
+
+def torch_dtype(variant: Variant) -> torch.dtype:
+    return {"fp32": torch.float32, "fp16": torch.float16}.get(variant.precision, torch.bfloat16)
+
+
+def quantization_config(variant: Variant):
+    """The published QLoRA setting: NF4, double quantization, bf16 compute."""
+    if variant.precision != "nf4":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def lora_config(lora: dict, task_type: str | None = "CAUSAL_LM"):
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
+                      bias="none", target_modules=lora.get("target_modules", "all-linear"), task_type=task_type,
+                      init_lora_weights=lora.get("init", True))
+
+
+def apply_lora(model, variant: Variant, lora: dict, task_type: str | None = "CAUSAL_LM"):
+    """PEFT LoRA on the configured targets; a k-bit model is prepared for training first."""
+    if variant.peft != "lora":
+        return model
+    from peft import get_peft_model, prepare_model_for_kbit_training
+
+    if variant.precision == "nf4":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=variant.gradient_checkpointing)
+    return get_peft_model(model, lora_config(lora, task_type))
+
+
+def adapted_modules(model) -> dict:
+    """Which module names LoRA actually adapted (e.g. only attention in the published gpt-oss run)."""
+    names = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and len(getattr(m, "lora_A", {}))]
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+    return {"count": len(names), "names": leaves}
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return total, trainable

@@ -1,0 +1,12 @@
+import sys
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+from ftbench.analysis import aggregate, display_table, to_html  # noqa: E402
+
+df = aggregate(snakemake.input.metrics, snakemake.input.extra)
+df.write_parquet(snakemake.output.parquet)
+df.write_csv(snakemake.output.csv)
+with open(snakemake.output.html, "w") as f:
+    f.write(to_html(display_table(df), snakemake.params.title, note=f"{df.height} runs; weights and data sources "
+                    "in the last columns: losses of random weights mean nothing, speed and memory do."))

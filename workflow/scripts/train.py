@@ -1,0 +1,10 @@
+import sys
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+from ftbench.runners import context_from_config, execute  # noqa: E402
+
+ctx = context_from_config(snakemake.config, dict(snakemake.wildcards), snakemake.input.model, snakemake.input.train,
+                          snakemake.input.eval, snakemake.params.base_dir)
+record = execute(ctx, snakemake.output.metrics, snakemake.output.steps, snakemake.output.memory)
+print(record["status"], record["reason"] or "")
