@@ -1,12 +1,10 @@
-import os
 import sys
 from pathlib import Path
 
 BASE_DIR = Path(workflow.basedir)
-SRC = str(BASE_DIR / "src")
-# Jobs (scripts in their own processes, conda envs included) import the ftbench library from here.
-sys.path.insert(0, SRC)
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
+# The Snakefile imports the library from src/; jobs find it through workflow/scripts/ftbench, a link
+# to it, because Snakemake puts a script's own folder on its path (in any conda env too).
+sys.path.insert(0, str(BASE_DIR / "src"))
 
 from ftbench import config as ftc  # noqa: E402
 

@@ -10,23 +10,25 @@ def metric_vs_batch(df: pl.DataFrame, column: str, title: str, y_title: str) -> 
     """One line per variant (and GPU), faceted by model and dataset; failed runs drop out."""
     ok = df.filter((pl.col("status") == "ok") & pl.col(column).is_not_null())
     data = ok.select("model", "dataset", "variant", "gpu", "batch_size", pl.col(column).alias("value")).to_pandas()
-    base = alt.Chart(data, title=title).encode(
-        x=alt.X("batch_size:Q", title="batch size", scale=alt.Scale(type="log", base=2)),
+    base = alt.Chart(data).encode(
+        x=alt.X("batch_size:O", title="batch size", axis=alt.Axis(labelAngle=0)),
         y=alt.Y("value:Q", title=y_title),
         color=alt.Color("variant:N"), strokeDash=alt.StrokeDash("gpu:N"),
         tooltip=["model", "dataset", "variant", "gpu", "batch_size", alt.Tooltip("value:Q", format=".4g")])
     chart = base.mark_line(point=True).properties(width=260, height=180)
-    return chart.facet(row=alt.Row("model:N"), column=alt.Column("dataset:N"))
+    return chart.facet(row=alt.Row("model:N"), column=alt.Column("dataset:N"), title=title).resolve_scale(
+        y="independent")
 
 
 def token_histogram(rows: list[dict]) -> alt.Chart:
     """Distribution of tokens per sample, before and after truncation, per dataset and tokenizer."""
     data = pl.DataFrame(rows).to_pandas()
-    return alt.Chart(data, title="Tokens per sample").mark_bar().encode(
-        x=alt.X("measure:N", title=None), y=alt.Y("value:Q", title="tokens"),
+    return alt.Chart(data).mark_bar().encode(
+        x=alt.X("measure:N", title=None, axis=alt.Axis(labelAngle=0)), y=alt.Y("value:Q", title="tokens"),
         color="statistic:N", xOffset="statistic:N",
         tooltip=["dataset", "model", "measure", "statistic", alt.Tooltip("value:Q", format=".1f")],
-    ).properties(width=220, height=180).facet(column=alt.Column("dataset:N"))
+    ).properties(width=200, height=180).facet(column=alt.Column("dataset:N"), title="Tokens per sample").resolve_scale(
+        x="independent", y="independent")
 
 
 def save_svg(chart: alt.Chart, path) -> None:

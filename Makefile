@@ -1,0 +1,34 @@
+# Two entry points: `make report` (install, run the default pipeline, build report.html) and
+# `make test` (install, run the test suite). Both create .venv themselves on a fresh machine.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+CORES ?= 2
+
+.PHONY: install report run test lint clean
+
+$(BIN)/snakemake: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and pinned, so nothing below pulls another build with its CUDA packages
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(BIN)/snakemake
+
+run: install
+	$(BIN)/snakemake --cores $(CORES) --resources gpu=1
+
+report: run
+	$(BIN)/snakemake --report report.html
+	@echo "report: $(CURDIR)/report.html"
+
+test: install
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/snakemake --lint
+
+clean:
+	rm -rf results logs benchmarks .snakemake report.html

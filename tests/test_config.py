@@ -1,0 +1,82 @@
+"""Config validation: bad input stops before any job, with a message naming the key."""
+
+import copy
+import dataclasses
+
+import pytest
+import yaml
+
+from conftest import ROOT, snakemake
+from ftbench import config as ftc
+
+DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+SCHEMA = yaml.safe_load((ROOT / "config/schema/config.schema.yaml").read_text())
+
+
+def dry_run_with(tmp_path, mutate):
+    cfg = copy.deepcopy(DEFAULT)
+    mutate(cfg)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return snakemake("-n", "--configfile", str(path), "-d", str(tmp_path / "wd"), cwd=tmp_path)
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda c: c["variants"]["lora"].update(turbo=True), "turbo"),
+    (lambda c: c["studies"]["llm"]["matrix"][0].update(batch_sizes=[0, 2]), "batch_sizes"),
+    (lambda c: c["models"]["qwen3-8b"].update(architecture="no-such-model.yaml"), "models.qwen3-8b.architecture"),
+    (lambda c: c["studies"]["llm"]["matrix"][0].update(datasets=["japanese_alpaca", "imagenet"]), "imagenet"),
+], ids=["unknown-knob", "batch-size-0", "missing-architecture", "unknown-dataset"])
+def test_bad_config_stops_before_any_job(tmp_path, mutate, key):
+    proc = dry_run_with(tmp_path, mutate)
+    assert proc.returncode != 0
+    assert key in proc.stdout + proc.stderr
+    assert not (tmp_path / "wd" / "results").exists()
+
+
+def test_default_config_dry_run_is_fast(tmp_path):
+    import time
+
+    t0 = time.perf_counter()
+    proc = snakemake("-n", "--configfile", str(ROOT / "config/config.yaml"), "-d", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert time.perf_counter() - t0 < 15  # the target is < 5 s; the margin absorbs a loaded CI machine
+
+
+def test_schema_variant_knobs_match_the_dataclass():
+    knobs = set(SCHEMA["properties"]["variants"]["additionalProperties"]["properties"])
+    fields = {f.name for f in dataclasses.fields(ftc.Variant)} - {"name"}
+    assert knobs == fields
+
+
+def test_unknown_knob_raises_in_python_too():
+    with pytest.raises(ftc.ConfigError, match="turbo"):
+        ftc.Variant.from_config("x", {"turbo": True})
+
+
+def test_matrix_is_the_union_of_block_products():
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["studies"]["llm"]["matrix"] = [
+        {"models": ["qwen3-8b"], "datasets": ["japanese_alpaca", "wikipedia_ja"], "variants": ["lora"],
+         "batch_sizes": [1, 2]},
+        {"models": ["qwen3-8b"], "datasets": ["japanese_alpaca"], "variants": ["lora"], "batch_sizes": [2, 8]},
+    ]
+    runs = ftc.expand_matrix(cfg)
+    assert len(runs) == 5  # (1,2)x2 datasets + 8 on alpaca; the duplicate (alpaca, 2) counted once
+    assert runs[0].run_dir == "results/runs/llm/qwen3-8b/tiny/japanese_alpaca/lora/bs1"
+    assert ftc.find_run(cfg, study="llm", model="qwen3-8b", scale="tiny", dataset="japanese_alpaca",
+                        variant="lora", batch_size="8").batch_size == 8
+
+
+def test_config_hash_changes_with_a_knob():
+    spec = ftc.expand_matrix(DEFAULT)[0]
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["variants"]["lora"]["gradient_checkpointing"] = True
+    assert ftc.config_hash(ftc.run_config(DEFAULT, spec)) != ftc.config_hash(ftc.run_config(cfg, spec))
+
+
+def test_profile_selector_must_match_a_run():
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["profile"] = [{"study": "llm", "batch_size": 64}]
+    with pytest.raises(ftc.ConfigError, match="profile"):
+        ftc.check_config(cfg, ROOT)

@@ -1,0 +1,123 @@
+"""End to end: the default pipeline through Snakemake, then the report's content."""
+
+import base64
+import json
+import re
+import time
+from html.parser import HTMLParser
+
+import pytest
+import yaml
+
+from conftest import ROOT, snakemake
+from ftbench.config import expand_matrix
+
+CONFIG = ROOT / "config/config.yaml"
+pytestmark = pytest.mark.e2e
+
+
+class TableParser(HTMLParser):
+    """Rows of the <table id=...> a page holds, as lists of cell texts (header first)."""
+
+    def __init__(self, table_id):
+        super().__init__()
+        self.table_id, self.inside, self.rows, self.cell = table_id, False, [], None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table" and dict(attrs).get("id") == self.table_id:
+            self.inside = True
+        elif self.inside and tag == "tr":
+            self.rows.append([])
+        elif self.inside and tag in ("td", "th"):
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self.inside = False
+        elif self.inside and tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append(self.cell.strip())
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+
+def table(html, table_id):
+    p = TableParser(table_id)
+    p.feed(html)
+    header, *rows = p.rows
+    return [dict(zip(header, r)) for r in rows]
+
+
+def embedded(report_html, path):
+    """The file the report embeds for a result path, decoded from its data URI."""
+    results = json.loads(re.search(r"var results = (\{.*?\});\s*\n", report_html, re.S).group(1))
+    uri = results[path]["data_uri"]
+    return base64.b64decode(uri.split(",", 1)[1]).decode()
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("pipeline")
+    t0 = time.perf_counter()
+    run = snakemake("--cores", "2", "--resources", "gpu=1", "--configfile", str(CONFIG), "-d", str(wd), cwd=wd,
+                    timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rep = snakemake("--report", str(wd / "report.html"), "--configfile", str(CONFIG), "-d", str(wd), cwd=wd)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    print(f"default pipeline with report: {time.perf_counter() - t0:.0f} s")
+    return wd, (wd / "report.html").read_text()
+
+
+def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
+    wd, report = pipeline
+    cfg = yaml.safe_load(CONFIG.read_text())
+    expected = {(s.model, s.dataset, s.variant, str(s.batch_size)) for s in expand_matrix(cfg) if s.study == "llm"}
+    rows = table(embedded(report, "results/studies/llm/runs.html"), "runs")
+    assert {(r["model"], r["dataset"], r["variant"], r["batch"]) for r in rows} == expected
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert float(r["step s (median)"]) > 0 and float(r["p10"]) <= float(r["step s (median)"]) <= float(r["p90"])
+        assert int(r["steps"]) == cfg["studies"]["llm"]["training"]["max_steps"] - cfg["studies"]["llm"]["training"]["warmup_steps"]
+        assert float(r["samples/h"].replace(",", "")) > 0 and float(r["tokens/s"].replace(",", "")) > 0
+        assert float(r["host RSS GiB"]) > 0 and r["GPU"] == "cpu" and r["weights"] == "random"
+
+
+def test_report_has_figures_token_stats_and_profile(pipeline):
+    wd, report = pipeline
+    for fig in ("step_time", "memory", "throughput"):
+        svg = embedded(report, f"results/studies/llm/{fig}.svg")
+        assert "<svg" in svg and "japanese_alpaca" in svg
+    tokens = table(embedded(report, "results/token_stats/token_stats.html"), "token_stats")
+    by = {(r["dataset"], r["measure"]): r for r in tokens}
+    assert float(by[("japanese_alpaca", "text_tokens")]["mean after truncation"]) == pytest.approx(117, rel=0.15)
+    assert float(by[("beans", "image_tokens_anyres")]["mean"]) == 2928  # every beans image is 500x500
+    assert float(by[("beans", "image_tokens_fixed")]["mean"]) == 1176
+    mixed = by[("mixed_images", "image_tokens_anyres")]
+    assert float(mixed["max"]) > float(mixed["mean"])  # AnyRes counts vary with size and aspect ratio
+    prof = [k for k in json.loads(re.search(r"var results = (\{.*?\});\s*\n", report, re.S).group(1))
+            if k.startswith("results/profiles/")]
+    assert len(prof) == 1
+    steps = table(embedded(report, prof[0]), "per_step")
+    assert len(steps) == 5 and all(0 < float(s["busy_share"]) <= 1 for s in steps)
+
+
+def test_report_works_offline(pipeline):
+    _, report = pipeline
+    assert not re.search(r"<script[^>]+src=[\"']https?://", report)
+    assert not re.search(r"<link[^>]+href=[\"']https?://", report)
+
+
+def test_a_single_variant_reruns_alone(pipeline):
+    wd, _ = pipeline
+    target = "results/runs/llm/qwen3-8b/tiny/japanese_alpaca/lora/bs2/metrics.json"
+    before = json.loads((wd / target).read_text())
+    proc = snakemake("--cores", "1", "--resources", "gpu=1", "--configfile", str(CONFIG), "-d", str(wd),
+                     "--forcerun", target, "--", target, cwd=wd)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stats = (proc.stdout + proc.stderr).split("Job stats:")[1]
+    assert re.search(r"\ntrain\s+1\n", stats) and re.search(r"\ntotal\s+1\n", stats), stats[:500]
+    after = json.loads((wd / target).read_text())
+    assert after["status"] == "ok" and after["provenance"]["timestamp"] >= before["provenance"]["timestamp"]
+    assert after["provenance"]["config_hash"] == before["provenance"]["config_hash"]

@@ -1,0 +1,29 @@
+"""Trace summary: busy/idle shares, data-loading share, idle gaps, on a trace with known intervals."""
+
+import pytest
+
+from ftbench.profiling import summarize_trace
+
+
+def test_busy_idle_and_gaps_from_a_known_trace():
+    events = [
+        {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000},
+        {"ph": "X", "name": "ProfilerStep#2", "cat": "user_annotation", "ts": 1000, "dur": 1000},
+        {"ph": "X", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "cat": "cpu_op",
+         "ts": 0, "dur": 200},
+        # step 1: kernels cover 200..600 and 700..1000 (overlap counted once): busy 700 of 1000
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 200, "dur": 300},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 400, "dur": 200},
+        {"ph": "X", "name": "add", "cat": "kernel", "ts": 700, "dur": 300},
+        # step 2: fully busy
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 1000, "dur": 1000},
+    ]
+    s = summarize_trace(events, top_ops=[{"name": "gemm"}])
+    assert s["device"] == "cuda" and s["steps"] == 2
+    assert s["per_step"][0]["busy_share"] == pytest.approx(0.7)
+    assert s["per_step"][0]["idle_gaps"] == 2  # 0..200 and 600..700
+    assert s["per_step"][0]["largest_gap_ms"] == pytest.approx(0.2)
+    assert s["per_step"][0]["data_loading_share"] == pytest.approx(0.2)
+    assert s["busy_share"] == pytest.approx(0.85) and s["idle_share"] == pytest.approx(0.15)
+    assert s["cpu_bound"] is False  # 85% busy: not CPU-bound by the 80% rule
+    assert s["top_operators"] == [{"name": "gemm"}]

@@ -1,0 +1,67 @@
+"""The causal-LM runner on a tiny real model: ok, unsupported and error records, logs."""
+
+import csv
+import json
+import math
+
+import pytest
+
+from conftest import LORA
+from ftbench.config import RunSpec, TrainSettings, Variant
+from ftbench.runners import RunContext, execute
+
+
+def run(tmp_path, manifest, data, variant, batch_size=2, max_steps=5):
+    ddef, train, eval_ = data
+    ctx = RunContext(RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", variant.name, batch_size), variant,
+                     TrainSettings(max_steps=max_steps, warmup_steps=2, lora=LORA, memory_log_every=2),
+                     manifest, ddef, str(train), str(eval_), str(tmp_path), "cafe")
+    rec = execute(ctx, tmp_path / "metrics.json", tmp_path / "steps.csv", tmp_path / "memory.csv")
+    assert json.loads((tmp_path / "metrics.json").read_text())["status"] == rec["status"]
+    return rec
+
+
+def test_lora_run_is_measured(tmp_path, tiny_qwen, instruction_data):
+    rec = run(tmp_path, tiny_qwen, instruction_data, Variant("lora"))
+    assert rec["status"] == "ok", rec["reason"]
+    t = rec["timing"]
+    assert t["steps_measured"] == 3 and t["step_time_s"] > 0 and t["first_step_s"] > 0 and t["model_load_s"] > 0
+    assert rec["throughput"]["tokens_per_s"] > 0 and rec["throughput"]["samples_per_hour"] > 0
+    assert math.isfinite(rec["loss"]["eval"]) and math.isfinite(rec["loss"]["last"])
+    assert rec["model"]["adapted_modules"]["names"] == sorted(LORA["target_modules"])
+    assert 0 < rec["model"]["trainable_parameters"] < rec["model"]["parameters"]
+    assert rec["flops"]["per_step"] > 0 and rec["flops"]["mfu"] is None  # no peak for a CPU
+    assert rec["provenance"]["config_hash"] == "cafe" and rec["provenance"]["weights_source"] == "random"
+    steps = list(csv.DictReader(open(tmp_path / "steps.csv")))
+    assert len(steps) == 5 and all(float(r["step_time_s"]) > 0 for r in steps)
+    assert all(int(r["samples"]) == 2 for r in steps)
+    memlog = list(csv.DictReader(open(tmp_path / "memory.csv")))
+    assert [int(r["step"]) for r in memlog] == [2, 4, 5]
+    assert {"epoch", "elapsed_s", "progress", "allocated_gib", "reserved_gib", "peak_allocated_gib"} <= set(memlog[0])
+
+
+def test_qlora_and_gradient_checkpointing_run_on_cpu(tmp_path, tiny_qwen, instruction_data):
+    q = run(tmp_path / "q", tiny_qwen, instruction_data, Variant("qlora", precision="nf4"), max_steps=3)
+    assert q["status"] == "ok", q["reason"]
+    gc = run(tmp_path / "gc", tiny_qwen, instruction_data, Variant("lora-gc", gradient_checkpointing=True),
+             max_steps=3)
+    assert gc["status"] == "ok", gc["reason"]
+    # checkpointing recomputes the forward: its FLOP count per step is larger for the same batch shapes
+    assert gc["flops"]["per_step"] > 0
+
+
+@pytest.mark.parametrize("variant, words", [
+    (Variant("unsloth-qlora", framework="unsloth", precision="nf4"), "CUDA"),
+    (Variant("fp8", precision="fp8", fp8_backend="te"), "CUDA"),
+    (Variant("pinned", pin_memory=True), "CUDA"),
+])
+def test_variants_a_cpu_cannot_run_are_unsupported(tmp_path, tiny_qwen, instruction_data, variant, words):
+    rec = run(tmp_path, tiny_qwen, instruction_data, variant)
+    assert rec["status"] == "unsupported" and words in rec["reason"]
+    assert rec["timing"]["step_time_s"] is None
+
+
+def test_a_broken_model_is_an_error_record_not_a_crash(tmp_path, tiny_qwen, instruction_data):
+    rec = run(tmp_path, dict(tiny_qwen, path=str(tmp_path / "missing")), instruction_data, Variant("lora"))
+    assert rec["status"] == "error" and rec["reason"]
+    assert (tmp_path / "steps.csv").exists() and (tmp_path / "memory.csv").exists()
