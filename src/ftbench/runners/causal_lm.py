@@ -34,9 +34,6 @@ def load_model(ctx, device):
         device_map={"": device} if quant is not None else None)
     if quant is None:
         model.to(device)
-    if v.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
     return apply_lora(model, v, lora), tokenizer
 
 
@@ -74,6 +71,10 @@ def train(ctx, record, device, clock, memory_log):
         fp16=v.precision == "fp16", max_length=s.max_seq_length, logging_steps=s.logging_steps,
         save_strategy="no", eval_strategy="no", report_to="none", seed=s.seed, data_seed=s.seed,
         dataloader_num_workers=v.dataloader_workers, dataloader_pin_memory=v.pin_memory,
+        # TRL's SFTConfig turns gradient checkpointing on by default: the variant decides, explicitly
+        # (Unsloth applies its own in get_peft_model).
+        gradient_checkpointing=v.gradient_checkpointing and v.framework != "unsloth",
+        gradient_checkpointing_kwargs={"use_reentrant": False},
         use_cpu=device.type == "cpu", disable_tqdm=True, torch_compile=v.compile is not None,
         torch_compile_mode=v.compile, lr_scheduler_type="linear", warmup_steps=0)
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
@@ -131,6 +132,8 @@ def train(ctx, record, device, clock, memory_log):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     trainer.train()
+    record["extra"]["gradient_checkpointing_active"] = bool(getattr(trainer.model, "is_gradient_checkpointing", False)
+                                                            or getattr(model, "is_gradient_checkpointing", False))
     losses = [r["loss"] for r in clock.steps]
     record["loss"].update(first=losses[0] if losses else None, last=losses[-1] if losses else None)
     record["extra"]["loss_path"] = "trl_fused_lm_head" if fused_head_available() else "model_cross_entropy"
