@@ -11,6 +11,7 @@ from ftbench import config as ftc  # noqa: E402
 # Cross-reference checks that a JSON schema cannot express; a bad config stops here, before any job.
 ftc.check_config(config, BASE_DIR)
 RUNS = ftc.expand_matrix(config)
+STUDIES = ftc.active_studies(config)
 PROFILED = ftc.profiled_runs(config)
 
 
@@ -62,9 +63,49 @@ def study_title(wildcards):
     return config["studies"][wildcards.study].get("title", wildcards.study)
 
 
+def run_env(wildcards):
+    """Unsloth patches transformers on import and Transformer Engine builds against CUDA: own envs."""
+    knobs = config["variants"][wildcards.variant] or {}
+    if knobs.get("framework") == "unsloth":
+        return "../envs/unsloth.yaml"
+    if knobs.get("precision") == "fp8" and knobs.get("fp8_backend") == "te":
+        return "../envs/te.yaml"
+    if ftc.load_yaml(architecture_file(wildcards))["family"] == "diffusion":
+        return "../envs/diffusion.yaml"
+    return "../envs/train.yaml"
+
+
+def generate_inputs(wildcards):
+    run = ftc.RUN_DIR.format(**wildcards)
+    return {"model": model_manifest(wildcards.model), "adapter": f"{run}/adapter", "metrics": f"{run}/metrics.json"}
+
+
+def generation_settings(wildcards):
+    return config["studies"][wildcards.study]["generate"]
+
+
+def generated(study):
+    gen = config["studies"][study].get("generate")
+    if not gen:
+        return []
+    runs = [s for s in RUNS if s.study == study and any(ftc.matches(s, sel) for sel in gen["runs"])]
+    return [f"{s.run_dir.replace('results/runs', 'results/generate')}/answers.html" for s in runs]
+
+
+def published_file(wildcards):
+    name = config["studies"][wildcards.study].get("published")
+    return [str(BASE_DIR / "config" / "published" / name)] if name else []
+
+
+def study_comparisons(wildcards):
+    return config["studies"][wildcards.study].get("compare", {})
+
+
 def all_targets():
-    targets = [f"results/studies/{study}/{name}" for study in config["studies"]
+    targets = [f"results/studies/{study}/{name}" for study in STUDIES
                for name in ("runs.html", "step_time.svg", "memory.svg", "throughput.svg")]
+    targets += [f"results/studies/{s}/comparison.html" for s, d in STUDIES.items() if d.get("compare")]
+    targets += [path for study in STUDIES for path in generated(study)]
     targets += [model_manifest(m) for m in config.get("materialize", [])]
     if config.get("token_stats"):
         targets += ["results/token_stats/token_stats.html", "results/token_stats/token_stats.svg"]

@@ -86,3 +86,28 @@ rule token_table:
         "../envs/report.yaml"
     script:
         "../workflow/scripts/token_table.py"
+
+
+rule compare:
+    input:
+        runs="results/studies/{study}/runs.parquet",
+        published=published_file,
+    output:
+        report(
+            "results/studies/{study}/comparison.html",
+            caption="../report/comparison.rst",
+            category="{study}",
+            subcategory="Comparisons",
+            labels={"table": "comparison with the published study"},
+        ),
+    params:
+        title=study_title,
+        comparisons=study_comparisons,
+    log:
+        "logs/compare/{study}.log",
+    benchmark:
+        "benchmarks/compare/{study}.tsv"
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/compare.py"

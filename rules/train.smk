@@ -5,6 +5,7 @@ rule train:
         metrics="results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/metrics.json",
         steps="results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/steps.csv",
         memory="results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/memory.csv",
+        adapter=directory("results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/adapter"),
     params:
         run_hash=run_hash,
         base_dir=str(BASE_DIR),
@@ -17,6 +18,40 @@ rule train:
         mem_mb=16000,
         runtime=60,
     conda:
-        "../envs/train.yaml"
+        run_env
     script:
         "../workflow/scripts/train.py"
+
+
+rule generate:
+    input:
+        unpack(generate_inputs),
+    output:
+        json="results/generate/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/answers.json",
+        html=report(
+            "results/generate/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/answers.html",
+            caption="../report/generate.rst",
+            category="{study}",
+            subcategory="Generations",
+            labels={
+                "model": "{model}",
+                "dataset": "{dataset}",
+                "variant": "{variant}",
+                "batch size": "{batch_size}",
+                "figure": "answers before/after",
+            },
+        ),
+    params:
+        generation=generation_settings,
+        seed=config["seed"],
+    log:
+        "logs/generate/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.log",
+    benchmark:
+        "benchmarks/generate/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.tsv"
+    resources:
+        gpu=1,
+        mem_mb=16000,
+    conda:
+        "../envs/train.yaml"
+    script:
+        "../workflow/scripts/generate.py"

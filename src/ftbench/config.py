@@ -81,7 +81,6 @@ class TrainSettings:
     seed: int = 42
     lora: dict = field(default_factory=dict)
     optim: str = "adamw_torch"
-    eval_batches: int = 2
 
 
 def load_yaml(path) -> dict:
@@ -93,10 +92,17 @@ def model_scale(config: dict, model: str) -> str:
     return config["models"][model].get("scale", config["scale"])
 
 
+def active_studies(config: dict) -> dict:
+    """The studies this config runs: all, or those `only_studies` names (a --configfile merges over the
+    default config, so a full reproduction selects its studies this way)."""
+    only = config.get("only_studies") or list(config["studies"])
+    return {name: config["studies"][name] for name in only}
+
+
 def expand_matrix(config: dict) -> list[RunSpec]:
-    """Every run of every study: the union over each study's matrix blocks of their products."""
+    """Every run of every active study: the union over each study's matrix blocks of their products."""
     runs = []
-    for study, sdef in config["studies"].items():
+    for study, sdef in active_studies(config).items():
         for block in sdef["matrix"]:
             for model, dataset, variant, bs in itertools.product(
                 block["models"], block["datasets"], block["variants"], block["batch_sizes"]
@@ -122,6 +128,9 @@ def check_config(config: dict, base_dir) -> None:
     """Cross-reference checks, run after schema validation and before any job: name the key."""
     for name, knobs in config["variants"].items():
         Variant.from_config(name, knobs or {})
+    for name in config.get("only_studies") or []:
+        if name not in config["studies"]:
+            raise ConfigError(f"only_studies: unknown study '{name}' (defined: {sorted(config['studies'])})")
     for model, mdef in config["models"].items():
         path = architecture_path(config, model, base_dir)
         if not path.is_file():
@@ -138,18 +147,24 @@ def check_config(config: dict, base_dir) -> None:
             if entry[key] not in config[pool]:
                 raise ConfigError(f"token_stats[{i}].{key}: unknown {key} '{entry[key]}'")
     runs = expand_matrix(config)
+    for study, sdef in config["studies"].items():
+        for i, sel in enumerate((sdef.get("generate") or {}).get("runs", [])):
+            if not any(matches(spec, dict(sel, study=study)) for spec in runs):
+                raise ConfigError(f"studies.{study}.generate.runs[{i}]: selects no run of the matrix: {sel}")
+        if sdef.get("published") and not (Path(base_dir) / "config" / "published" / sdef["published"]).is_file():
+            raise ConfigError(f"studies.{study}.published: file not found under config/published/: {sdef['published']}")
     for i, sel in enumerate(config.get("profile", [])):
-        if not any(_matches(spec, sel) for spec in runs):
+        if not any(matches(spec, sel) for spec in runs):
             raise ConfigError(f"profile[{i}]: selects no run of the matrix: {sel}")
 
 
-def _matches(spec: RunSpec, selector: dict) -> bool:
+def matches(spec: RunSpec, selector: dict) -> bool:
     return all(str(getattr(spec, k)) == str(v) for k, v in selector.items())
 
 
 def profiled_runs(config: dict) -> list[RunSpec]:
     runs = expand_matrix(config)
-    return [s for s in runs if any(_matches(s, sel) for sel in config.get("profile", []))]
+    return [s for s in runs if any(matches(s, sel) for sel in config.get("profile", []))]
 
 
 def run_config(config: dict, spec: RunSpec) -> dict:

@@ -31,6 +31,7 @@ class RunContext:
     base_dir: str
     config_hash: str
     profiler: object | None = None  # a torch.profiler.profile stepped once per training step
+    adapter_dir: str | None = None  # where to save the trained adapter (for `generate`), if anywhere
 
 
 def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
@@ -49,6 +50,9 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
         runner = importlib.import_module(RUNNERS[ctx.manifest["family"]])
         with sampler, (ctx.profiler or nullcontext()):
             runner.train(ctx, record, device, clock, memory_log)
+    if ctx.adapter_dir is not None:
+        Path(ctx.adapter_dir).mkdir(parents=True, exist_ok=True)
+        (Path(ctx.adapter_dir) / "status.txt").write_text(f"{record['status']} {record['reason'] or ''}\n")
     summarize(record, clock, sampler, device, ctx.variant.precision)
     write_record(metrics_path, record)
     clock.write_csv(steps_path)
@@ -84,7 +88,8 @@ def read_manifest(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def context_from_config(config: dict, wildcards: dict, model_manifest, train_path, eval_path, base_dir) -> RunContext:
+def context_from_config(config: dict, wildcards: dict, model_manifest, train_path, eval_path, base_dir,
+                        adapter_dir=None) -> RunContext:
     """The RunContext of the run a job's wildcards name."""
     from .. import config as ftc
 
@@ -93,4 +98,4 @@ def context_from_config(config: dict, wildcards: dict, model_manifest, train_pat
                       settings=ftc.train_settings(config, spec), manifest=read_manifest(model_manifest),
                       dataset=config["datasets"][spec.dataset], train_path=str(train_path),
                       eval_path=str(eval_path), base_dir=str(base_dir),
-                      config_hash=ftc.config_hash(ftc.run_config(config, spec)))
+                      config_hash=ftc.config_hash(ftc.run_config(config, spec)), adapter_dir=adapter_dir)

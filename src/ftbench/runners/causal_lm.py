@@ -53,6 +53,8 @@ def sft_dataset(path, kind):
 
 def train(ctx, record, device, clock, memory_log):
     """Load, wrap, train with SFTTrainer for warm-up + measured steps, evaluate; fill the record."""
+    if ctx.variant.framework == "unsloth":
+        import unsloth  # noqa: F401  (first: it patches transformers and TRL on import)
     from transformers import Trainer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
@@ -142,3 +144,5 @@ def train(ctx, record, device, clock, memory_log):
     record["extra"]["train_samples"] = n_train
     with timed(record["timing"], "eval_s", device):
         record["loss"]["eval"] = trainer.evaluate()["eval_loss"]
+    if ctx.adapter_dir is not None:
+        trainer.model.save_pretrained(ctx.adapter_dir)

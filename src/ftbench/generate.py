@@ -1,0 +1,68 @@
+"""Answers to fixed prompts before and after fine-tuning (the published qualitative check)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .variants import quantization_config, torch_dtype
+
+
+def _answers(model, tokenizer, prompts, gen: dict, seed: int, device) -> list[str]:
+    out = []
+    for i, prompt in enumerate(prompts):
+        torch.manual_seed(seed + i)
+        enc = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True).to(device)
+        ids = model.generate(**enc, do_sample=True, max_new_tokens=gen["max_new_tokens"],
+                             temperature=gen["temperature"], top_k=gen["top_k"], top_p=gen["top_p"],
+                             pad_token_id=tokenizer.pad_token_id)
+        out.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
+    return out
+
+
+def before_after(manifest: dict, variant, adapter_dir, prompts: list[str], gen: dict, seed: int, device) -> dict:
+    """Sample each prompt from the base model, then from the same model with the run's adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    status = (Path(adapter_dir) / "status.txt").read_text().split()[0]
+    tokenizer = AutoTokenizer.from_pretrained(manifest["path"])
+    quant = quantization_config(variant)
+    model = AutoModelForCausalLM.from_pretrained(manifest["path"], dtype=torch_dtype(variant), quantization_config=quant,
+                                                 device_map={"": device} if quant is not None else None)
+    if quant is None:
+        model.to(device)
+    model.eval()
+    result = {"prompts": prompts, "generation": gen, "weights_source": manifest["weights_source"],
+              "meaningful": manifest["weights_source"] != "random", "run_status": status,
+              "before": _answers(model, tokenizer, prompts, gen, seed, device), "after": None}
+    if status == "ok":
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+        result["after"] = _answers(model, tokenizer, prompts, gen, seed, device)
+    return result
+
+
+def to_html(result: dict, title: str) -> str:
+    import polars as pl
+
+    from .analysis import html_page
+
+    after = result["after"] or [f"(no fine-tuned model: the run's status is {result['run_status']})"] * len(
+        result["prompts"])
+    df = pl.DataFrame({"prompt": result["prompts"], "before fine-tuning": result["before"],
+                       "after fine-tuning": after})
+    note = ("Random weights: these answers are meaningless noise; they show the generation path works and what "
+            "fine-tuning changes, nothing about quality." if not result["meaningful"] else
+            f"Weights: {result['weights_source']}.")
+    g = result["generation"]
+    note += (f" Sampling: max_new_tokens {g['max_new_tokens']}, temperature {g['temperature']}, top_k {g['top_k']}, "
+             f"top_p {g['top_p']}.")
+    return html_page(title, [note, ("Answers", df, "answers")])
+
+
+def write(result: dict, json_path, html_path, title: str) -> None:
+    Path(json_path).write_text(json.dumps(result, indent=2, ensure_ascii=False))
+    Path(html_path).write_text(to_html(result, title))

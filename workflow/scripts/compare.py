@@ -1,0 +1,14 @@
+import sys
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+import polars as pl  # noqa: E402
+
+from ftbench.compare import comparison_page  # noqa: E402
+from ftbench.config import load_yaml  # noqa: E402
+
+published = load_yaml(snakemake.input.published[0]) if snakemake.input.published else {}
+html = comparison_page(pl.read_parquet(snakemake.input.runs), f"{snakemake.params.title}: comparisons",
+                       snakemake.params.comparisons, published)
+with open(snakemake.output[0], "w") as f:
+    f.write(html)
