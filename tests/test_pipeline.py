@@ -76,12 +76,45 @@ def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
     expected = {(s.model, s.dataset, s.variant, str(s.batch_size)) for s in expand_matrix(cfg) if s.study == "llm"}
     rows = table(embedded(report, "results/studies/llm/runs.html"), "runs")
     assert {(r["model"], r["dataset"], r["variant"], r["batch"]) for r in rows} == expected
+    assert {r["variant"] for r in rows} >= {"lora", "lora-gc", "qlora", "unsloth-qlora", "unsloth-lora"}
     for r in rows:
+        if r["variant"].startswith("unsloth"):  # Unsloth needs CUDA: a record, not a crash
+            assert r["status"] == "unsupported" and "CUDA" in r["reason"], r
+            continue
         assert r["status"] == "ok", r
         assert float(r["step s (median)"]) > 0 and float(r["p10"]) <= float(r["step s (median)"]) <= float(r["p90"])
         assert int(r["steps"]) == cfg["studies"]["llm"]["training"]["max_steps"] - cfg["studies"]["llm"]["training"]["warmup_steps"]
         assert float(r["samples/h"].replace(",", "")) > 0 and float(r["tokens/s"].replace(",", "")) > 0
         assert float(r["host RSS GiB"]) > 0 and r["GPU"] == "cpu" and r["weights"] == "random"
+
+
+def test_memory_logs_and_records_of_study_b(pipeline):
+    import csv
+
+    wd, _ = pipeline
+    for dataset in ("japanese_alpaca", "wikipedia_ja"):
+        for variant, gc in (("lora", False), ("lora-gc", True), ("qlora", False)):
+            run = wd / f"results/runs/llm/qwen3-8b/tiny/{dataset}/{variant}/bs4"
+            rec = json.loads((run / "metrics.json").read_text())
+            assert rec["status"] == "ok" and rec["extra"]["gradient_checkpointing_active"] is gc
+            assert rec["model"]["adapted_modules"]["count"] == 14  # 7 projections x 2 layers
+            assert rec["extra"]["last_partial_batch_samples"] == rec["extra"]["train_samples"] % 4
+            log = list(csv.DictReader(open(run / "memory.csv")))
+            assert log and int(log[-1]["step"]) == 8 and float(log[-1]["progress"]) == 1.0
+            assert float(log[-1]["elapsed_s"]) > 0 and float(log[-1]["host_peak_rss_gib"]) > 0
+
+
+def test_generations_and_comparisons_in_the_report(pipeline):
+    _, report = pipeline
+    answers = table(embedded(report, "results/generate/llm/qwen3-8b/tiny/wikipedia_ja/lora/bs4/answers.html"),
+                    "answers")
+    assert len(answers) == 3 and all(a["before fine-tuning"] and a["after fine-tuning"] for a in answers)
+    assert "meaningless" in embedded(report, "results/generate/llm/qwen3-8b/tiny/wikipedia_ja/lora/bs4/answers.html")
+    page = embedded(report, "results/studies/llm/comparison.html")
+    sph = table(page, "samples_per_hour")
+    assert {r["source"] for r in sph} == {"published", "ftbench"}
+    assert any(r["source"] == "published" and r["samples/hour"] == "27,000" for r in sph)
+    assert "no batch size where both ran ok" in page  # Unsloth cannot run on this CPU
 
 
 def test_report_has_figures_token_stats_and_profile(pipeline):
@@ -111,7 +144,7 @@ def test_report_works_offline(pipeline):
 
 def test_a_single_variant_reruns_alone(pipeline):
     wd, _ = pipeline
-    target = "results/runs/llm/qwen3-8b/tiny/japanese_alpaca/lora/bs2/metrics.json"
+    target = "results/runs/llm/qwen3-8b/tiny/japanese_alpaca/lora/bs4/metrics.json"
     before = json.loads((wd / target).read_text())
     proc = snakemake("--cores", "1", "--resources", "gpu=1", "--configfile", str(CONFIG), "-d", str(wd),
                      "--forcerun", target, "--", target, cwd=wd)

@@ -9,6 +9,7 @@ def test_busy_idle_and_gaps_from_a_known_trace():
     events = [
         {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000},
         {"ph": "X", "name": "ProfilerStep#2", "cat": "user_annotation", "ts": 1000, "dur": 1000},
+        {"ph": "X", "name": "ProfilerStep#2", "cat": "gpu_user_annotation", "ts": 1010, "dur": 990},  # not a step
         {"ph": "X", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "cat": "cpu_op",
          "ts": 0, "dur": 200},
         # step 1: kernels cover 200..600 and 700..1000 (overlap counted once): busy 700 of 1000

@@ -66,3 +66,16 @@ def test_a_broken_model_is_an_error_record_not_a_crash(tmp_path, tiny_qwen, inst
     rec = run(tmp_path, dict(tiny_qwen, path=str(tmp_path / "missing")), instruction_data, Variant("lora"))
     assert rec["status"] == "error" and rec["reason"]
     assert (tmp_path / "steps.csv").exists() and (tmp_path / "memory.csv").exists()
+
+
+def test_padding_free_batches_count_each_packed_sequence():
+    import torch
+
+    from ftbench.runners.causal_lm import batch_sequences
+
+    ids = torch.zeros(1, 9, dtype=torch.long)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+    assert batch_sequences(ids, None, pos) == ([3, 2, 4], 9)
+    padded = torch.zeros(2, 5, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    assert batch_sequences(padded, mask, torch.arange(5).repeat(2, 1)) == ([5, 5], 8)

@@ -68,7 +68,7 @@ def _cell(v) -> str:
     if v is None:
         return "<td class='na'>–</td>"
     if isinstance(v, float):
-        txt = f"{v:.4g}" if abs(v) < 1e5 else f"{v:,.0f}"
+        txt = f"{v:.4g}" if abs(v) < 1000 else f"{v:,.0f}"
         return f"<td class='num'>{txt}</td>"
     if isinstance(v, int) and not isinstance(v, bool):
         return f"<td class='num'>{v}</td>"

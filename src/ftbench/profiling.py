@@ -23,7 +23,8 @@ def make_profiler(device: torch.device, trace_path: str, ops_path: str, top: int
     def on_ready(prof):
         prof.export_chrome_trace(trace_path)
         key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        rows = sorted(prof.key_averages(), key=lambda a: -getattr(a, key))[:top]
+        rows = sorted((a for a in prof.key_averages() if not a.key.startswith("ProfilerStep")),
+                      key=lambda a: -getattr(a, key))[:top]
         total = sum(getattr(a, key) for a in prof.key_averages()) or 1.0
         ops = [{"name": a.key[:120], "self_time_ms": getattr(a, key) / 1e3, "share": getattr(a, key) / total,
                 "calls": a.count} for a in rows]
@@ -58,7 +59,9 @@ def load_trace(path) -> list[dict]:
 def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     """Device busy vs idle share per step and overall, data-loading share, idle gaps, top operators."""
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    steps = sorted((e for e in complete if e.get("name", "").startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    # the host-side step annotations (the device-side copies, cat gpu_user_annotation, would count twice)
+    steps = sorted((e for e in complete if e.get("name", "").startswith("ProfilerStep#")
+                    and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
     kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     device = "cuda" if kernels else "cpu"
     if not kernels:  # on a CPU the "device" is the host: top-level operators stand in for kernels

@@ -29,12 +29,23 @@ def load_model(ctx, device):
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     quant = quantization_config(v)
+    # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch_dtype(v), quantization_config=quant, attn_implementation="sdpa",
-        device_map={"": device} if quant is not None else None)
+        path, dtype=torch_dtype(v), quantization_config=quant, device_map={"": device} if quant is not None else None)
     if quant is None:
         model.to(device)
     return apply_lora(model, v, lora), tokenizer
+
+
+def batch_sequences(input_ids, attention_mask, position_ids) -> tuple[list[int], int]:
+    """(length of each sequence as computed, real tokens) of one micro-batch. A padding-free batch (Unsloth
+    turns it on) is one row of concatenated sequences whose position ids restart at 0 for each."""
+    if input_ids.shape[0] == 1 and position_ids is not None:
+        starts = (position_ids[0] == 0).nonzero().flatten().tolist() + [input_ids.shape[1]]
+        if len(starts) > 2:
+            return [b - a for a, b in zip(starts, starts[1:])], input_ids.shape[1]
+    real = int(attention_mask.sum()) if attention_mask is not None else input_ids.numel()
+    return [input_ids.shape[1]] * input_ids.shape[0], real
 
 
 def fused_head_available() -> bool:
@@ -94,10 +105,8 @@ def train(ctx, record, device, clock, memory_log):
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             loss = super().training_step(model, inputs, num_items_in_batch)
-            ids = inputs["input_ids"]
-            mask = inputs.get("attention_mask")
-            real = mask.sum() if mask is not None else torch.tensor(ids.numel())
-            self.pending.append((ids.shape[0], ids.shape[1], real, loss))
+            # keep references only: reading them now would sync the host with the device mid-step
+            self.pending.append((inputs["input_ids"], inputs.get("attention_mask"), inputs.get("position_ids"), loss))
             return loss
 
     class HarnessCallback(TrainerCallback):
@@ -109,12 +118,12 @@ def train(ctx, record, device, clock, memory_log):
 
         def on_step_end(self, args, state, control, **kw):
             batches, trainer.pending[:] = list(trainer.pending), []
-            lens = [t for b, t, _, _ in batches for _ in range(b)]
+            seqs = [batch_sequences(ids, mask, pos) for ids, mask, pos, _ in batches]
+            lens = [t for rows, _ in seqs for t in rows]
             flops = train_flops(lens, shape["matmul_params_per_token"], trainable, shape["layers"],
                                 shape["attention_width"], v.gradient_checkpointing)
-            clock.step_end(samples=sum(b for b, *_ in batches), tokens=int(sum(r.item() for *_, r, _ in batches)),
-                           padded_tokens=sum(lens), loss=float(sum(l.item() for *_, l in batches) / len(batches)),
-                           flops=flops)
+            clock.step_end(samples=len(lens), tokens=sum(real for _, real in seqs), padded_tokens=sum(lens),
+                           loss=float(sum(b[-1].item() for b in batches) / len(batches)), flops=flops)
             if ctx.profiler is not None:
                 ctx.profiler.step()
             if state.global_step % s.memory_log_every == 0 or state.global_step == state.max_steps:

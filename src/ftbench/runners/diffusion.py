@@ -1,0 +1,195 @@
+"""Stable Diffusion LoRA runner: the recipe of diffusers' train_text_to_image_lora.py, loop in view.
+
+Frozen VAE, text encoder and UNet in fp16; LoRA (gaussian init) on the UNet's to_q/to_k/to_v/to_out.0
+with its parameters in fp32; VAE-encoded latents, noise, random timesteps, epsilon-prediction MSE;
+fp16 autocast with a gradient scaler; gradient clipping; gradient accumulation. Images are decoded,
+resized, centre-cropped and flipped on the CPU in the data loader, as the recipe does — unless the
+variant trains from cached latents.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.profiler import record_function
+
+from ..harness import memory_now, timed
+from ..variants import parameter_counts
+
+
+class CaptionImages(torch.utils.data.Dataset):
+    """Image/caption pairs, decoded and augmented per item on the CPU (the recipe's train_transforms)."""
+
+    def __init__(self, path, tokenizer, resolution: int, seed: int):
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        self.images = [row["bytes"] for row in table.column("image").to_pylist()]
+        self.captions = table.column("text").to_pylist()
+        self.tokenizer, self.resolution, self.seed = tokenizer, resolution, seed
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        img = Image.open(io.BytesIO(self.images[i])).convert("RGB")
+        r = self.resolution
+        scale = r / min(img.size)
+        img = img.resize((max(r, round(img.width * scale)), max(r, round(img.height * scale))), Image.BILINEAR)
+        left, top = (img.width - r) // 2, (img.height - r) // 2
+        img = img.crop((left, top, left + r, top + r))
+        if np.random.default_rng((self.seed, i, torch.initial_seed() % 2**32)).random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        pixels = torch.from_numpy(np.asarray(img, dtype=np.float32) / 127.5 - 1.0).permute(2, 0, 1)
+        ids = self.tokenizer(self.captions[i], max_length=self.tokenizer.model_max_length, padding="max_length",
+                             truncation=True, return_tensors="pt")["input_ids"][0]
+        return {"pixel_values": pixels, "input_ids": ids}
+
+
+class CachedLatents(torch.utils.data.Dataset):
+    """Latents and text embeddings encoded once (rule cache_latents): the loader only indexes tensors."""
+
+    def __init__(self, path):
+        cache = torch.load(path)
+        self.latents, self.embeddings = cache["latents"], cache["encoder_hidden_states"]
+
+    def __len__(self):
+        return len(self.latents)
+
+    def __getitem__(self, i):
+        return {"latents": self.latents[i], "encoder_hidden_states": self.embeddings[i]}
+
+
+def load_components(path, device, dtype):
+    from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
+    from transformers import AutoTokenizer, CLIPTextModel
+
+    tokenizer = AutoTokenizer.from_pretrained(path, subfolder="tokenizer")
+    text_encoder = CLIPTextModel.from_pretrained(path, subfolder="text_encoder").to(device, dtype)
+    vae = AutoencoderKL.from_pretrained(path, subfolder="vae").to(device, dtype)
+    unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet").to(device, dtype)
+    scheduler = DDPMScheduler.from_pretrained(path, subfolder="scheduler")
+    for m in (text_encoder, vae, unet):
+        m.requires_grad_(False)
+    return tokenizer, text_encoder, vae, unet, scheduler
+
+
+def add_lora(unet, lora: dict):
+    """The recipe's LoRA: gaussian init on the attention projections, trainable parameters in fp32."""
+    from peft import LoraConfig
+
+    unet.add_adapter(LoraConfig(r=lora.get("r", 4), lora_alpha=lora.get("alpha", 4), init_lora_weights="gaussian",
+                                target_modules=lora.get("target_modules", ["to_k", "to_q", "to_v", "to_out.0"])))
+    params = [p for p in unet.parameters() if p.requires_grad]
+    for p in params:
+        p.data = p.data.float()
+    return params
+
+
+@torch.no_grad()
+def encode_cache(path, data_path, resolution: int, seed: int, device) -> dict:
+    """Latents (scaled) and text embeddings of every training sample, for cached-latents training."""
+    tokenizer, text_encoder, vae, _, _ = load_components(path, device, torch.float16 if device.type == "cuda"
+                                                         else torch.float32)
+    ds = CaptionImages(data_path, tokenizer, resolution, seed)
+    latents, embeddings = [], []
+    for i in range(len(ds)):
+        item = ds[i]
+        px = item["pixel_values"][None].to(device, vae.dtype)
+        latents.append((vae.encode(px).latent_dist.sample() * vae.config.scaling_factor)[0].cpu())
+        embeddings.append(text_encoder(item["input_ids"][None].to(device))[0][0].cpu())
+    return {"latents": torch.stack(latents), "encoder_hidden_states": torch.stack(embeddings)}
+
+
+def train(ctx, record, device, clock, memory_log):
+    """Load, add LoRA, loop (data, encode, noise, predict, loss, backward, clip, step); fill the record."""
+    s, v = ctx.settings, ctx.variant
+    cuda = device.type == "cuda"
+    dtype = torch.float16 if v.precision == "fp16" else torch.float32
+    with timed(record["timing"], "model_load_s", device):
+        tokenizer, text_encoder, vae, unet, scheduler = load_components(ctx.manifest["path"], device, dtype)
+        params = add_lora(unet, s.lora)
+    total, trainable = parameter_counts(unet)
+    record["model"].update(parameters=total, trainable_parameters=trainable,
+                           adapted_modules={"count": sum(1 for n, m in unet.named_modules() if hasattr(m, "lora_A")),
+                                            "names": sorted(s.lora.get("target_modules", []))})
+    # fused AdamW takes the scaler's inf check as a tensor: stepping without the host sync
+    optimizer = torch.optim.AdamW(params, lr=s.learning_rate, fused=v.clip_grad_sync_free or None)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    model = torch.compile(unet, mode=v.compile) if v.compile else unet
+
+    g = torch.Generator().manual_seed(s.seed)
+    if v.cached_latents:
+        ds = CachedLatents(ctx.cache_path)
+    else:
+        ds = CaptionImages(ctx.train_path, tokenizer, s.resolution, s.seed)
+    loader = torch.utils.data.DataLoader(ds, batch_size=ctx.spec.batch_size, shuffle=True, generator=g,
+                                         num_workers=v.dataloader_workers, pin_memory=v.pin_memory, drop_last=True,
+                                         persistent_workers=v.dataloader_workers > 0)
+    batches = iter(loader)
+    accum = s.gradient_accumulation_steps
+    losses = []
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    clock.start()
+    for step in range(s.max_steps):
+        for _ in range(accum):
+            with record_function("ftbench.data"):
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    batches = iter(loader)
+                    batch = next(batches)
+            batch = {k: t.to(device, non_blocking=v.pin_memory) for k, t in batch.items()}
+            with torch.no_grad():
+                if v.cached_latents:
+                    latents, cond = batch["latents"].to(dtype), batch["encoder_hidden_states"].to(dtype)
+                else:
+                    latents = vae.encode(batch["pixel_values"].to(dtype)).latent_dist.sample()
+                    latents = latents * vae.config.scaling_factor
+                    cond = text_encoder(batch["input_ids"])[0]
+            noise = torch.randn_like(latents)
+            t = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), device=device)
+            noisy = scheduler.add_noise(latents, noise, t)
+            if v.compile == "reduce-overhead":
+                # CUDA graphs reuse their output buffers; mark each micro-step so accumulation reads fresh ones
+                torch.compiler.cudagraph_mark_step_begin()
+            with torch.autocast(device.type, dtype=torch.float16, enabled=dtype == torch.float16):
+                pred = model(noisy, t, cond).sample
+            loss = F.mse_loss(pred.float(), noise.float(), reduction="mean")
+            scaler.scale(loss / accum).backward()
+            losses.append(loss.detach())
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm, foreach=True)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        clock.step_end(samples=ctx.spec.batch_size * accum)
+        if ctx.profiler is not None:
+            ctx.profiler.step()
+        if (step + 1) % s.memory_log_every == 0 or step + 1 == s.max_steps:
+            mem = memory_now(device)
+            memory_log.append({"step": step + 1, "allocated_gib": mem["allocated_gib"],
+                               "reserved_gib": mem["reserved_gib"], "peak_allocated_gib": mem["peak_allocated_gib"],
+                               "host_peak_rss_gib": mem["host_peak_rss_gib"]})
+    per_step = [sum(x.item() for x in losses[i:i + accum]) / accum for i in range(0, len(losses), accum)]
+    for row, value in zip(clock.steps, per_step):
+        row["loss"] = value
+    record["loss"].update(first=per_step[0], last=per_step[-1])
+    record["extra"].update(gradient_accumulation_steps=accum, micro_step_time_s=(
+        clock.summary().get("step_time_s") or 0) / accum, train_samples=len(ds))
+    if v.compile:
+        record["extra"]["dynamo"] = dynamo_counters()
+
+
+def dynamo_counters() -> dict:
+    """Recompiles, graph breaks and graphs compiled, from torch._dynamo's counters."""
+    from torch._dynamo.utils import counters
+
+    return {"graph_breaks": sum(counters["graph_break"].values()), "recompiles": counters["stats"]["unique_graphs"]
+            - 1 if counters["stats"]["unique_graphs"] else 0, "unique_graphs": counters["stats"]["unique_graphs"],
+            "frames_ok": counters["frames"]["ok"]}
