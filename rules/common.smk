@@ -29,11 +29,22 @@ def model_manifest(model):
 
 
 def run_inputs(wildcards):
-    return {
+    inputs = {
         "model": model_manifest(wildcards.model),
         "train": f"results/data/{wildcards.dataset}/train.parquet",
         "eval": f"results/data/{wildcards.dataset}/eval.parquet",
     }
+    if (config["variants"][wildcards.variant] or {}).get("cached_latents"):
+        inputs["cache"] = f"results/cache/{wildcards.model}/{wildcards.scale}/{wildcards.dataset}/latents.pt"
+    return inputs
+
+
+def diffusion_resolution(wildcards):
+    """The training resolution of the (first) study that trains this model on this dataset."""
+    for spec in RUNS:
+        if spec.model == wildcards.model and spec.dataset == wildcards.dataset:
+            return ftc.train_settings(config, spec).resolution
+    return 512
 
 
 def run_hash(wildcards):

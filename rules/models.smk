@@ -15,3 +15,24 @@ rule materialize_model:
         "../envs/train.yaml"
     script:
         "../workflow/scripts/materialize_model.py"
+
+
+rule cache_latents:
+    input:
+        model=token_stats_model,
+        train="results/data/{dataset}/train.parquet",
+    output:
+        "results/cache/{model}/{scale}/{dataset}/latents.pt",
+    params:
+        resolution=diffusion_resolution,
+        seed=config["seed"],
+    log:
+        "logs/cache_latents/{model}/{scale}/{dataset}.log",
+    benchmark:
+        "benchmarks/cache_latents/{model}/{scale}/{dataset}.tsv"
+    resources:
+        gpu=1,
+    conda:
+        "../envs/diffusion.yaml"
+    script:
+        "../workflow/scripts/cache_latents.py"

@@ -154,3 +154,23 @@ def test_a_single_variant_reruns_alone(pipeline):
     after = json.loads((wd / target).read_text())
     assert after["status"] == "ok" and after["provenance"]["timestamp"] >= before["provenance"]["timestamp"]
     assert after["provenance"]["config_hash"] == before["provenance"]["config_hash"]
+
+
+def test_study_c_records_and_comparison(pipeline):
+    wd, report = pipeline
+    rows = {r["variant"]: r for r in table(embedded(report, "results/studies/diffusion/runs.html"), "runs")}
+    for variant in ("workers-0", "workers-1", "workers-2", "compile", "cached-latents"):
+        assert rows[variant]["status"] == "ok", rows[variant]
+        assert float(rows[variant]["step s (median)"]) > 0 and 0 <= float(rows[variant]["data wait share"]) < 1
+    for variant in ("pinned", "sync-free"):  # pin_memory needs CUDA
+        assert rows[variant]["status"] == "unsupported" and "CUDA" in rows[variant]["reason"]
+    compiled = json.loads((wd / "results/runs/diffusion/stable-diffusion-v1-5/tiny/naruto/compile/bs1/metrics.json")
+                          .read_text())
+    assert compiled["extra"]["dynamo"]["unique_graphs"] >= 1 and compiled["timing"]["compile_s"] > 1
+    # cached latents: the loader only indexes tensors, so it waits less for data than decoding JPEGs
+    assert float(rows["cached-latents"]["data wait share"]) < float(rows["workers-0"]["data wait share"])
+    page = embedded(report, "results/studies/diffusion/comparison.html")
+    before_after = table(page, "before_after")
+    assert [r["variant"] for r in before_after] == ["workers-0", "workers-3", "compile", "pinned"]
+    assert before_after[0]["ms/step (published)"] == "290"
+    assert "<svg" in page and {r["variant"] for r in table(page, "workers")} >= {"workers-0", "workers-1"}

@@ -20,7 +20,7 @@ def flatten(record: dict) -> dict:
                weights_source=prov.get("weights_source"), data_source=prov.get("data_source"),
                git_commit=prov.get("git_commit"), config_hash=prov.get("config_hash"),
                torch=prov.get("versions", {}).get("torch"), schema_version=record["schema_version"])
-    for group in ("timing", "throughput", "memory", "device_usage", "flops", "loss"):
+    for group in ("timing", "throughput", "memory", "device_usage", "flops", "loss", "data"):
         for k, v in record[group].items():
             row[f"{group}.{k}"] = v
     model = record["model"]
@@ -50,6 +50,7 @@ TABLE_COLUMNS = {
     "memory.peak_allocated_gib": "peak alloc GiB", "memory.peak_reserved_gib": "peak reserved GiB",
     "memory.device_peak_used_gib": "NVML peak GiB", "memory.host_peak_rss_gib": "host RSS GiB",
     "device_usage.gpu_util_mean_pct": "GPU util %", "device_usage.energy_per_step_j": "J/step",
+    "data.wait_share": "data wait share",
     "flops.mfu": "MFU", "loss.eval": "eval loss", "weights_source": "weights", "reason": "reason",
 }
 
@@ -83,12 +84,12 @@ def html_table(df: pl.DataFrame, table_id: str = "") -> str:
 
 
 def html_page(title: str, blocks: list) -> str:
-    """A self-contained HTML page (no scripts, no network): blocks are strings (paragraphs) or
-    (heading, DataFrame, id) tuples."""
+    """A self-contained HTML page (no scripts, no network): blocks are strings (paragraphs; inline SVG
+    passes as it is) or (heading, DataFrame, id) tuples."""
     parts = []
     for b in blocks:
         if isinstance(b, str):
-            parts.append(f"<p>{b}</p>")
+            parts.append(b if b.lstrip().startswith("<svg") else f"<p>{b}</p>")
         else:
             heading, df, table_id = b
             parts.append(f"<h4>{heading}</h4>" + html_table(df, table_id))

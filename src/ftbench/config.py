@@ -73,6 +73,7 @@ class TrainSettings:
     max_steps: int
     warmup_steps: int
     max_seq_length: int = 2048
+    resolution: int = 512  # diffusion: training image size
     learning_rate: float = 2e-4
     max_grad_norm: float = 0.3
     gradient_accumulation_steps: int = 1

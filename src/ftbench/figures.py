@@ -15,7 +15,14 @@ def metric_vs_batch(df: pl.DataFrame, column: str, title: str, y_title: str) -> 
         y=alt.Y("value:Q", title=y_title),
         color=alt.Color("variant:N"), strokeDash=alt.StrokeDash("gpu:N"),
         tooltip=["model", "dataset", "variant", "gpu", "batch_size", alt.Tooltip("value:Q", format=".4g")])
-    chart = base.mark_line(point=True).properties(width=260, height=180)
+    if data["batch_size"].nunique() == 1:  # one batch size: compare the variants side by side
+        base = alt.Chart(data).encode(
+            x=alt.X("variant:N", sort=None, axis=alt.Axis(labelAngle=-40)), y=alt.Y("value:Q", title=y_title),
+            color=alt.Color("gpu:N"), xOffset="gpu:N",
+            tooltip=["model", "dataset", "variant", "gpu", "batch_size", alt.Tooltip("value:Q", format=".4g")])
+        chart = base.mark_bar().properties(width=320, height=200)
+    else:
+        chart = base.mark_line(point=True).properties(width=260, height=180)
     return chart.facet(row=alt.Row("model:N"), column=alt.Column("dataset:N"), title=title).resolve_scale(
         y="independent")
 
@@ -31,8 +38,20 @@ def token_histogram(rows: list[dict]) -> alt.Chart:
         x="independent", y="independent")
 
 
-def save_svg(chart: alt.Chart, path) -> None:
+def worker_curve(df: pl.DataFrame) -> alt.Chart:
+    """Step time against data-loader workers, ours and the published sweep."""
+    return alt.Chart(df.to_pandas(), title="Step time vs data-loader workers").mark_line(point=True).encode(
+        x=alt.X("workers:O", axis=alt.Axis(labelAngle=0)), y=alt.Y("ms/step:Q", title="ms per step"),
+        color="source:N", tooltip=["source", "workers", alt.Tooltip("ms/step:Q", format=".1f")]
+    ).properties(width=360, height=220)
+
+
+def svg_string(chart: alt.Chart) -> str:
     import vl_convert as vlc
 
+    return vlc.vegalite_to_svg(chart.to_json())
+
+
+def save_svg(chart: alt.Chart, path) -> None:
     with open(path, "w") as f:
-        f.write(vlc.vegalite_to_svg(chart.to_json()))
+        f.write(svg_string(chart))

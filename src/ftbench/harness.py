@@ -42,6 +42,7 @@ RECORD_TEMPLATE = {
     "device_usage": {"gpu_util_mean_pct": None, "power_mean_w": None, "energy_per_step_j": None,
                      "samples": None},
     "flops": {"per_step": None, "achieved_tflops": None, "peak_tflops": None, "mfu": None},
+    "data": {"wait_share": None},  # share of steady-state step time spent waiting for batches
     "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
     "loss": {"first": None, "last": None, "eval": None},
     "extra": {},
@@ -211,11 +212,14 @@ class StepClock:
         synchronize(self.device)
         self.t_start = self._prev = time.perf_counter()
 
-    def step_end(self, samples: int, tokens=None, padded_tokens=None, loss=None, flops=None) -> dict:
+    def step_end(self, samples: int, tokens=None, padded_tokens=None, loss=None, flops=None,
+                 data_wait_s=None) -> dict:
+        """Close a step; `data_wait_s` is the host time the step spent waiting for its batch."""
         synchronize(self.device)
         now = time.perf_counter()
         row = {"step": len(self.steps) + 1, "step_time_s": now - self._prev, "t_end_s": now - self.t_start,
-               "samples": samples, "tokens": tokens, "padded_tokens": padded_tokens, "loss": loss, "flops": flops}
+               "samples": samples, "tokens": tokens, "padded_tokens": padded_tokens, "loss": loss, "flops": flops,
+               "data_wait_s": data_wait_s}
         self.steps.append(row)
         self._prev = now
         return row
@@ -249,6 +253,8 @@ class StepClock:
             thr["tokens_per_sample"] = sum(r["tokens"] for r in m) / samples
         if all(r["padded_tokens"] is not None for r in m):
             thr["padded_tokens_per_s"] = sum(r["padded_tokens"] for r in m) / total
+        if all(r["data_wait_s"] is not None for r in m):
+            out["data_wait_share"] = sum(r["data_wait_s"] for r in m) / total
         if all(r["flops"] is not None for r in m):
             thr["flops_per_s"] = sum(r["flops"] for r in m) / total
             thr["flops_per_step"] = statistics.fmean(r["flops"] for r in m)

@@ -14,7 +14,7 @@ from ..flops import mfu, peak_tflops
 from ..harness import (DeviceSampler, StepClock, guarded, memory_now, new_record, pick_device, provenance,
                        write_csv, write_record)
 
-RUNNERS = {"causal_lm": "ftbench.runners.causal_lm"}
+RUNNERS = {"causal_lm": "ftbench.runners.causal_lm", "diffusion": "ftbench.runners.diffusion"}
 
 
 @dataclass
@@ -32,6 +32,7 @@ class RunContext:
     config_hash: str
     profiler: object | None = None  # a torch.profiler.profile stepped once per training step
     adapter_dir: str | None = None  # where to save the trained adapter (for `generate`), if anywhere
+    cache_path: str | None = None  # pre-encoded latents and text embeddings (cached-latents variants)
 
 
 def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
@@ -64,6 +65,7 @@ def summarize(record: dict, clock: StepClock, sampler: DeviceSampler, device, pr
     """Fill the record's timing, throughput, memory, device-usage and MFU fields from the trackers."""
     s = clock.summary()
     thr = s.pop("throughput", {})
+    record["data"]["wait_share"] = s.get("data_wait_share")
     for key in record["timing"]:
         if key in s:
             record["timing"][key] = s[key]
@@ -89,7 +91,7 @@ def read_manifest(path) -> dict:
 
 
 def context_from_config(config: dict, wildcards: dict, model_manifest, train_path, eval_path, base_dir,
-                        adapter_dir=None) -> RunContext:
+                        adapter_dir=None, cache_path=None) -> RunContext:
     """The RunContext of the run a job's wildcards name."""
     from .. import config as ftc
 
@@ -98,4 +100,5 @@ def context_from_config(config: dict, wildcards: dict, model_manifest, train_pat
                       settings=ftc.train_settings(config, spec), manifest=read_manifest(model_manifest),
                       dataset=config["datasets"][spec.dataset], train_path=str(train_path),
                       eval_path=str(eval_path), base_dir=str(base_dir),
-                      config_hash=ftc.config_hash(ftc.run_config(config, spec)), adapter_dir=adapter_dir)
+                      config_hash=ftc.config_hash(ftc.run_config(config, spec)), adapter_dir=adapter_dir,
+                      cache_path=cache_path)

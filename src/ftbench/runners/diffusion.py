@@ -10,6 +10,7 @@ variant trains from cached latents.
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import torch
@@ -137,13 +138,16 @@ def train(ctx, record, device, clock, memory_log):
         torch.cuda.reset_peak_memory_stats(device)
     clock.start()
     for step in range(s.max_steps):
+        data_wait = 0.0
         for _ in range(accum):
+            t0 = time.perf_counter()
             with record_function("ftbench.data"):
                 try:
                     batch = next(batches)
                 except StopIteration:
                     batches = iter(loader)
                     batch = next(batches)
+            data_wait += time.perf_counter() - t0
             batch = {k: t.to(device, non_blocking=v.pin_memory) for k, t in batch.items()}
             with torch.no_grad():
                 if v.cached_latents:
@@ -168,7 +172,7 @@ def train(ctx, record, device, clock, memory_log):
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        clock.step_end(samples=ctx.spec.batch_size * accum)
+        clock.step_end(samples=ctx.spec.batch_size * accum, data_wait_s=data_wait)
         if ctx.profiler is not None:
             ctx.profiler.step()
         if (step + 1) % s.memory_log_every == 0 or step + 1 == s.max_steps:
