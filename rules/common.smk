@@ -19,7 +19,7 @@ wildcard_constraints:
     study="|".join(config["studies"]),
     model="|".join(config["models"]),
     dataset="|".join(config["datasets"]),
-    variant="|".join(config["variants"]),
+    variant="|".join(ftc.all_variant_names(config)),
     scale="tiny|proxy|full",
     batch_size=r"\d+",
 
@@ -34,7 +34,7 @@ def run_inputs(wildcards):
         "train": f"results/data/{wildcards.dataset}/train.parquet",
         "eval": f"results/data/{wildcards.dataset}/eval.parquet",
     }
-    if (config["variants"][wildcards.variant] or {}).get("cached_latents"):
+    if ftc.variant_knobs(config, wildcards.study, wildcards.variant).get("cached_latents"):
         inputs["cache"] = f"results/cache/{wildcards.model}/{wildcards.scale}/{wildcards.dataset}/latents.pt"
     return inputs
 
@@ -76,7 +76,7 @@ def study_title(wildcards):
 
 def run_env(wildcards):
     """Unsloth patches transformers on import and Transformer Engine builds against CUDA: own envs."""
-    knobs = config["variants"][wildcards.variant] or {}
+    knobs = ftc.variant_knobs(config, wildcards.study, wildcards.variant)
     if knobs.get("framework") == "unsloth":
         return "../envs/unsloth.yaml"
     if knobs.get("precision") == "fp8" and knobs.get("fp8_backend") == "te":
@@ -106,6 +106,10 @@ def generated(study):
 def published_file(wildcards):
     name = config["studies"][wildcards.study].get("published")
     return [str(BASE_DIR / "config" / "published" / name)] if name else []
+
+
+def study_variant_table(wildcards):
+    return ftc.study_variants(config, wildcards.study)
 
 
 def study_comparisons(wildcards):

@@ -103,6 +103,7 @@ rule compare:
     params:
         title=study_title,
         comparisons=study_comparisons,
+        variants=study_variant_table,
     log:
         "logs/compare/{study}.log",
     benchmark:

@@ -44,7 +44,7 @@ def test_default_config_dry_run_is_fast(tmp_path):
 
 
 def test_schema_variant_knobs_match_the_dataclass():
-    knobs = set(SCHEMA["properties"]["variants"]["additionalProperties"]["properties"])
+    knobs = set(SCHEMA["$defs"]["variants"]["additionalProperties"]["properties"])
     fields = {f.name for f in dataclasses.fields(ftc.Variant)} - {"name"}
     assert knobs == fields
 
@@ -61,7 +61,7 @@ def test_matrix_is_the_union_of_block_products():
          "batch_sizes": [1, 2]},
         {"models": ["qwen3-8b"], "datasets": ["japanese_alpaca"], "variants": ["lora"], "batch_sizes": [2, 8]},
     ]
-    runs = ftc.expand_matrix(cfg)
+    runs = [s for s in ftc.expand_matrix(cfg) if s.study == "llm"]
     assert len(runs) == 5  # (1,2)x2 datasets + 8 on alpaca; the duplicate (alpaca, 2) counted once
     assert runs[0].run_dir == "results/runs/llm/qwen3-8b/tiny/japanese_alpaca/lora/bs1"
     assert ftc.find_run(cfg, study="llm", model="qwen3-8b", scale="tiny", dataset="japanese_alpaca",
@@ -73,6 +73,15 @@ def test_config_hash_changes_with_a_knob():
     cfg = copy.deepcopy(DEFAULT)
     cfg["variants"]["lora"]["gradient_checkpointing"] = True
     assert ftc.config_hash(ftc.run_config(DEFAULT, spec)) != ftc.config_hash(ftc.run_config(cfg, spec))
+
+
+def test_only_studies_selects_the_studies_that_run():
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["only_studies"] = ["diffusion"]
+    assert {s.study for s in ftc.expand_matrix(cfg)} == {"diffusion"}
+    cfg["only_studies"] = ["nope"]
+    with pytest.raises(ftc.ConfigError, match="only_studies"):
+        ftc.check_config(cfg, ROOT)
 
 
 def test_profile_selector_must_match_a_run():

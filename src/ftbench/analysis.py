@@ -29,6 +29,11 @@ def flatten(record: dict) -> dict:
     adapted = model.get("adapted_modules") or {}
     row["model.adapted_modules"] = ",".join(adapted.get("names", [])) or None
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
+    extra = record.get("extra", {})
+    dynamo = extra.get("dynamo") or {}
+    row["compile.recompiles"] = dynamo.get("recompiles")
+    row["compile.graph_breaks"] = dynamo.get("graph_breaks")
+    row["extra.image_tokens_per_sample"] = extra.get("image_tokens_per_sample")
     return row
 
 
@@ -51,7 +56,9 @@ TABLE_COLUMNS = {
     "memory.device_peak_used_gib": "NVML peak GiB", "memory.host_peak_rss_gib": "host RSS GiB",
     "device_usage.gpu_util_mean_pct": "GPU util %", "device_usage.energy_per_step_j": "J/step",
     "data.wait_share": "data wait share",
-    "flops.mfu": "MFU", "loss.eval": "eval loss", "weights_source": "weights", "reason": "reason",
+    "flops.mfu": "MFU", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
+    "compile.recompiles": "recompiles", "compile.graph_breaks": "graph breaks",
+    "extra.image_tokens_per_sample": "image tokens/sample", "weights_source": "weights", "reason": "reason",
 }
 
 

@@ -115,7 +115,42 @@ def diffusion_vs_published(df: pl.DataFrame, published: dict, variants: dict | N
             svg_string(worker_curve(curve))]
 
 
-COMPARISONS = {"samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
+def lmm_vs_published(df: pl.DataFrame, published: dict, baseline="bf16", **_) -> list:
+    """Study A's table: each variant relative to the baseline at the same batch size and GPU, with
+    first step, compile time, recompiles, graph breaks and break-even steps; the published figures beside."""
+    ok = df.filter(pl.col("status") == "ok").with_columns(memory_gib=_memory(df))
+    base = ok.filter(pl.col("variant") == baseline).select(
+        "gpu", "batch_size", pl.col("timing.step_time_s").alias("b_step"), pl.col("memory_gib").alias("b_mem"),
+        pl.col("timing.first_step_s").alias("b_first"), pl.col("loss.eval").alias("b_loss"))
+    j = ok.join(base, on=["gpu", "batch_size"], how="left")
+    saved = pl.col("b_step") - pl.col("timing.step_time_s")
+    ours = j.select(
+        "variant", "gpu", "batch_size",
+        (pl.col("timing.step_time_s") / pl.col("b_step")).alias("step time vs baseline"),
+        (pl.col("memory_gib") / pl.col("b_mem")).alias("memory vs baseline"),
+        pl.col("timing.first_step_s").alias("first step s"), pl.col("timing.compile_s").alias("compile s"),
+        pl.col("compile.recompiles").alias("recompiles"), pl.col("compile.graph_breaks").alias("graph breaks"),
+        pl.when(saved > 0).then((pl.col("timing.first_step_s") - pl.col("b_first")) / saved)
+        .otherwise(None).alias("break-even steps"),
+        pl.col("loss.eval").alias("eval loss"), (pl.col("loss.eval") / pl.col("b_loss")).alias("eval loss vs baseline"),
+        pl.col("extra.image_tokens_per_sample").alias("image tokens/sample"),
+        pl.col("variant.gradient_checkpointing").alias("grad ckpt")).sort("variant", "gpu", "batch_size")
+    pub = pl.DataFrame(published.get("variants", [])).rename(
+        {"step_time": "published step time", "memory": "published memory", "first_step_s": "published first step s",
+         "eval_loss": "published eval loss"})
+    table = ours.join(pub, on="variant", how="full", coalesce=True) if len(pub) else ours
+    failed = df.filter(pl.col("status") != "ok").select("variant", "gpu", "batch_size", "status", "reason")
+    be = published.get("break_even_steps_bs1", {})
+    note = (f"Relative to {baseline} at the same batch size and GPU (ratios below 1 are faster / smaller). "
+            "Break-even: steps after which the variant's extra first-step time is repaid by its faster steps "
+            f"(published at batch 1: {', '.join(f'{k} {v}' for k, v in be.items())}). Published baseline: first step "
+            f"{published.get('baseline', {}).get('first_step_s')} s, eval loss {published.get('baseline', {}).get('eval_loss')}. "
+            "Recompiles count compiled graphs beyond the first. Eval losses of random weights mean nothing.")
+    return [note, ("Relative to the baseline, beside the published table", table, "lmm_relative"),
+            ("Runs that did not complete", failed, "lmm_failed")]
+
+
+COMPARISONS = {"lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
                "diffusion_vs_published": diffusion_vs_published}
 
 

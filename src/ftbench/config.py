@@ -74,6 +74,8 @@ class TrainSettings:
     warmup_steps: int
     max_seq_length: int = 2048
     resolution: int = 512  # diffusion: training image size
+    fixed_length: int = 2048  # LMM shape_policy fixed: every sequence padded to this length
+    bucket_multiple: int = 256  # LMM shape_policy bucketed: sequences padded up to a multiple of this
     learning_rate: float = 2e-4
     max_grad_norm: float = 0.3
     gradient_accumulation_steps: int = 1
@@ -87,6 +89,23 @@ class TrainSettings:
 def load_yaml(path) -> dict:
     with open(path) as f:
         return yaml.safe_load(f)
+
+
+def study_variants(config: dict, study: str) -> dict:
+    """The variants a study can name: the global ones, overridden and extended by the study's own
+    (studies may reuse a name, e.g. `compile`, for different knob sets)."""
+    return {**config.get("variants", {}), **(config["studies"][study].get("variants") or {})}
+
+
+def variant_knobs(config: dict, study: str, name: str) -> dict:
+    return study_variants(config, study)[name] or {}
+
+
+def all_variant_names(config: dict) -> list[str]:
+    names = dict.fromkeys(config.get("variants", {}))
+    for sdef in config["studies"].values():
+        names.update(dict.fromkeys(sdef.get("variants") or {}))
+    return list(names)
 
 
 def model_scale(config: dict, model: str) -> str:
@@ -127,8 +146,11 @@ def architecture_path(config: dict, model: str, base_dir) -> Path:
 
 def check_config(config: dict, base_dir) -> None:
     """Cross-reference checks, run after schema validation and before any job: name the key."""
-    for name, knobs in config["variants"].items():
+    for name, knobs in config.get("variants", {}).items():
         Variant.from_config(name, knobs or {})
+    for study, sdef in config["studies"].items():
+        for name, knobs in (sdef.get("variants") or {}).items():
+            Variant.from_config(f"{study}.{name}", knobs or {})
     for name in config.get("only_studies") or []:
         if name not in config["studies"]:
             raise ConfigError(f"only_studies: unknown study '{name}' (defined: {sorted(config['studies'])})")
@@ -139,16 +161,18 @@ def check_config(config: dict, base_dir) -> None:
     for study, sdef in config["studies"].items():
         for i, block in enumerate(sdef["matrix"]):
             where = f"studies.{study}.matrix[{i}]"
-            for key, pool in (("models", "models"), ("datasets", "datasets"), ("variants", "variants")):
+            pools = {"models": config["models"], "datasets": config["datasets"],
+                     "variants": study_variants(config, study)}
+            for key, pool in pools.items():
                 for name in block[key]:
-                    if name not in config[pool]:
-                        raise ConfigError(f"{where}.{key}: unknown {key[:-1]} '{name}' (defined: {sorted(config[pool])})")
+                    if name not in pool:
+                        raise ConfigError(f"{where}.{key}: unknown {key[:-1]} '{name}' (defined: {sorted(pool)})")
     for i, entry in enumerate(config.get("token_stats", [])):
         for key, pool in (("model", "models"), ("dataset", "datasets")):
             if entry[key] not in config[pool]:
                 raise ConfigError(f"token_stats[{i}].{key}: unknown {key} '{entry[key]}'")
     runs = expand_matrix(config)
-    for study, sdef in config["studies"].items():
+    for study, sdef in active_studies(config).items():
         for i, sel in enumerate((sdef.get("generate") or {}).get("runs", [])):
             if not any(matches(spec, dict(sel, study=study)) for spec in runs):
                 raise ConfigError(f"studies.{study}.generate.runs[{i}]: selects no run of the matrix: {sel}")
@@ -175,7 +199,7 @@ def run_config(config: dict, spec: RunSpec) -> dict:
         "run": dataclasses.asdict(spec),
         "model": config["models"][spec.model],
         "dataset": config["datasets"][spec.dataset],
-        "variant": config["variants"][spec.variant] or {},
+        "variant": variant_knobs(config, spec.study, spec.variant),
         "training": config["training"],
         "study": {k: v for k, v in study.items() if k != "matrix"},
         "seed": config["seed"],

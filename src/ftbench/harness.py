@@ -303,3 +303,26 @@ def guarded(record: dict, device: torch.device):
 def write_record(path, record: dict):
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(record, indent=2, default=str))
+
+
+def memory_log_row(step: int, device: torch.device, **extra) -> dict:
+    """One line of the published memory log: allocated, reserved and peak at a step (host RSS too)."""
+    mem = memory_now(device)
+    return {"step": step, **extra, "allocated_gib": mem["allocated_gib"], "reserved_gib": mem["reserved_gib"],
+            "peak_allocated_gib": mem["peak_allocated_gib"], "host_peak_rss_gib": mem["host_peak_rss_gib"]}
+
+
+def compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def dynamo_counters(graphs_after_first_step: int) -> dict:
+    """Graphs compiled, graph breaks, and recompiles: graphs compiled after the first step, i.e. for shapes
+    (or guards) the first step did not see; graph breaks split even the first step into several graphs."""
+    from torch._dynamo.utils import counters
+
+    graphs = compiled_graphs()
+    return {"unique_graphs": graphs, "graphs_first_step": graphs_after_first_step,
+            "recompiles": graphs - graphs_after_first_step, "graph_breaks": sum(counters["graph_break"].values())}

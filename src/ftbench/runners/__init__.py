@@ -14,7 +14,8 @@ from ..flops import mfu, peak_tflops
 from ..harness import (DeviceSampler, StepClock, guarded, memory_now, new_record, pick_device, provenance,
                        write_csv, write_record)
 
-RUNNERS = {"causal_lm": "ftbench.runners.causal_lm", "diffusion": "ftbench.runners.diffusion"}
+RUNNERS = {"causal_lm": "ftbench.runners.causal_lm", "diffusion": "ftbench.runners.diffusion",
+           "lmm": "ftbench.runners.lmm"}
 
 
 @dataclass
@@ -96,7 +97,8 @@ def context_from_config(config: dict, wildcards: dict, model_manifest, train_pat
     from .. import config as ftc
 
     spec = ftc.find_run(config, **wildcards)
-    return RunContext(spec=spec, variant=Variant.from_config(spec.variant, config["variants"][spec.variant] or {}),
+    return RunContext(spec=spec, variant=Variant.from_config(spec.variant, ftc.variant_knobs(config, spec.study,
+                                                                                             spec.variant)),
                       settings=ftc.train_settings(config, spec), manifest=read_manifest(model_manifest),
                       dataset=config["datasets"][spec.dataset], train_path=str(train_path),
                       eval_path=str(eval_path), base_dir=str(base_dir),

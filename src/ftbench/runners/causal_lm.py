@@ -7,7 +7,7 @@ import time
 import torch
 
 from ..flops import causal_lm_shape, train_flops
-from ..harness import memory_now, timed
+from ..harness import memory_log_row, timed
 from ..variants import adapted_modules, apply_lora, parameter_counts, quantization_config, torch_dtype
 
 
@@ -130,13 +130,9 @@ def train(ctx, record, device, clock, memory_log):
                 self.log_memory(state)
 
         def log_memory(self, state):
-            mem = memory_now(device)
-            memory_log.append({"step": state.global_step, "epoch": state.epoch,
-                               "elapsed_s": time.perf_counter() - self.t0,
-                               "progress": state.global_step / state.max_steps,
-                               "allocated_gib": mem["allocated_gib"], "reserved_gib": mem["reserved_gib"],
-                               "peak_allocated_gib": mem["peak_allocated_gib"],
-                               "host_peak_rss_gib": mem["host_peak_rss_gib"]})
+            memory_log.append(memory_log_row(state.global_step, device, epoch=state.epoch,
+                                             elapsed_s=time.perf_counter() - self.t0,
+                                             progress=state.global_step / state.max_steps))
 
     trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                                  processing_class=tokenizer, callbacks=[HarnessCallback()])

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.profiler import record_function
 
-from ..harness import memory_now, timed
+from ..harness import compiled_graphs, dynamo_counters, memory_log_row, timed
 from ..variants import parameter_counts
 
 
@@ -173,13 +173,12 @@ def train(ctx, record, device, clock, memory_log):
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
         clock.step_end(samples=ctx.spec.batch_size * accum, data_wait_s=data_wait)
+        if step == 0:
+            graphs_first = compiled_graphs()
         if ctx.profiler is not None:
             ctx.profiler.step()
         if (step + 1) % s.memory_log_every == 0 or step + 1 == s.max_steps:
-            mem = memory_now(device)
-            memory_log.append({"step": step + 1, "allocated_gib": mem["allocated_gib"],
-                               "reserved_gib": mem["reserved_gib"], "peak_allocated_gib": mem["peak_allocated_gib"],
-                               "host_peak_rss_gib": mem["host_peak_rss_gib"]})
+            memory_log.append(memory_log_row(step + 1, device))
     per_step = [sum(x.item() for x in losses[i:i + accum]) / accum for i in range(0, len(losses), accum)]
     for row, value in zip(clock.steps, per_step):
         row["loss"] = value
@@ -187,13 +186,5 @@ def train(ctx, record, device, clock, memory_log):
     record["extra"].update(gradient_accumulation_steps=accum, micro_step_time_s=(
         clock.summary().get("step_time_s") or 0) / accum, train_samples=len(ds))
     if v.compile:
-        record["extra"]["dynamo"] = dynamo_counters()
+        record["extra"]["dynamo"] = dynamo_counters(graphs_first)
 
-
-def dynamo_counters() -> dict:
-    """Recompiles, graph breaks and graphs compiled, from torch._dynamo's counters."""
-    from torch._dynamo.utils import counters
-
-    return {"graph_breaks": sum(counters["graph_break"].values()), "recompiles": counters["stats"]["unique_graphs"]
-            - 1 if counters["stats"]["unique_graphs"] else 0, "unique_graphs": counters["stats"]["unique_graphs"],
-            "frames_ok": counters["frames"]["ok"]}

@@ -1,0 +1,114 @@
+"""FP8 conversion: which layers run in FP8, the shape rule, and the two backends (Transformer Engine, torchao).
+
+FP8 GEMMs need every dimension of the input but the last divisible by 8 and the last by 16 (Transformer
+Engine checks it; torchao's float8 needs the same alignment). CLIP-L/14-336 feeds 577 tokens per tile, so
+its layers fail the rule; `PaddedLinear` pads the flattened token dimension to a multiple of 16 and slices
+the output back, which is how `fp8_vision` runs the vision tower in FP8 too.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+LM_PATTERN = re.compile(r"(^|\.)(language_model|multi_modal_projector)\.")
+VISION_PATTERN = re.compile(r"(^|\.)vision_tower\.")
+
+
+def fp8_shape_ok(shape) -> bool:
+    """The FP8 GEMM rule on an input's shape: the product of leading dims divisible by 8, the last by 16."""
+    *lead, last = shape
+    rows = 1
+    for d in lead:
+        rows *= d
+    return rows % 8 == 0 and last % 16 == 0
+
+
+def weight_fp8_ok(linear: nn.Linear) -> bool:
+    return linear.in_features % 16 == 0 and linear.out_features % 16 == 0
+
+
+def select_linears(model: nn.Module, include_vision: bool) -> list[str]:
+    """Names of the nn.Linear layers to convert: language model and projector (and vision tower if asked),
+    never the LM head, and only those whose weights satisfy the FP8 shape rule."""
+    names = []
+    for name, mod in model.named_modules():
+        if type(mod) is not nn.Linear or name.endswith("lm_head"):
+            continue
+        if LM_PATTERN.search(name) or (include_vision and VISION_PATTERN.search(name)):
+            if weight_fp8_ok(mod):
+                names.append(name)
+    return names
+
+
+class PaddedLinear(nn.Module):
+    """Runs `inner` on inputs whose flattened token dimension is padded to a multiple of `multiple`."""
+
+    def __init__(self, inner: nn.Module, multiple: int = 16):
+        super().__init__()
+        self.inner, self.multiple = inner, multiple
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, x.shape[-1])
+        pad = (-flat.shape[0]) % self.multiple
+        if pad:
+            flat = torch.nn.functional.pad(flat, (0, 0, 0, pad))
+        out = self.inner(flat)
+        return out[: flat.shape[0] - pad].reshape(*lead, out.shape[-1])
+
+
+def _set(model, name, module):
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def swap_linears(model: nn.Module, names: list[str], factory, pad_names=()) -> int:
+    """Replace each named nn.Linear by `factory(linear)` (weights carried over by the factory); layers in
+    `pad_names` get the token-padding wrapper."""
+    for name in names:
+        new = factory(model.get_submodule(name))
+        _set(model, name, PaddedLinear(new) if name in pad_names else new)
+    return len(names)
+
+
+def te_linear(linear: nn.Linear):
+    """A Transformer Engine Linear holding the same weights (params_dtype of the original)."""
+    import transformer_engine.pytorch as te
+
+    new = te.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                    params_dtype=linear.weight.dtype, device=linear.weight.device)
+    with torch.no_grad():
+        new.weight.copy_(linear.weight)
+        if linear.bias is not None:
+            new.bias.copy_(linear.bias)
+    new.weight.requires_grad_(False)
+    return new
+
+
+def te_recipe(kind: str):
+    from transformer_engine.common import recipe
+
+    if kind == "current":
+        return recipe.Float8CurrentScaling()
+    return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
+
+
+def convert_te(model: nn.Module, include_vision: bool) -> dict:
+    """Language model and projector (and, padded, the vision tower) onto te.Linear, before LoRA, so PEFT
+    adapts te.Linear through its supported TE layer (no second bf16 copy of the weights)."""
+    names = select_linears(model, include_vision)
+    vision = [n for n in names if VISION_PATTERN.search(n)]
+    swap_linears(model, names, te_linear, pad_names=set(vision))
+    return {"converted": len(names), "vision_converted": len(vision)}
+
+
+def convert_torchao(model: nn.Module, include_vision: bool) -> dict:
+    """torchao float8 training: nn.Linear subclasses that PEFT wraps and torch.compile traces through."""
+    from torchao.float8 import convert_to_float8_training
+
+    names = set(select_linears(model, include_vision))
+    convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn in names)
+    return {"converted": len(names), "vision_converted": sum(1 for n in names if VISION_PATTERN.search(n))}

@@ -1,0 +1,179 @@
+"""LLaVA-NeXT LoRA runner (Study A): beans images with the prompt "Describe" and the label as target.
+
+Shape policies: `dynamic` keeps AnyRes (token counts follow each image's size and aspect ratio) and pads
+text per batch; `fixed` resizes every image to 336x336 and pads every sequence to `fixed_length`, so all
+shapes are constant; `bucketed` keeps AnyRes but pads sequences up to a multiple of `bucket_multiple`, so
+the compiler sees a bounded set of shapes.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+
+import torch
+from torch.profiler import record_function
+
+from ..data import BEAN_LABELS, read_split
+from ..flops import causal_lm_shape, train_flops
+from ..harness import compiled_graphs, dynamo_counters, memory_log_row, timed
+from ..tokens import FIXED_IMAGE_SIZE
+from ..variants import adapted_modules, parameter_counts, quantization_config, torch_dtype
+
+PROMPT = "Describe"
+LM_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+
+
+class Collator:
+    """Processor call per batch: prompt + label, labels masked to the answer tokens only."""
+
+    def __init__(self, processor, policy: str, fixed_length: int, bucket_multiple: int):
+        self.processor, self.policy = processor, policy
+        self.fixed_length, self.bucket_multiple = fixed_length, bucket_multiple
+        tok = processor.tokenizer
+        self.image_token, self.eos = tok.image_token, tok.eos_token
+
+    def __call__(self, examples):
+        tok = self.processor.tokenizer
+        images = [ex["image"].convert("RGB") for ex in examples]
+        if self.policy == "fixed":
+            images = [im.resize(FIXED_IMAGE_SIZE) for im in images]
+        answers = [BEAN_LABELS[ex["labels"]] + self.eos for ex in examples]
+        texts = [f"{self.image_token}\n{PROMPT}\n{a}" for a in answers]
+        pad = {"padding": "max_length", "max_length": self.fixed_length} if self.policy == "fixed" else {
+            "padding": "longest"}
+        enc = self.processor(images=images, text=texts, return_tensors="pt", **pad)
+        if self.policy == "bucketed":
+            length = enc["input_ids"].shape[1]
+            extra = (-length) % self.bucket_multiple
+            if extra:
+                enc["input_ids"] = torch.nn.functional.pad(enc["input_ids"], (0, extra), value=tok.pad_token_id)
+                enc["attention_mask"] = torch.nn.functional.pad(enc["attention_mask"], (0, extra), value=0)
+        labels = torch.full_like(enc["input_ids"], -100)
+        ends = enc["attention_mask"].sum(1)  # right padding: the answer ends each row's real tokens
+        for i, a in enumerate(answers):
+            k = len(tok(a, add_special_tokens=False)["input_ids"])
+            labels[i, ends[i] - k:ends[i]] = enc["input_ids"][i, ends[i] - k:ends[i]]
+        enc["labels"] = labels
+        return dict(enc)
+
+
+def load_model(ctx, device):
+    """LLaVA-NeXT with the variant applied: quantization, FP8 conversion (before LoRA), LoRA, checkpointing."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoProcessor, LlavaNextForConditionalGeneration
+
+    from .. import fp8
+
+    v, s = ctx.variant, ctx.settings
+    processor = AutoProcessor.from_pretrained(ctx.manifest["path"])
+    quant = quantization_config(v)
+    model = LlavaNextForConditionalGeneration.from_pretrained(
+        ctx.manifest["path"], dtype=torch_dtype(v), quantization_config=quant,
+        device_map={"": device} if quant is not None else None)
+    if quant is None:
+        model.to(device)
+    info = {}
+    if v.precision == "fp8":
+        convert = fp8.convert_te if v.fp8_backend == "te" else fp8.convert_torchao
+        info = convert(model, include_vision=v.fp8_vision)
+    if v.precision == "nf4":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=v.gradient_checkpointing)
+    elif v.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    lora = s.lora
+    model = get_peft_model(model, LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16),
+                                             lora_dropout=lora.get("dropout", 0.0), bias="none",
+                                             target_modules=lora.get("target_modules", LM_TARGETS)))
+    return model, processor, info
+
+
+def fp8_context(variant):
+    if variant.precision == "fp8" and variant.fp8_backend == "te":
+        import transformer_engine.pytorch as te
+
+        from ..fp8 import te_recipe
+
+        return lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe(variant.fp8_recipe))
+    return nullcontext
+
+
+def train(ctx, record, device, clock, memory_log):
+    """Load, wrap, loop (data, forward, backward, step) for warm-up + measured steps, evaluate."""
+    s, v = ctx.settings, ctx.variant
+    with timed(record["timing"], "model_load_s", device):
+        model, processor, fp8_info = load_model(ctx, device)
+    total, trainable = parameter_counts(model)
+    record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model))
+    record["extra"]["fp8"] = fp8_info or None
+    shape = causal_lm_shape(model.config.text_config.to_dict())
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=s.learning_rate)
+    step_fn = torch.compile(model, mode=v.compile) if v.compile else model
+    collate = Collator(processor, v.shape_policy, s.fixed_length, s.bucket_multiple)
+    g = torch.Generator().manual_seed(s.seed)
+    train_ds = read_split(ctx.train_path)
+    loader = torch.utils.data.DataLoader(train_ds, batch_size=ctx.spec.batch_size, shuffle=True, generator=g,
+                                         collate_fn=collate, num_workers=v.dataloader_workers, drop_last=True,
+                                         pin_memory=v.pin_memory)
+    image_id = processor.tokenizer.convert_tokens_to_ids(processor.tokenizer.image_token)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    fp8_ctx = fp8_context(v)
+    batches, losses, image_tokens = iter(loader), [], []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model.train()
+    clock.start()
+    for step in range(s.max_steps):
+        t0 = time.perf_counter()
+        with record_function("ftbench.data"):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                batches = iter(loader)
+                batch = next(batches)
+        wait = time.perf_counter() - t0
+        image_tokens += (batch["input_ids"] == image_id).sum(1).tolist()
+        real = int(batch["attention_mask"].sum())
+        b, t = batch["input_ids"].shape
+        batch = {k: x.to(device, non_blocking=v.pin_memory) for k, x in batch.items()}
+        batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
+        with autocast, fp8_ctx():
+            loss = step_fn(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+        flops = train_flops([t] * b, shape["matmul_params_per_token"], trainable, shape["layers"],
+                            shape["attention_width"], v.gradient_checkpointing)
+        clock.step_end(samples=b, tokens=real, padded_tokens=b * t, flops=flops, data_wait_s=wait)
+        if step == 0:
+            graphs_first = compiled_graphs()
+        if ctx.profiler is not None:
+            ctx.profiler.step()
+        if (step + 1) % s.memory_log_every == 0 or step + 1 == s.max_steps:
+            memory_log.append(memory_log_row(step + 1, device))
+    for row, value in zip(clock.steps, losses):
+        row["loss"] = value.item()
+    record["loss"].update(first=clock.steps[0]["loss"], last=clock.steps[-1]["loss"])
+    record["extra"].update(image_tokens_per_sample=sum(image_tokens) / len(image_tokens),
+                           shape_policy=v.shape_policy, gradient_checkpointing_active=v.gradient_checkpointing)
+    if v.compile:
+        record["extra"]["dynamo"] = dynamo_counters(graphs_first)
+    with timed(record["timing"], "eval_s", device):
+        record["loss"]["eval"] = evaluate(step_fn, read_split(ctx.eval_path), collate, ctx.spec.batch_size, device,
+                                          autocast, fp8_ctx)
+
+
+@torch.no_grad()
+def evaluate(model, ds, collate, batch_size, device, autocast, fp8_ctx) -> float:
+    """Mean loss over the held-out split."""
+    losses = []
+    for i in range(0, len(ds), batch_size):
+        batch = {k: x.to(device) for k, x in collate([ds[j] for j in range(i, min(i + batch_size, len(ds)))]).items()}
+        batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
+        with autocast, fp8_ctx():
+            losses.append(model(**batch).loss.float())
+    return float(torch.stack(losses).mean()) if losses else None
