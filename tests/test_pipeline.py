@@ -43,6 +43,11 @@ class TableParser(HTMLParser):
             self.cell += data
 
 
+def num(text) -> float:
+    """A number as the report's tables print it (thousands separated by commas)."""
+    return float(str(text).replace(",", ""))
+
+
 def table(html, table_id):
     p = TableParser(table_id)
     p.feed(html)
@@ -82,10 +87,10 @@ def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
             assert r["status"] == "unsupported" and "CUDA" in r["reason"], r
             continue
         assert r["status"] == "ok", r
-        assert float(r["step s (median)"]) > 0 and float(r["p10"]) <= float(r["step s (median)"]) <= float(r["p90"])
+        assert num(r["step s (median)"]) > 0 and num(r["p10"]) <= num(r["step s (median)"]) <= num(r["p90"])
         assert int(r["steps"]) == cfg["studies"]["llm"]["training"]["max_steps"] - cfg["studies"]["llm"]["training"]["warmup_steps"]
-        assert float(r["samples/h"].replace(",", "")) > 0 and float(r["tokens/s"].replace(",", "")) > 0
-        assert float(r["host RSS GiB"]) > 0 and r["GPU"] == "cpu" and r["weights"] == "random"
+        assert num(r["samples/h"]) > 0 and num(r["tokens/s"]) > 0
+        assert num(r["host RSS GiB"]) > 0 and r["GPU"] == "cpu" and r["weights"] == "random"
 
 
 def test_memory_logs_and_records_of_study_b(pipeline):
@@ -100,8 +105,8 @@ def test_memory_logs_and_records_of_study_b(pipeline):
             assert rec["model"]["adapted_modules"]["count"] == 14  # 7 projections x 2 layers
             assert rec["extra"]["last_partial_batch_samples"] == rec["extra"]["train_samples"] % 4
             log = list(csv.DictReader(open(run / "memory.csv")))
-            assert log and int(log[-1]["step"]) == 8 and float(log[-1]["progress"]) == 1.0
-            assert float(log[-1]["elapsed_s"]) > 0 and float(log[-1]["host_peak_rss_gib"]) > 0
+            assert log and int(log[-1]["step"]) == 8 and num(log[-1]["progress"]) == 1.0
+            assert num(log[-1]["elapsed_s"]) > 0 and num(log[-1]["host_peak_rss_gib"]) > 0
 
 
 def test_generations_and_comparisons_in_the_report(pipeline):
@@ -124,16 +129,16 @@ def test_report_has_figures_token_stats_and_profile(pipeline):
         assert "<svg" in svg and "japanese_alpaca" in svg
     tokens = table(embedded(report, "results/token_stats/token_stats.html"), "token_stats")
     by = {(r["dataset"], r["measure"]): r for r in tokens}
-    assert float(by[("japanese_alpaca", "text_tokens")]["mean after truncation"]) == pytest.approx(117, rel=0.15)
-    assert float(by[("beans", "image_tokens_anyres")]["mean"]) == 2928  # every beans image is 500x500
-    assert float(by[("beans", "image_tokens_fixed")]["mean"]) == 1176
+    assert num(by[("japanese_alpaca", "text_tokens")]["mean after truncation"]) == pytest.approx(117, rel=0.15)
+    assert num(by[("beans", "image_tokens_anyres")]["mean"]) == 2928  # every beans image is 500x500
+    assert num(by[("beans", "image_tokens_fixed")]["mean"]) == 1176
     mixed = by[("mixed_images", "image_tokens_anyres")]
-    assert float(mixed["max"]) > float(mixed["mean"])  # AnyRes counts vary with size and aspect ratio
+    assert num(mixed["max"]) > num(mixed["mean"])  # AnyRes counts vary with size and aspect ratio
     prof = [k for k in json.loads(re.search(r"var results = (\{.*?\});\s*\n", report, re.S).group(1))
             if k.startswith("results/profiles/")]
-    assert len(prof) == 1
-    steps = table(embedded(report, prof[0]), "per_step")
-    assert len(steps) == 5 and all(0 < float(s["busy_share"]) <= 1 for s in steps)
+    assert {p.split("/")[2] for p in prof} == {"llm", "diffusion"}
+    steps = table(embedded(report, next(p for p in prof if "/llm/" in p)), "per_step")
+    assert len(steps) == 5 and all(0 < num(s["busy_share"]) <= 1 for s in steps)
 
 
 def test_report_works_offline(pipeline):
@@ -161,16 +166,32 @@ def test_study_c_records_and_comparison(pipeline):
     rows = {r["variant"]: r for r in table(embedded(report, "results/studies/diffusion/runs.html"), "runs")}
     for variant in ("workers-0", "workers-1", "workers-2", "compile", "cached-latents"):
         assert rows[variant]["status"] == "ok", rows[variant]
-        assert float(rows[variant]["step s (median)"]) > 0 and 0 <= float(rows[variant]["data wait share"]) < 1
+        assert num(rows[variant]["step s (median)"]) > 0 and 0 <= num(rows[variant]["data wait share"]) < 1
     for variant in ("pinned", "sync-free"):  # pin_memory needs CUDA
         assert rows[variant]["status"] == "unsupported" and "CUDA" in rows[variant]["reason"]
     compiled = json.loads((wd / "results/runs/diffusion/stable-diffusion-v1-5/tiny/naruto/compile/bs1/metrics.json")
                           .read_text())
     assert compiled["extra"]["dynamo"]["unique_graphs"] >= 1 and compiled["timing"]["compile_s"] > 1
     # cached latents: the loader only indexes tensors, so it waits less for data than decoding JPEGs
-    assert float(rows["cached-latents"]["data wait share"]) < float(rows["workers-0"]["data wait share"])
+    assert num(rows["cached-latents"]["data wait share"]) < num(rows["workers-0"]["data wait share"])
     page = embedded(report, "results/studies/diffusion/comparison.html")
     before_after = table(page, "before_after")
     assert [r["variant"] for r in before_after] == ["workers-0", "workers-3", "compile", "pinned"]
     assert before_after[0]["ms/step (published)"] == "290"
     assert "<svg" in page and {r["variant"] for r in table(page, "workers")} >= {"workers-0", "workers-1"}
+
+
+def test_study_a_records_and_relative_table(pipeline):
+    wd, report = pipeline
+    rows = {r["variant"]: r for r in table(embedded(report, "results/studies/lmm/runs.html"), "runs")}
+    for variant in ("bf16", "compile", "fixed-compile", "bucketed-compile", "qlora"):
+        assert rows[variant]["status"] == "ok", rows[variant]
+    for variant in ("fp8-te", "fp8-te-compile", "fp8-te-fixed-compile", "fp8-ao-compile", "fp8-vision"):
+        assert rows[variant]["status"] == "unsupported" and "FP8" in rows[variant]["reason"], rows[variant]
+    assert num(rows["bf16"]["image tokens/sample"]) == 2928 and num(rows["fixed-compile"]["image tokens/sample"]) == 1176
+    for variant in ("compile", "fixed-compile", "bucketed-compile"):
+        assert rows[variant]["recompiles"] != "–" and num(rows[variant]["first step s"]) > num(rows["bf16"]["first step s"])
+    rel = {r["variant"]: r for r in table(embedded(report, "results/studies/lmm/comparison.html"), "lmm_relative")}
+    assert num(rel["bf16"]["step time vs baseline"]) == 1.0
+    assert rel["fixed-compile"]["published step time"] == "47-53% faster"
+    assert rel["qlora"]["published memory"].startswith("53% less")
