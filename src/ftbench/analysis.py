@@ -116,7 +116,7 @@ def token_table_html(stats: list[dict]) -> str:
                 m = s[measure]
                 rows.append({"dataset": s["dataset"], "model": s["model"], "measure": measure,
                              "samples": m["n"], "mean": m["mean"], "median": m["median"], "p95": m["p95"],
-                             "max": m["max"], f"mean after truncation": m["mean_truncated"],
+                             "max": m["max"], "mean after truncation": m["mean_truncated"],
                              "p95 after truncation": m["p95_truncated"], "share truncated": m["share_truncated"],
                              "data source": s["data_source"], "tokenizer": s["tokenizer"]})
     note = (f"Tokens per sample with each model's tokenizer (chat template applied), before and after truncation "

@@ -326,3 +326,23 @@ def dynamo_counters(graphs_after_first_step: int) -> dict:
     graphs = compiled_graphs()
     return {"unique_graphs": graphs, "graphs_first_step": graphs_after_first_step,
             "recompiles": graphs - graphs_after_first_step, "graph_breaks": sum(counters["graph_break"].values())}
+
+
+class TimedBatches:
+    """Batches from a loader, epoch after epoch; each fetch is timed (the host's wait for data) and marked
+    `ftbench.data` for the profiler."""
+
+    def __init__(self, loader):
+        self.loader, self._it = loader, iter(loader)
+
+    def next(self) -> tuple[dict, float]:
+        from torch.profiler import record_function
+
+        t0 = time.perf_counter()
+        with record_function("ftbench.data"):
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self._it = iter(self.loader)
+                batch = next(self._it)
+        return batch, time.perf_counter() - t0

@@ -10,15 +10,13 @@ variant trains from cached latents.
 from __future__ import annotations
 
 import io
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torch.profiler import record_function
 
-from ..harness import compiled_graphs, dynamo_counters, memory_log_row, timed
+from ..harness import TimedBatches, compiled_graphs, dynamo_counters, memory_log_row, timed
 from ..variants import parameter_counts
 
 
@@ -131,7 +129,7 @@ def train(ctx, record, device, clock, memory_log):
     loader = torch.utils.data.DataLoader(ds, batch_size=ctx.spec.batch_size, shuffle=True, generator=g,
                                          num_workers=v.dataloader_workers, pin_memory=v.pin_memory, drop_last=True,
                                          persistent_workers=v.dataloader_workers > 0)
-    batches = iter(loader)
+    batches = TimedBatches(loader)
     accum = s.gradient_accumulation_steps
     losses = []
     if cuda:
@@ -140,14 +138,8 @@ def train(ctx, record, device, clock, memory_log):
     for step in range(s.max_steps):
         data_wait = 0.0
         for _ in range(accum):
-            t0 = time.perf_counter()
-            with record_function("ftbench.data"):
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    batches = iter(loader)
-                    batch = next(batches)
-            data_wait += time.perf_counter() - t0
+            batch, wait = batches.next()
+            data_wait += wait
             batch = {k: t.to(device, non_blocking=v.pin_memory) for k, t in batch.items()}
             with torch.no_grad():
                 if v.cached_latents:

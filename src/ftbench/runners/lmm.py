@@ -8,15 +8,13 @@ the compiler sees a bounded set of shapes.
 
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 
 import torch
-from torch.profiler import record_function
 
 from ..data import BEAN_LABELS, read_split
 from ..flops import causal_lm_shape, train_flops
-from ..harness import compiled_graphs, dynamo_counters, memory_log_row, timed
+from ..harness import TimedBatches, compiled_graphs, dynamo_counters, memory_log_row, timed
 from ..tokens import FIXED_IMAGE_SIZE
 from ..variants import adapted_modules, parameter_counts, quantization_config, torch_dtype
 
@@ -120,20 +118,13 @@ def train(ctx, record, device, clock, memory_log):
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.tokenizer.image_token)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
     fp8_ctx = fp8_context(v)
-    batches, losses, image_tokens = iter(loader), [], []
+    batches, losses, image_tokens = TimedBatches(loader), [], []
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model.train()
     clock.start()
     for step in range(s.max_steps):
-        t0 = time.perf_counter()
-        with record_function("ftbench.data"):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                batches = iter(loader)
-                batch = next(batches)
-        wait = time.perf_counter() - t0
+        batch, wait = batches.next()
         image_tokens += (batch["input_ids"] == image_id).sum(1).tolist()
         real = int(batch["attention_mask"].sum())
         b, t = batch["input_ids"].shape

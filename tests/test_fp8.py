@@ -1,0 +1,56 @@
+"""FP8 conversion without Transformer Engine: which layers convert, the shape rule, token padding."""
+
+import torch
+from torch import nn
+
+from conftest import ROOT
+from ftbench.architectures import load_architecture
+from ftbench.fp8 import PaddedLinear, fp8_shape_ok, select_linears, swap_linears
+from ftbench.models import materialize_model
+
+
+def test_the_published_shape_rule():
+    assert not fp8_shape_ok((5, 577, 1024))  # CLIP-L/14-336: 5 tiles x 577 tokens fails, as published
+    assert fp8_shape_ok((4, 2048, 4096)) and not fp8_shape_ok((8, 16, 1000))
+
+
+def test_padded_linear_matches_the_plain_layer_and_feeds_aligned_rows():
+    torch.manual_seed(0)
+    lin = nn.Linear(32, 48)
+    seen = []
+
+    class Spy(nn.Module):
+        def forward(self, x):
+            seen.append(tuple(x.shape))
+            return lin(x)
+
+    x = torch.randn(5, 577, 32)
+    out = PaddedLinear(Spy())(x)
+    assert torch.allclose(out, lin(x), atol=1e-6) and out.shape == (5, 577, 48)
+    assert fp8_shape_ok(seen[0]) and seen[0][0] == 2896  # 2885 rows padded to a multiple of 16
+
+
+def test_layer_selection_and_swap_on_a_real_llava(tmp_path):
+    from transformers import LlavaNextForConditionalGeneration
+
+    m = materialize_model(load_architecture(ROOT / "config/architectures/llava-v1.6-mistral-7b.yaml", "tiny"),
+                          "random", tmp_path, 0)
+    model = LlavaNextForConditionalGeneration.from_pretrained(m["path"])
+    lm_only = select_linears(model, include_vision=False)
+    with_vision = select_linears(model, include_vision=True)
+    assert lm_only and all("vision_tower" not in n for n in lm_only)
+    assert any("multi_modal_projector" in n for n in lm_only) and not any(n.endswith("lm_head") for n in lm_only)
+    assert set(lm_only) < set(with_vision) and any("vision_tower" in n for n in with_vision)
+
+    class Marked(nn.Linear):
+        """Stands in for te.Linear: same weights, another class."""
+
+    def factory(lin):
+        new = Marked(lin.in_features, lin.out_features, bias=lin.bias is not None)
+        new.load_state_dict(lin.state_dict())
+        return new
+
+    vision = {n for n in with_vision if "vision_tower" in n}
+    assert swap_linears(model, with_vision, factory, pad_names=vision) == len(with_vision)
+    assert all(isinstance(model.get_submodule(n), PaddedLinear) for n in vision)
+    assert all(isinstance(model.get_submodule(n), Marked) for n in lm_only)
