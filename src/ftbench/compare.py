@@ -145,7 +145,8 @@ def lmm_vs_published(df: pl.DataFrame, published: dict, baseline="bf16", **_) ->
             "Break-even: steps after which the variant's extra first-step time is repaid by its faster steps "
             f"(published at batch 1: {', '.join(f'{k} {v}' for k, v in be.items())}). Published baseline: first step "
             f"{published.get('baseline', {}).get('first_step_s')} s, eval loss {published.get('baseline', {}).get('eval_loss')}. "
-            "Recompiles count compiled graphs beyond the first. Eval losses of random weights mean nothing.")
+            "Recompiles count graphs compiled after the first step (new shapes or guards); graph breaks split "
+            "even the first step into several graphs. Eval losses of random weights mean nothing.")
     return [note, ("Relative to the baseline, beside the published table", table, "lmm_relative"),
             ("Runs that did not complete", failed, "lmm_failed")]
 
