@@ -87,6 +87,21 @@ def summarize(record: dict, clock: StepClock, sampler: DeviceSampler, device, pr
                            achieved_tflops=flops_per_s / 1e12 if flops_per_s else None, mfu=mfu(flops_per_s, peak))
 
 
+def end_step(ctx: RunContext, clock: StepClock, memory_log: list, device, step: int, **fields) -> dict:
+    """Close step `step` (0-based) of a hand-written loop: the clock, compiled-graph count (compiled
+    variants), the profiler's schedule and the memory log every `memory_log_every` steps."""
+    from ..harness import compiled_graphs, memory_log_row
+
+    row = clock.step_end(**fields)
+    if ctx.variant.compile:
+        row["compiled_graphs"] = compiled_graphs()
+    if ctx.profiler is not None:
+        ctx.profiler.step()
+    if (step + 1) % ctx.settings.memory_log_every == 0 or step + 1 == ctx.settings.max_steps:
+        memory_log.append(memory_log_row(step + 1, device))
+    return row
+
+
 def read_manifest(path) -> dict:
     return json.loads(Path(path).read_text())
 

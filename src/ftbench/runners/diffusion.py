@@ -16,8 +16,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..harness import TimedBatches, compiled_graphs, dynamo_counters, memory_log_row, timed
+from ..harness import TimedBatches, dynamo_counters, timed
 from ..variants import parameter_counts
+from . import end_step
 
 
 class CaptionImages(torch.utils.data.Dataset):
@@ -164,13 +165,7 @@ def train(ctx, record, device, clock, memory_log):
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-        clock.step_end(samples=ctx.spec.batch_size * accum, data_wait_s=data_wait)
-        if step == 0:
-            graphs_first = compiled_graphs()
-        if ctx.profiler is not None:
-            ctx.profiler.step()
-        if (step + 1) % s.memory_log_every == 0 or step + 1 == s.max_steps:
-            memory_log.append(memory_log_row(step + 1, device))
+        end_step(ctx, clock, memory_log, device, step, samples=ctx.spec.batch_size * accum, data_wait_s=data_wait)
     per_step = [sum(x.item() for x in losses[i:i + accum]) / accum for i in range(0, len(losses), accum)]
     for row, value in zip(clock.steps, per_step):
         row["loss"] = value
@@ -178,5 +173,5 @@ def train(ctx, record, device, clock, memory_log):
     record["extra"].update(gradient_accumulation_steps=accum, micro_step_time_s=(
         clock.summary().get("step_time_s") or 0) / accum, train_samples=len(ds))
     if v.compile:
-        record["extra"]["dynamo"] = dynamo_counters(graphs_first)
+        record["extra"]["dynamo"] = dynamo_counters(clock.steps[0]["compiled_graphs"])
 

@@ -14,9 +14,10 @@ import torch
 
 from ..data import BEAN_LABELS, read_split
 from ..flops import causal_lm_shape, train_flops
-from ..harness import TimedBatches, compiled_graphs, dynamo_counters, memory_log_row, timed
+from ..harness import TimedBatches, dynamo_counters, timed
 from ..tokens import FIXED_IMAGE_SIZE
 from ..variants import adapted_modules, parameter_counts, quantization_config, torch_dtype
+from . import end_step
 
 PROMPT = "Describe"
 LM_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
@@ -139,20 +140,15 @@ def train(ctx, record, device, clock, memory_log):
         losses.append(loss.detach())
         flops = train_flops([t] * b, shape["matmul_params_per_token"], trainable, shape["layers"],
                             shape["attention_width"], v.gradient_checkpointing)
-        clock.step_end(samples=b, tokens=real, padded_tokens=b * t, flops=flops, data_wait_s=wait)
-        if step == 0:
-            graphs_first = compiled_graphs()
-        if ctx.profiler is not None:
-            ctx.profiler.step()
-        if (step + 1) % s.memory_log_every == 0 or step + 1 == s.max_steps:
-            memory_log.append(memory_log_row(step + 1, device))
+        end_step(ctx, clock, memory_log, device, step, samples=b, tokens=real, padded_tokens=b * t, flops=flops,
+                 data_wait_s=wait)
     for row, value in zip(clock.steps, losses):
         row["loss"] = value.item()
     record["loss"].update(first=clock.steps[0]["loss"], last=clock.steps[-1]["loss"])
     record["extra"].update(image_tokens_per_sample=sum(image_tokens) / len(image_tokens),
                            shape_policy=v.shape_policy, gradient_checkpointing_active=v.gradient_checkpointing)
     if v.compile:
-        record["extra"]["dynamo"] = dynamo_counters(graphs_first)
+        record["extra"]["dynamo"] = dynamo_counters(clock.steps[0]["compiled_graphs"])
     with timed(record["timing"], "eval_s", device):
         record["loss"]["eval"] = evaluate(step_fn, read_split(ctx.eval_path), collate, ctx.spec.batch_size, device,
                                           autocast, fp8_ctx)
