@@ -13,6 +13,7 @@ ftc.check_config(config, BASE_DIR)
 RUNS = ftc.expand_matrix(config)
 STUDIES = ftc.active_studies(config)
 PROFILED = ftc.profiled_runs(config)
+MODEL_FAMILY = {m: ftc.load_yaml(ftc.architecture_path(config, m, BASE_DIR))["family"] for m in config["models"]}
 
 
 wildcard_constraints:
@@ -58,7 +59,7 @@ def study_metrics(wildcards):
 
 
 def study_profiles(wildcards):
-    return [f"{s.run_dir.replace('results/runs', 'results/profiles')}/summary.json" for s in PROFILED
+    return [f"results/profiles/{s.key}/summary.json" for s in PROFILED
             if s.study == wildcards.study]
 
 
@@ -66,7 +67,7 @@ def token_stats_inputs(wildcards):
     return [f"results/token_stats/{e['dataset']}/{e['model']}.json" for e in config.get("token_stats", [])]
 
 
-def token_stats_model(wildcards):
+def wildcard_model_manifest(wildcards):
     return model_manifest(wildcards.model)
 
 
@@ -81,7 +82,7 @@ def run_env(wildcards):
         return "../envs/unsloth.yaml"
     if knobs.get("precision") == "fp8" and knobs.get("fp8_backend") == "te":
         return "../envs/te.yaml"
-    if ftc.load_yaml(architecture_file(wildcards))["family"] == "diffusion":
+    if MODEL_FAMILY[wildcards.model] == "diffusion":
         return "../envs/diffusion.yaml"
     return "../envs/train.yaml"
 
@@ -100,7 +101,7 @@ def generated(study):
     if not gen:
         return []
     runs = [s for s in RUNS if s.study == study and any(ftc.matches(s, sel) for sel in gen["runs"])]
-    return [f"{s.run_dir.replace('results/runs', 'results/generate')}/answers.html" for s in runs]
+    return [f"results/generate/{s.key}/answers.html" for s in runs]
 
 
 def published_file(wildcards):

@@ -18,7 +18,7 @@ rule prepare_dataset:
 
 rule token_stats:
     input:
-        model=token_stats_model,
+        model=wildcard_model_manifest,
         data="results/data/{dataset}/train.parquet",
     output:
         "results/token_stats/{dataset}/{model}.json",

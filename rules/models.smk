@@ -19,7 +19,7 @@ rule materialize_model:
 
 rule cache_latents:
     input:
-        model=token_stats_model,
+        model=wildcard_model_manifest,
         train="results/data/{dataset}/train.parquet",
     output:
         "results/cache/{model}/{scale}/{dataset}/latents.pt",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-RUN_DIR = "results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}"
+RUN_KEY = "{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}"
+RUN_DIR = "results/runs/" + RUN_KEY
 
 
 class ConfigError(ValueError):
@@ -58,8 +59,13 @@ class RunSpec:
     batch_size: int
 
     @property
+    def key(self) -> str:
+        """The run's path below results/runs, results/profiles and results/generate."""
+        return RUN_KEY.format(**dataclasses.asdict(self))
+
+    @property
     def run_dir(self) -> str:
-        return RUN_DIR.format(**dataclasses.asdict(self))
+        return f"results/runs/{self.key}"
 
     @property
     def wildcards(self) -> dict:

@@ -117,7 +117,3 @@ def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str =
         manifest.update(path=source, tokenizer=source)
     (out / "model.json").write_text(json.dumps(manifest, indent=2))
     return manifest
-
-
-def read_manifest(path) -> dict:
-    return json.loads(Path(path).read_text())

@@ -87,9 +87,10 @@ def summarize(record: dict, clock: StepClock, sampler: DeviceSampler, device, pr
                            achieved_tflops=flops_per_s / 1e12 if flops_per_s else None, mfu=mfu(flops_per_s, peak))
 
 
-def end_step(ctx: RunContext, clock: StepClock, memory_log: list, device, step: int, **fields) -> dict:
-    """Close step `step` (0-based) of a hand-written loop: the clock, compiled-graph count (compiled
-    variants), the profiler's schedule and the memory log every `memory_log_every` steps."""
+def end_step(ctx: RunContext, clock: StepClock, memory_log: list, device, step: int, log_fields=None,
+             **fields) -> dict:
+    """Close step `step` (0-based): the clock (`fields`), compiled-graph count (compiled variants), the
+    profiler's schedule and the memory log (with `log_fields`) every `memory_log_every` steps."""
     from ..harness import compiled_graphs, memory_log_row
 
     row = clock.step_end(**fields)
@@ -98,7 +99,7 @@ def end_step(ctx: RunContext, clock: StepClock, memory_log: list, device, step: 
     if ctx.profiler is not None:
         ctx.profiler.step()
     if (step + 1) % ctx.settings.memory_log_every == 0 or step + 1 == ctx.settings.max_steps:
-        memory_log.append(memory_log_row(step + 1, device))
+        memory_log.append(memory_log_row(step + 1, device, **(log_fields or {})))
     return row
 
 

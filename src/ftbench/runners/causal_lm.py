@@ -7,8 +7,9 @@ import time
 import torch
 
 from ..flops import causal_lm_shape, train_flops
-from ..harness import memory_log_row, timed
+from ..harness import timed
 from ..variants import adapted_modules, apply_lora, parameter_counts, quantization_config, torch_dtype
+from . import end_step
 
 
 def load_model(ctx, device):
@@ -122,17 +123,11 @@ def train(ctx, record, device, clock, memory_log):
             lens = [t for rows, _ in seqs for t in rows]
             flops = train_flops(lens, shape["matmul_params_per_token"], trainable, shape["layers"],
                                 shape["attention_width"], v.gradient_checkpointing)
-            clock.step_end(samples=len(lens), tokens=sum(real for _, real in seqs), padded_tokens=sum(lens),
-                           loss=float(sum(b[-1].item() for b in batches) / len(batches)), flops=flops)
-            if ctx.profiler is not None:
-                ctx.profiler.step()
-            if state.global_step % s.memory_log_every == 0 or state.global_step == state.max_steps:
-                self.log_memory(state)
-
-        def log_memory(self, state):
-            memory_log.append(memory_log_row(state.global_step, device, epoch=state.epoch,
-                                             elapsed_s=time.perf_counter() - self.t0,
-                                             progress=state.global_step / state.max_steps))
+            published_log = {"epoch": state.epoch, "elapsed_s": time.perf_counter() - self.t0,
+                             "progress": state.global_step / state.max_steps}
+            end_step(ctx, clock, memory_log, device, state.global_step - 1, log_fields=published_log,
+                     samples=len(lens), tokens=sum(real for _, real in seqs), padded_tokens=sum(lens),
+                     loss=float(sum(b[-1].item() for b in batches) / len(batches)), flops=flops)
 
     trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                                  processing_class=tokenizer, callbacks=[HarnessCallback()])
