@@ -15,6 +15,7 @@ from torch import nn
 
 LM_PATTERN = re.compile(r"(^|\.)(language_model|multi_modal_projector)\.")
 VISION_PATTERN = re.compile(r"(^|\.)vision_tower\.")
+ALIGN = 16  # the token dimension is padded to a multiple of this for FP8 GEMMs
 
 
 def fp8_shape_ok(shape) -> bool:
@@ -46,7 +47,7 @@ def select_linears(model: nn.Module, include_vision: bool) -> list[str]:
 class PaddedLinear(nn.Module):
     """Runs `inner` on inputs whose flattened token dimension is padded to a multiple of `multiple`."""
 
-    def __init__(self, inner: nn.Module, multiple: int = 16):
+    def __init__(self, inner: nn.Module, multiple: int = ALIGN):
         super().__init__()
         self.inner, self.multiple = inner, multiple
 

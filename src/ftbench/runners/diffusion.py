@@ -133,6 +133,13 @@ def train(ctx, record, device, clock, memory_log):
     batches = TimedBatches(loader)
     accum = s.gradient_accumulation_steps
     losses = []
+    # With CUDA graphs a first backward would hand each LoRA weight the graph's own output buffer as its .grad,
+    # and the next micro-step's replay overwrites it (the published reduce-overhead failure). Gradients that
+    # exist beforehand are accumulated into in place, so they stay ours.
+    own_grads = v.compile == "reduce-overhead"
+    if own_grads:
+        for p in params:
+            p.grad = torch.zeros_like(p)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     clock.start()
@@ -164,7 +171,7 @@ def train(ctx, record, device, clock, memory_log):
         torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm, foreach=True)
         scaler.step(optimizer)
         scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not own_grads)
         end_step(ctx, clock, memory_log, device, step, samples=ctx.spec.batch_size * accum, data_wait_s=data_wait)
     per_step = [sum(x.item() for x in losses[i:i + accum]) / accum for i in range(0, len(losses), accum)]
     for row, value in zip(clock.steps, per_step):

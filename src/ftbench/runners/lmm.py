@@ -3,7 +3,8 @@
 Shape policies: `dynamic` keeps AnyRes (token counts follow each image's size and aspect ratio) and pads
 text per batch; `fixed` resizes every image to 336x336 and pads every sequence to `fixed_length`, so all
 shapes are constant; `bucketed` keeps AnyRes but pads sequences up to a multiple of `bucket_multiple`, so
-the compiler sees a bounded set of shapes.
+the compiler sees a bounded set of shapes. FP8 variants pad text to a multiple of 16 as well (the FP8 GEMM
+shape rule on the language model's token dimension; see `ftbench.fp8`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..data import BEAN_LABELS, read_split
 from ..flops import causal_lm_shape, train_flops
 from ..harness import TimedBatches, dynamo_counters, timed
 from ..tokens import FIXED_IMAGE_SIZE
+from .. import fp8
 from ..variants import adapted_modules, parameter_counts, quantization_config, torch_dtype
 from . import end_step
 
@@ -26,9 +28,9 @@ LM_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_pro
 class Collator:
     """Processor call per batch: prompt + label, labels masked to the answer tokens only."""
 
-    def __init__(self, processor, policy: str, fixed_length: int, bucket_multiple: int):
+    def __init__(self, processor, policy: str, fixed_length: int, pad_multiple: int = 1):
         self.processor, self.policy = processor, policy
-        self.fixed_length, self.bucket_multiple = fixed_length, bucket_multiple
+        self.fixed_length, self.pad_multiple = fixed_length, pad_multiple
         tok = processor.tokenizer
         self.image_token, self.eos = tok.image_token, tok.eos_token
 
@@ -42,9 +44,9 @@ class Collator:
         pad = {"padding": "max_length", "max_length": self.fixed_length} if self.policy == "fixed" else {
             "padding": "longest"}
         enc = self.processor(images=images, text=texts, return_tensors="pt", **pad)
-        if self.policy == "bucketed":
+        if self.policy != "fixed":
             length = enc["input_ids"].shape[1]
-            extra = (-length) % self.bucket_multiple
+            extra = (-length) % self.pad_multiple
             if extra:
                 enc["input_ids"] = torch.nn.functional.pad(enc["input_ids"], (0, extra), value=tok.pad_token_id)
                 enc["attention_mask"] = torch.nn.functional.pad(enc["attention_mask"], (0, extra), value=0)
@@ -61,8 +63,6 @@ def load_model(ctx, device):
     """LLaVA-NeXT with the variant applied: quantization, FP8 conversion (before LoRA), LoRA, checkpointing."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoProcessor, LlavaNextForConditionalGeneration
-
-    from .. import fp8
 
     v, s = ctx.variant, ctx.settings
     processor = AutoProcessor.from_pretrained(ctx.manifest["path"])
@@ -88,13 +88,21 @@ def load_model(ctx, device):
     return model, processor, info
 
 
+def pad_multiple(variant, settings) -> int:
+    """Sequence lengths are padded up to a multiple of this (1: no extra padding)."""
+    if variant.shape_policy == "bucketed":
+        return settings.bucket_multiple
+    return fp8.ALIGN if variant.precision == "fp8" else 1
+
+
 def fp8_context(variant):
     if variant.precision == "fp8" and variant.fp8_backend == "te":
         import transformer_engine.pytorch as te
 
-        from ..fp8 import te_recipe
-
-        return lambda: te.fp8_autocast(enabled=True, fp8_recipe=te_recipe(variant.fp8_recipe))
+        recipe = fp8.te_recipe(variant.fp8_recipe)  # one recipe for the run: delayed scaling keeps amax history
+        if hasattr(te, "autocast"):  # TE 2.8+; fp8_autocast is deprecated there
+            return lambda: te.autocast(enabled=True, recipe=recipe)
+        return lambda: te.fp8_autocast(enabled=True, fp8_recipe=recipe)
     return nullcontext
 
 
@@ -110,7 +118,7 @@ def train(ctx, record, device, clock, memory_log):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=s.learning_rate)
     step_fn = torch.compile(model, mode=v.compile) if v.compile else model
-    collate = Collator(processor, v.shape_policy, s.fixed_length, s.bucket_multiple)
+    collate = Collator(processor, v.shape_policy, s.fixed_length, pad_multiple(v, s))
     g = torch.Generator().manual_seed(s.seed)
     train_ds = read_split(ctx.train_path)
     loader = torch.utils.data.DataLoader(train_ds, batch_size=ctx.spec.batch_size, shuffle=True, generator=g,
@@ -146,7 +154,8 @@ def train(ctx, record, device, clock, memory_log):
         row["loss"] = value.item()
     record["loss"].update(first=clock.steps[0]["loss"], last=clock.steps[-1]["loss"])
     record["extra"].update(image_tokens_per_sample=sum(image_tokens) / len(image_tokens),
-                           shape_policy=v.shape_policy, gradient_checkpointing_active=v.gradient_checkpointing)
+                           shape_policy=v.shape_policy, pad_multiple=pad_multiple(v, s),
+                           gradient_checkpointing_active=v.gradient_checkpointing)
     if v.compile:
         record["extra"]["dynamo"] = dynamo_counters(clock.steps[0]["compiled_graphs"])
     with timed(record["timing"], "eval_s", device):
