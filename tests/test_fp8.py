@@ -54,3 +54,28 @@ def test_layer_selection_and_swap_on_a_real_llava(tmp_path):
     assert swap_linears(model, with_vision, factory, pad_names=vision) == len(with_vision)
     assert all(isinstance(model.get_submodule(n), PaddedLinear) for n in vision)
     assert all(isinstance(model.get_submodule(n), Marked) for n in lm_only)
+
+
+def test_fp8_batches_pad_text_to_the_fp8_multiple(tmp_path):
+    """The language model's token dimension must satisfy the FP8 rule; bf16 batches keep dynamic padding."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from ftbench.config import TrainSettings, Variant
+    from ftbench.runners.lmm import Collator, pad_multiple
+
+    settings = TrainSettings(max_steps=1, warmup_steps=0, bucket_multiple=64)
+    assert pad_multiple(Variant("fp8-te", precision="fp8", fp8_backend="te"), settings) == 16
+    assert pad_multiple(Variant("bucketed", precision="bf16", shape_policy="bucketed"), settings) == 64
+    assert pad_multiple(Variant("bf16", precision="bf16"), settings) == 1
+    m = materialize_model(load_architecture(ROOT / "config/architectures/llava-v1.6-mistral-7b.yaml", "tiny"),
+                          "random", tmp_path, 0)
+    processor = AutoProcessor.from_pretrained(m["path"])
+    examples = [{"image": Image.new("RGB", (500, 500), (40, 120, 40)), "labels": i} for i in (0, 2)]
+    lengths = {}
+    for multiple in (1, 16):
+        batch = Collator(processor, "dynamic", 2048, multiple)(examples)
+        lengths[multiple] = batch["input_ids"].shape[1]
+        assert batch["attention_mask"].shape == batch["labels"].shape == batch["input_ids"].shape
+        assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()  # padding is never a target
+    assert lengths[16] % 16 == 0 and lengths[1] <= lengths[16] < lengths[1] + 16

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 
@@ -37,12 +38,26 @@ def flatten(record: dict) -> dict:
     return row
 
 
-def aggregate(paths, extra_tables=()) -> pl.DataFrame:
-    """All runs, plus runs from other machines' tables; a run's GPU is part of its key."""
+def read_runs(path) -> pl.DataFrame:
+    """Runs measured elsewhere: a runs.parquet table, one metrics.json, or a folder searched for metrics.json."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return pl.read_parquet(path)
+    files = sorted(path.rglob("metrics.json")) if path.is_dir() else [path]
+    return pl.DataFrame([flatten(json.loads(f.read_text())) for f in files], infer_schema_length=None)
+
+
+def aggregate(paths, extra_tables=(), study: str | None = None) -> pl.DataFrame:
+    """All runs, plus runs from other machines (tables, records or folders of records; their rows of `study`
+    only); a run's GPU is part of its key, so the same run measured on two GPUs stays two rows, and a run
+    measured here replaces the same run of a merged table."""
     rows = [flatten(json.loads(open(p).read())) for p in paths]
     df = pl.DataFrame(rows, infer_schema_length=None)
     for t in extra_tables:
-        df = pl.concat([df, pl.read_parquet(t)], how="diagonal_relaxed")
+        other = read_runs(t)
+        if study is not None and len(other):
+            other = other.filter(pl.col("study") == study)
+        df = pl.concat([other, df], how="diagonal_relaxed")
     return df.unique(subset=KEY, keep="last", maintain_order=True).sort(KEY)
 
 

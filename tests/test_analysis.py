@@ -1,0 +1,90 @@
+"""Aggregation across machines and the published-study comparisons, on hand-made records."""
+
+import json
+
+import polars as pl
+import pytest
+import yaml
+
+from conftest import ROOT
+from ftbench.analysis import aggregate, flatten
+from ftbench.compare import diffusion_vs_published, lmm_vs_published
+from ftbench.harness import new_record
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def record(study, variant, step, first=None, gpu=None, batch=1, scale="tiny", model="m", mem=1.0, loss=1.0,
+           util=None):
+    rec = new_record({"study": study, "model": model, "scale": scale, "dataset": "d", "variant": variant,
+                      "batch_size": batch}, {})
+    rec["status"] = "ok"
+    rec["timing"].update(step_time_s=step, first_step_s=first if first is not None else step)
+    rec["memory"]["peak_reserved_gib" if gpu else "host_peak_rss_gib"] = mem
+    rec["loss"]["eval"] = loss
+    rec["device_usage"]["gpu_util_mean_pct"] = util
+    rec["provenance"] = {"device": {"type": "cuda", "name": gpu} if gpu else {"type": "cpu"}}
+    return rec
+
+
+def write(folder, rec):
+    r = rec["run"]
+    path = folder / r["study"] / r["variant"] / f"bs{r['batch_size']}" / "metrics.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec))
+    return path
+
+
+def test_runs_from_another_machine_merge_by_study_with_the_gpu_in_the_key(tmp_path):
+    here = [write(tmp_path / "here", record("lmm", "bf16", 0.5)),
+            write(tmp_path / "here", record("lmm", "compile", 0.4))]
+    other = tmp_path / "h100"
+    write(other, record("lmm", "bf16", 0.1, gpu=H100, scale="proxy"))
+    write(other, record("lmm", "compile", 0.9))  # the same run as one measured here: ours wins
+    write(other, record("diffusion", "workers-0", 0.7, gpu=H100))  # another study: left out
+    df = aggregate(here, [other], study="lmm")
+    assert df.height == 3 and set(df["study"]) == {"lmm"}
+    assert sorted(df.filter(pl.col("variant") == "bf16")["gpu"].to_list()) == ["NVIDIA H100 80GB HBM3", "cpu"]
+    assert df.filter((pl.col("variant") == "compile") & (pl.col("gpu") == "cpu"))["timing.step_time_s"].item() == 0.4
+    table = tmp_path / "runs.parquet"
+    df.write_parquet(table)
+    assert aggregate([], [table], study="lmm").height == 3 and aggregate([], [table], study="llm").height == 0
+
+
+def test_lmm_table_is_relative_to_the_baseline_of_the_same_model_scale_and_gpu():
+    recs = [record("lmm", "bf16", 1.0, first=2.0, gpu=H100, scale="proxy", mem=10, loss=5.0),
+            record("lmm", "fixed-compile", 0.5, first=52.0, gpu=H100, scale="proxy", mem=6, loss=5.0),
+            record("lmm", "qlora", 1.2, first=1.0, gpu=H100, scale="proxy", mem=4, loss=5.0),
+            record("lmm", "fp8-te", 0.9, first=1.0, gpu=H100, scale="proxy", mem=11, loss=5.0),
+            record("lmm", "bf16", 4.0, first=5.0, gpu=H100, scale="tiny", mem=1, loss=5.0)]
+    df = pl.DataFrame([flatten(r) for r in recs])
+    published = yaml.safe_load((ROOT / "config/published/study_a.yaml").read_text())
+    note, (_, table, _), _ = lmm_vs_published(df, published)
+    rows = {(r["variant"], r["scale"]): r for r in table.iter_rows(named=True) if r["gpu"] == H100}
+    fixed = rows[("fixed-compile", "proxy")]
+    assert fixed["step time vs baseline"] == pytest.approx(0.5) and fixed["memory vs baseline"] == pytest.approx(0.6)
+    assert fixed["break-even steps"] == pytest.approx(100)  # (52 - 2) s of extra first step / 0.5 s saved per step
+    assert "47" in fixed["published step time"]  # the published figure sits beside ours
+    assert rows[("qlora", "proxy")]["break-even steps"] is None  # slower: never pays back
+    assert rows[("fp8-te", "proxy")]["break-even steps"] == 0  # faster and no extra first step
+    assert rows[("bf16", "tiny")]["step time vs baseline"] == pytest.approx(1)  # not against the proxy baseline
+
+
+def test_diffusion_comparison_names_the_final_and_the_fastest_configuration():
+    variants = {f"workers-{n}": {"dataloader_workers": n} for n in (0, 2, 12)}
+    variants.update(pinned={"dataloader_workers": 3}, **{"compile-ro": {"dataloader_workers": 3}})
+    recs = [record("diffusion", "workers-0", 0.8, gpu=H100, scale="full", util=20),
+            record("diffusion", "workers-12", 0.9, gpu=H100, scale="full", util=20),
+            record("diffusion", "workers-2", 0.7, gpu=H100, scale="full", util=20),
+            record("diffusion", "pinned", 0.5, gpu=H100, scale="full", util=30),
+            record("diffusion", "compile-ro", 0.16, gpu=H100, scale="full", util=92)]
+    df = pl.DataFrame([flatten(r) for r in recs])
+    published = yaml.safe_load((ROOT / "config/published/study_c.yaml").read_text())
+    blocks = diffusion_vs_published(df, published, variants=variants)
+    note = blocks[0]
+    assert "pinned) 500.0 ms vs workers-0 800.0 ms per step, 1.60x" in note
+    assert "fastest variant compile-ro 160.0 ms, 5.00x over workers-0, at 92% GPU utilisation" in note
+    tables = {b[2]: b[1] for b in blocks if isinstance(b, tuple)}
+    assert tables["beyond"]["variant"].to_list() == ["compile-ro"]
+    assert tables["beyond"]["speed-up over workers-0"].item() == pytest.approx(5.0)
+    assert tables["workers"]["workers"].to_list() == [0, 2, 12]  # by count, not by name
