@@ -7,24 +7,23 @@ import polars as pl
 
 
 def metric_vs_batch(df: pl.DataFrame, column: str, title: str, y_title: str) -> alt.Chart:
-    """One line per variant (and GPU), faceted by model and dataset; failed runs drop out."""
+    """One line per variant against batch size; a row of panels per model, scale and GPU (runs merged from other
+    machines get their own rows), a column per dataset; failed runs drop out."""
     ok = df.filter((pl.col("status") == "ok") & pl.col(column).is_not_null())
-    data = ok.select("model", "dataset", "variant", "gpu", "batch_size", pl.col(column).alias("value")).to_pandas()
-    base = alt.Chart(data).encode(
-        x=alt.X("batch_size:O", title="batch size", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("value:Q", title=y_title),
-        color=alt.Color("variant:N"), strokeDash=alt.StrokeDash("gpu:N"),
-        tooltip=["model", "dataset", "variant", "gpu", "batch_size", alt.Tooltip("value:Q", format=".4g")])
+    data = ok.select("dataset", "variant", "gpu", "batch_size", pl.col(column).alias("value"),
+                     pl.format("{} ({}) on {}", "model", "scale", "gpu").alias("run on")).to_pandas()
+    tooltip = ["run on", "dataset", "variant", "batch_size", alt.Tooltip("value:Q", format=".4g")]
     if data["batch_size"].nunique() == 1:  # one batch size: compare the variants side by side
-        base = alt.Chart(data).encode(
+        chart = alt.Chart(data).mark_bar().encode(
             x=alt.X("variant:N", sort=None, axis=alt.Axis(labelAngle=-40)), y=alt.Y("value:Q", title=y_title),
-            color=alt.Color("gpu:N"), xOffset="gpu:N",
-            tooltip=["model", "dataset", "variant", "gpu", "batch_size", alt.Tooltip("value:Q", format=".4g")])
-        chart = base.mark_bar().properties(width=320, height=200)
+            color=alt.Color("variant:N", legend=None), tooltip=tooltip).properties(width=320, height=200)
     else:
-        chart = base.mark_line(point=True).properties(width=260, height=180)
-    return chart.facet(row=alt.Row("model:N"), column=alt.Column("dataset:N"), title=title).resolve_scale(
-        y="independent")
+        chart = alt.Chart(data).mark_line(point=True).encode(
+            x=alt.X("batch_size:O", title="batch size", axis=alt.Axis(labelAngle=0)),
+            y=alt.Y("value:Q", title=y_title), color=alt.Color("variant:N"), tooltip=tooltip,
+        ).properties(width=260, height=180)
+    return chart.facet(row=alt.Row("run on:N", title=None), column=alt.Column("dataset:N"), title=title
+                       ).resolve_scale(y="independent", x="independent")
 
 
 def token_histogram(rows: list[dict]) -> alt.Chart:
