@@ -50,6 +50,13 @@ rule figures:
             subcategory="Figures",
             labels={"figure": "samples per hour vs batch size"},
         ),
+        first_step=report(
+            "results/studies/{study}/first_step.svg",
+            caption="../report/first_step.rst",
+            category="{study}",
+            subcategory="Figures",
+            labels={"figure": "first step (compilation) vs batch size"},
+        ),
     log:
         "logs/figures/{study}.log",
     benchmark:

@@ -124,7 +124,7 @@ def test_generations_and_comparisons_in_the_report(pipeline):
 
 def test_report_has_figures_token_stats_and_profile(pipeline):
     wd, report = pipeline
-    for fig in ("step_time", "memory", "throughput"):
+    for fig in ("step_time", "memory", "throughput", "first_step"):
         svg = embedded(report, f"results/studies/llm/{fig}.svg")
         assert "<svg" in svg and "japanese_alpaca" in svg
     tokens = table(embedded(report, "results/token_stats/token_stats.html"), "token_stats")

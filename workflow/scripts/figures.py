@@ -7,10 +7,12 @@ import polars as pl  # noqa: E402
 from ftbench.figures import metric_vs_batch, save_svg  # noqa: E402
 
 df = pl.read_parquet(snakemake.input.runs)
-memory = "memory.peak_reserved_gib" if df["memory.peak_reserved_gib"].is_not_null().any() else "memory.host_peak_rss_gib"
+# device memory where a GPU ran, the host's peak RSS on a CPU (each machine has its own row of panels)
+df = df.with_columns(pl.coalesce("memory.peak_reserved_gib", "memory.host_peak_rss_gib").alias("peak_memory_gib"))
 for output, column, title, y in (
     (snakemake.output.step_time, "timing.step_time_s", "Steady-state step time (median)", "seconds per step"),
-    (snakemake.output.memory, memory, f"Peak memory ({memory.split('.')[1]})", "GiB"),
+    (snakemake.output.memory, "peak_memory_gib", "Peak memory (reserved on a GPU, host RSS on a CPU)", "GiB"),
     (snakemake.output.throughput, "throughput.samples_per_hour", "Samples per hour", "samples / hour"),
+    (snakemake.output.first_step, "timing.first_step_s", "First step (includes compilation)", "seconds"),
 ):
     save_svg(metric_vs_batch(df, column, title, y), output)
