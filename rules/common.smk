@@ -119,7 +119,7 @@ def study_comparisons(wildcards):
 
 def all_targets():
     targets = [f"results/studies/{study}/{name}" for study in STUDIES
-               for name in ("runs.html", "step_time.svg", "memory.svg", "throughput.svg")]
+               for name in ("runs.html", "step_time.svg", "memory.svg", "throughput.svg", "first_step.svg")]
     targets += [f"results/studies/{s}/comparison.html" for s, d in STUDIES.items() if d.get("compare")]
     targets += [path for study in STUDIES for path in generated(study)]
     targets += [model_manifest(m) for m in config.get("materialize", [])]

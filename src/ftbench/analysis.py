@@ -38,6 +38,11 @@ def flatten(record: dict) -> dict:
     return row
 
 
+def peak_memory() -> pl.Expr:
+    """Peak reserved device memory where a GPU ran, the host's peak RSS on a CPU (GiB)."""
+    return pl.coalesce("memory.peak_reserved_gib", "memory.host_peak_rss_gib")
+
+
 def read_runs(path) -> pl.DataFrame:
     """Runs measured elsewhere: a runs.parquet table, one metrics.json, or a folder searched for metrics.json."""
     path = Path(path)

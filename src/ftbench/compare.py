@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .analysis import html_page
-
-MEMORY_COLUMNS = ("memory.peak_reserved_gib", "memory.host_peak_rss_gib")
-
-
-def _memory(df: pl.DataFrame) -> pl.Expr:
-    """Peak reserved device memory where a GPU ran, the host's peak RSS otherwise."""
-    return pl.coalesce([pl.col(c) for c in MEMORY_COLUMNS])
+from .analysis import html_page, peak_memory
 
 
 def samples_per_hour_vs_published(df: pl.DataFrame, published: dict, **_) -> list:
@@ -35,7 +28,7 @@ def samples_per_hour_vs_published(df: pl.DataFrame, published: dict, **_) -> lis
 def unsloth_vs_peft(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
     """Unsloth's speed and memory relative to plain PEFT: at equal batch size, and at each one's largest
     batch size that ran (status ok)."""
-    ok = df.filter(pl.col("status") == "ok").with_columns(memory_gib=_memory(df))
+    ok = df.filter(pl.col("status") == "ok").with_columns(memory_gib=peak_memory())
     keys = ["model", "dataset", "gpu"]
     equal, largest = [], []
     for fast, base in pairs:
@@ -94,27 +87,27 @@ def diffusion_vs_published(df: pl.DataFrame, published: dict, variants: dict | N
     table = steps.rename({"ms_per_step": "ms/step (published)", "gpu_util_pct": "GPU util % (published)"}).join(
         ours, on="variant", how="left")
     ok = ours.filter(pl.col("status") == "ok")
+    # each ok run's speed-up over the baseline measured on the same GPU at the same scale
+    base = ok.filter(pl.col("variant") == baseline).select("gpu", "scale", pl.col("ms/step (ours)").alias("base"))
+    speedup = f"speed-up over {baseline}"
+    rated = ok.join(base, on=["gpu", "scale"]).with_columns((pl.col("base") / pl.col("ms/step (ours)")).alias(speedup))
     speed = ""
-    for b in ok.filter(pl.col("variant") == baseline).iter_rows(named=True):
-        same = ok.filter((pl.col("gpu") == b["gpu"]) & (pl.col("scale") == b["scale"]))
+    for b in base.iter_rows(named=True):
+        same = rated.filter((pl.col("gpu") == b["gpu"]) & (pl.col("scale") == b["scale"]))
         where = f"On {b['gpu']} ({b['scale']} scale): "
         for f in same.filter(pl.col("variant") == final).iter_rows(named=True):
             speed += (f"{where}the study's final configuration ({final}) {f['ms/step (ours)']:.1f} ms vs {baseline} "
-                      f"{b['ms/step (ours)']:.1f} ms per step, {b['ms/step (ours)'] / f['ms/step (ours)']:.2f}x "
-                      "(published 290 -> 98 ms, 2.96x). ")
+                      f"{b['base']:.1f} ms per step, {f[speedup]:.2f}x (published 290 -> 98 ms, 2.96x). ")
         best = same.sort("ms/step (ours)").row(0, named=True)
         if best["variant"] != final:
             util = best["GPU util % (ours)"]
             speed += (f"{where}fastest variant {best['variant']} {best['ms/step (ours)']:.1f} ms, "
-                      f"{b['ms/step (ours)'] / best['ms/step (ours)']:.2f}x over {baseline}"
+                      f"{best[speedup]:.2f}x over {baseline}"
                       + (f", at {util:.0f}% GPU utilisation. " if util is not None else ". "))
     sweep = ours.filter(pl.col("variant").str.starts_with("workers-")).sort("gpu", "scale", "workers")
     beyond = ours.filter(~pl.col("variant").is_in(steps["variant"].to_list() if len(steps) else [])
                          & ~pl.col("variant").str.starts_with("workers-")).sort("gpu", "scale", "variant")
-    if len(beyond):
-        beyond = beyond.join(ok.filter(pl.col("variant") == baseline).select(
-            "gpu", "scale", pl.col("ms/step (ours)").alias("base")), on=["gpu", "scale"], how="left").with_columns(
-            (pl.col("base") / pl.col("ms/step (ours)")).alias(f"speed-up over {baseline}")).drop("base")
+    beyond = beyond.join(rated.select("variant", "gpu", "scale", speedup), on=["variant", "gpu", "scale"], how="left")
     pub_sweep = [{"workers": int(k), "ms/step": v, "source": "published"}
                  for k, v in published.get("workers_ms_per_step", {}).items() if isinstance(v, (int, float))]
     curve = pl.concat([pl.DataFrame(pub_sweep, schema={"workers": pl.Int64, "ms/step": pl.Float64, "source": pl.Utf8}),
@@ -134,7 +127,7 @@ def diffusion_vs_published(df: pl.DataFrame, published: dict, variants: dict | N
 def lmm_vs_published(df: pl.DataFrame, published: dict, baseline="bf16", **_) -> list:
     """Study A's table: each variant relative to the baseline at the same batch size and GPU, with
     first step, compile time, recompiles, graph breaks and break-even steps; the published figures beside."""
-    ok = df.filter(pl.col("status") == "ok").with_columns(memory_gib=_memory(df))
+    ok = df.filter(pl.col("status") == "ok").with_columns(memory_gib=peak_memory())
     same = ["model", "scale", "dataset", "gpu", "batch_size"]
     base = ok.filter(pl.col("variant") == baseline).select(
         *same, pl.col("timing.step_time_s").alias("b_step"), pl.col("memory_gib").alias("b_mem"),

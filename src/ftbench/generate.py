@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .variants import quantization_config, torch_dtype
+from .variants import load_pretrained
 
 
 def _answers(model, tokenizer, prompts, gen: dict, seed: int, device) -> list[str]:
@@ -30,12 +30,7 @@ def before_after(manifest: dict, variant, adapter_dir, prompts: list[str], gen: 
 
     status = (Path(adapter_dir) / "status.txt").read_text().split()[0]
     tokenizer = AutoTokenizer.from_pretrained(manifest["path"])
-    quant = quantization_config(variant)
-    model = AutoModelForCausalLM.from_pretrained(manifest["path"], dtype=torch_dtype(variant), quantization_config=quant,
-                                                 device_map={"": device} if quant is not None else None)
-    if quant is None:
-        model.to(device)
-    model.eval()
+    model = load_pretrained(AutoModelForCausalLM, manifest["path"], variant, device).eval()
     result = {"prompts": prompts, "generation": gen, "weights_source": manifest["weights_source"],
               "meaningful": manifest["weights_source"] != "random", "run_status": status,
               "before": _answers(model, tokenizer, prompts, gen, seed, device), "after": None}

@@ -336,10 +336,8 @@ class TimedBatches:
         self.loader, self._it = loader, iter(loader)
 
     def next(self) -> tuple[dict, float]:
-        from torch.profiler import record_function
-
         t0 = time.perf_counter()
-        with record_function("ftbench.data"):
+        with torch.profiler.record_function("ftbench.data"):
             try:
                 batch = next(self._it)
             except StopIteration:

@@ -49,6 +49,15 @@ def quantization_config(variant: Variant):
                               bnb_4bit_compute_dtype=torch.bfloat16)
 
 
+def load_pretrained(model_cls, path, variant: Variant, device):
+    """`model_cls.from_pretrained` with the variant's dtype and quantization, on `device` (a quantized model is
+    placed by its device map, a plain one moved after loading)."""
+    quant = quantization_config(variant)
+    model = model_cls.from_pretrained(path, dtype=torch_dtype(variant), quantization_config=quant,
+                                      device_map={"": device} if quant is not None else None)
+    return model if quant is not None else model.to(device)
+
+
 def lora_config(lora: dict, task_type: str | None = "CAUSAL_LM"):
     from peft import LoraConfig
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..config import RunSpec, TrainSettings, Variant
 from ..flops import mfu, peak_tflops
-from ..harness import (DeviceSampler, StepClock, guarded, memory_now, new_record, pick_device, provenance,
-                       write_csv, write_record)
+from ..harness import (DeviceSampler, StepClock, compiled_graphs, guarded, memory_log_row,
+                       memory_now, new_record, pick_device, provenance, write_csv, write_record)
 
 RUNNERS = {"causal_lm": "ftbench.runners.causal_lm", "diffusion": "ftbench.runners.diffusion",
            "lmm": "ftbench.runners.lmm"}
@@ -91,8 +91,6 @@ def end_step(ctx: RunContext, clock: StepClock, memory_log: list, device, step: 
              **fields) -> dict:
     """Close step `step` (0-based): the clock (`fields`), compiled-graph count (compiled variants), the
     profiler's schedule and the memory log (with `log_fields`) every `memory_log_every` steps."""
-    from ..harness import compiled_graphs, memory_log_row
-
     row = clock.step_end(**fields)
     if ctx.variant.compile:
         row["compiled_graphs"] = compiled_graphs()

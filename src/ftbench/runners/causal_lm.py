@@ -8,7 +8,7 @@ import torch
 
 from ..flops import causal_lm_shape, train_flops
 from ..harness import timed
-from ..variants import adapted_modules, apply_lora, parameter_counts, quantization_config, torch_dtype
+from ..variants import adapted_modules, apply_lora, load_pretrained, parameter_counts
 from . import end_step
 
 
@@ -29,13 +29,8 @@ def load_model(ctx, device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    quant = quantization_config(v)
     # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch_dtype(v), quantization_config=quant, device_map={"": device} if quant is not None else None)
-    if quant is None:
-        model.to(device)
-    return apply_lora(model, v, lora), tokenizer
+    return apply_lora(load_pretrained(AutoModelForCausalLM, path, v, device), v, lora), tokenizer
 
 
 def batch_sequences(input_ids, attention_mask, position_ids) -> tuple[list[int], int]:

@@ -136,8 +136,8 @@ def train(ctx, record, device, clock, memory_log):
     # With CUDA graphs a first backward would hand each LoRA weight the graph's own output buffer as its .grad,
     # and the next micro-step's replay overwrites it (the published reduce-overhead failure). Gradients that
     # exist beforehand are accumulated into in place, so they stay ours.
-    own_grads = v.compile == "reduce-overhead"
-    if own_grads:
+    cuda_graphs = v.compile == "reduce-overhead"
+    if cuda_graphs:
         for p in params:
             p.grad = torch.zeros_like(p)
     if cuda:
@@ -159,7 +159,7 @@ def train(ctx, record, device, clock, memory_log):
             noise = torch.randn_like(latents)
             t = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), device=device)
             noisy = scheduler.add_noise(latents, noise, t)
-            if v.compile == "reduce-overhead":
+            if cuda_graphs:
                 # CUDA graphs reuse their output buffers; mark each micro-step so accumulation reads fresh ones
                 torch.compiler.cudagraph_mark_step_begin()
             with torch.autocast(device.type, dtype=torch.float16, enabled=dtype == torch.float16):
@@ -171,7 +171,7 @@ def train(ctx, record, device, clock, memory_log):
         torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm, foreach=True)
         scaler.step(optimizer)
         scaler.update()
-        optimizer.zero_grad(set_to_none=not own_grads)
+        optimizer.zero_grad(set_to_none=not cuda_graphs)
         end_step(ctx, clock, memory_log, device, step, samples=ctx.spec.batch_size * accum, data_wait_s=data_wait)
     per_step = [sum(x.item() for x in losses[i:i + accum]) / accum for i in range(0, len(losses), accum)]
     for row, value in zip(clock.steps, per_step):

@@ -13,12 +13,12 @@ from contextlib import nullcontext
 
 import torch
 
+from .. import fp8
 from ..data import BEAN_LABELS, read_split
 from ..flops import causal_lm_shape, train_flops
 from ..harness import TimedBatches, dynamo_counters, timed
 from ..tokens import FIXED_IMAGE_SIZE
-from .. import fp8
-from ..variants import adapted_modules, parameter_counts, quantization_config, torch_dtype
+from ..variants import adapted_modules, apply_lora, load_pretrained, parameter_counts
 from . import end_step
 
 PROMPT = "Describe"
@@ -61,30 +61,19 @@ class Collator:
 
 def load_model(ctx, device):
     """LLaVA-NeXT with the variant applied: quantization, FP8 conversion (before LoRA), LoRA, checkpointing."""
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoProcessor, LlavaNextForConditionalGeneration
 
     v, s = ctx.variant, ctx.settings
     processor = AutoProcessor.from_pretrained(ctx.manifest["path"])
-    quant = quantization_config(v)
-    model = LlavaNextForConditionalGeneration.from_pretrained(
-        ctx.manifest["path"], dtype=torch_dtype(v), quantization_config=quant,
-        device_map={"": device} if quant is not None else None)
-    if quant is None:
-        model.to(device)
+    model = load_pretrained(LlavaNextForConditionalGeneration, ctx.manifest["path"], v, device)
     info = {}
     if v.precision == "fp8":
         convert = fp8.convert_te if v.fp8_backend == "te" else fp8.convert_torchao
         info = convert(model, include_vision=v.fp8_vision)
-    if v.precision == "nf4":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=v.gradient_checkpointing)
-    elif v.gradient_checkpointing:
+    if v.gradient_checkpointing and v.precision != "nf4":  # apply_lora's k-bit preparation enables it for nf4
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    lora = s.lora
-    model = get_peft_model(model, LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16),
-                                             lora_dropout=lora.get("dropout", 0.0), bias="none",
-                                             target_modules=lora.get("target_modules", LM_TARGETS)))
+    model = apply_lora(model, v, {"target_modules": LM_TARGETS, **s.lora}, task_type=None)
     return model, processor, info
 
 
