@@ -122,6 +122,7 @@ def all_targets():
                for name in ("runs.html", "step_time.svg", "memory.svg", "throughput.svg", "first_step.svg")]
     targets += [f"results/studies/{s}/comparison.html" for s, d in STUDIES.items() if d.get("compare")]
     targets += [path for study in STUDIES for path in generated(study)]
+    targets += [f"results/profiles/{s.key}/summary.html" for s in PROFILED if s.study in STUDIES]
     targets += [model_manifest(m) for m in config.get("materialize", [])]
     if config.get("token_stats"):
         targets += ["results/token_stats/token_stats.html", "results/token_stats/token_stats.svg"]

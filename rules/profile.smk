@@ -4,19 +4,6 @@ rule profile:
     output:
         trace="results/profiles/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/trace.json.gz",
         summary="results/profiles/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/summary.json",
-        report=report(
-            "results/profiles/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/summary.html",
-            caption="../report/profile.rst",
-            category="{study}",
-            subcategory="Profiles",
-            labels={
-                "model": "{model}",
-                "dataset": "{dataset}",
-                "variant": "{variant}",
-                "batch size": "{batch_size}",
-                "figure": "profile",
-            },
-        ),
     params:
         run_hash=run_hash,
         base_dir=str(BASE_DIR),
@@ -32,3 +19,29 @@ rule profile:
         "../envs/train.yaml"
     script:
         "../workflow/scripts/profile.py"
+
+
+rule profile_page:
+    """The profile's page for the report, rendered where the report is built (the run needs no table library)."""
+    input:
+        summary="results/profiles/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/summary.json",
+    output:
+        report(
+            "results/profiles/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/summary.html",
+            caption="../report/profile.rst",
+            category="{study}",
+            subcategory="Profiles",
+            labels={
+                "model": "{model}",
+                "dataset": "{dataset}",
+                "variant": "{variant}",
+                "batch size": "{batch_size}",
+                "figure": "profile",
+            },
+        ),
+    log:
+        "logs/profile_page/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.log",
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/profile_page.py"

@@ -31,6 +31,7 @@ class Variant:
     fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
     compile: str | None = None  # None | default | reduce-overhead | max-autotune
     shape_policy: str = "dynamic"  # dynamic (AnyRes, dynamic padding) | fixed | bucketed
+    sdpa_backend: str | None = None  # None (PyTorch picks) | flash | efficient | cudnn | math
     framework: str = "hf"  # hf | unsloth
     gradient_checkpointing: bool = False
     dataloader_workers: int = 0
@@ -80,8 +81,8 @@ class TrainSettings:
     warmup_steps: int
     max_seq_length: int = 2048
     resolution: int = 512  # diffusion: training image size
-    fixed_length: int = 2048  # LMM shape_policy fixed: every sequence padded to this length
-    bucket_multiple: int = 256  # LMM shape_policy bucketed: sequences padded up to a multiple of this
+    fixed_length: int = 2048  # shape_policy fixed: every sequence padded to this length
+    bucket_multiple: int = 256  # shape_policy bucketed: sequences padded up to a multiple of this
     learning_rate: float = 2e-4
     max_grad_norm: float = 0.3
     gradient_accumulation_steps: int = 1

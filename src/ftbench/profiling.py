@@ -11,6 +11,8 @@ SCHEDULE = {"wait": 1, "warmup": 1, "active": 5}
 STEPS_NEEDED = sum(SCHEDULE.values()) + 1
 DATA_LOADING_MARKERS = ("enumerate(DataLoader)", "ftbench.data")
 IDLE_GAP_US = 50.0  # a gap between device kernels longer than this counts as idle
+CAUSE_GAP_US = 10_000.0  # gaps this long are attributed to the host operator running through them
+HOST_CATEGORIES = ("cpu_op", "python_function", "user_annotation")
 
 
 def make_profiler(device: torch.device, trace_path: str, ops_path: str, top: int = 15):
@@ -68,22 +70,29 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") == "cpu_op"]
     loading = [(e["ts"], e["ts"] + e["dur"]) for e in complete
                if any(m in e.get("name", "") for m in DATA_LOADING_MARKERS)]
-    per_step = []
+    host_ops = [e for e in complete if e.get("cat") in HOST_CATEGORIES] if device == "cuda" else []
+    per_step, causes = [], {}
     for st in steps:
         lo, hi = st["ts"], st["ts"] + st["dur"]
         busy = sorted(_clip(kernels, lo, hi))
-        gaps, prev = [], lo
+        gaps, prev = [], lo  # (length, start, end)
         for s, e in busy:
             if s - prev > IDLE_GAP_US:
-                gaps.append(s - prev)
+                gaps.append((s - prev, prev, s))
             prev = max(prev, e)
         if hi - prev > IDLE_GAP_US:
-            gaps.append(hi - prev)
+            gaps.append((hi - prev, prev, hi))
+        largest = max(gaps, default=(0.0, lo, lo))
+        for gap in gaps:
+            if gap[0] >= CAUSE_GAP_US:
+                name = host_op_in_gap(host_ops, *gap)
+                causes[name] = causes.get(name, 0.0) + gap[0] / 1e3
         per_step.append({"step": st["name"], "duration_ms": st["dur"] / 1e3,
                          "busy_share": _union_us(busy) / st["dur"] if st["dur"] else None,
                          "data_loading_share": _union_us(_clip(loading, lo, hi)) / st["dur"] if st["dur"] else None,
-                         "idle_gaps": len(gaps), "idle_gap_ms_total": sum(gaps) / 1e3,
-                         "largest_gap_ms": max(gaps) / 1e3 if gaps else 0.0})
+                         "idle_gaps": len(gaps), "idle_gap_ms_total": sum(g[0] for g in gaps) / 1e3,
+                         "largest_gap_ms": largest[0] / 1e3,
+                         "largest_gap_host_op": host_op_in_gap(host_ops, *largest) if host_ops and gaps else None})
     span = sum(s["duration_ms"] for s in per_step)
 
     def weighted(key):
@@ -92,18 +101,29 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     return {"device": device, "steps": len(per_step), "busy_share": weighted("busy_share"),
             "idle_share": 1 - weighted("busy_share") if span else None,
             "data_loading_share": weighted("data_loading_share"), "per_step": per_step,
-            "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < 0.8 if device == "cuda" else None}
+            "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < 0.8 if device == "cuda" else None,
+            "idle_causes": [{"host_op": k, "idle_ms": v} for k, v in sorted(causes.items(), key=lambda kv: -kv[1])]}
 
 
-def profile_run(ctx, trace_path, summary_path, html_path) -> dict:
-    """Rerun a training job under the profiler; write its trace, a summary and an HTML page."""
+def host_op_in_gap(host_ops: list[dict], length: float, start: float, end: float) -> str:
+    """What the host was doing while the device sat idle: the innermost host operator (the shortest)
+    that overlaps at least half of the gap; "(no host operator)" when none does (Python between ops)."""
+    best = None
+    for e in host_ops:
+        s, f = e["ts"], e["ts"] + e["dur"]
+        if f <= start or s >= end or e.get("name", "").startswith("ProfilerStep#"):
+            continue
+        if min(f, end) - max(s, start) >= 0.5 * length and (best is None or e["dur"] < best["dur"]):
+            best = e
+    return best["name"][:120] if best else "(no host operator)"
+
+
+def profile_run(ctx, trace_path, summary_path) -> dict:
+    """Rerun a training job under the profiler; write its trace and a summary (JSON)."""
     import dataclasses
     import tempfile
     from pathlib import Path
 
-    import polars as pl
-
-    from .analysis import html_page
     from .harness import pick_device
     from .runners import execute
 
@@ -114,7 +134,8 @@ def profile_run(ctx, trace_path, summary_path, html_path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         record = execute(ctx, f"{tmp}/metrics.json", f"{tmp}/steps.csv", f"{tmp}/memory.csv")
     summary = {"run": record["run"], "status": record["status"], "reason": record["reason"],
-               "step_time_s": record["timing"]["step_time_s"], "schedule": SCHEDULE}
+               "step_time_s": record["timing"]["step_time_s"], "schedule": SCHEDULE,
+               "gpu": (record["provenance"].get("device") or {}).get("name")}
     if record["status"] == "ok":
         ops = json.loads(Path(ops_path).read_text())["operators"]
         summary.update(summarize_trace(load_trace(trace_path), ops))
@@ -122,12 +143,31 @@ def profile_run(ctx, trace_path, summary_path, html_path) -> dict:
         with gzip.open(trace_path, "wt") as f:
             json.dump({"traceEvents": []}, f)
     Path(summary_path).write_text(json.dumps(summary, indent=2))
-    blocks = [f"status {summary['status']} {summary['reason'] or ''}; device {summary.get('device')}; "
+    return summary
+
+
+def profile_page(summary_path, html_path) -> None:
+    """The profile summary as a page of the report: busy/idle share, per-step gaps, top operators."""
+    from pathlib import Path
+
+    import polars as pl
+
+    from .analysis import html_page
+
+    summary = json.loads(Path(summary_path).read_text())
+    blocks = [f"status {summary['status']} {summary['reason'] or ''}; device {summary.get('device')}"
+              f"{' (' + summary['gpu'] + ')' if summary.get('gpu') else ''}; "
               f"busy share {summary.get('busy_share')}; data-loading share {summary.get('data_loading_share')}"]
+    if summary.get("idle_causes"):
+        top = summary["idle_causes"][0]
+        blocks.append(f"The device idles longest (gaps of 10 ms or more, {sum(c['idle_ms'] for c in summary['idle_causes']):.0f} ms "
+                      f"over {summary['steps']} steps) while the host runs <code>{top['host_op']}</code> "
+                      f"({top['idle_ms']:.0f} ms).")
+        blocks.append(("Idle gaps of 10 ms or more, by the host operator running through them",
+                       pl.DataFrame(summary["idle_causes"]), "idle_causes"))
     if summary.get("per_step"):
         blocks.append(("Per step", pl.DataFrame(summary["per_step"]), "per_step"))
         blocks.append(("Top operators by self time", pl.DataFrame(summary["top_operators"]), "top_ops"))
-    run = record["run"]
+    run = summary["run"]
     title = f"Profile: {run['model']} / {run['dataset']} / {run['variant']} / batch {run['batch_size']}"
     Path(html_path).write_text(html_page(title, blocks))
-    return summary

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 
 import torch
@@ -31,8 +32,22 @@ def check_supported(variant: Variant, device: torch.device) -> None:
             raise Unsupported(f"FP8 backend {variant.fp8_backend}: {module} is not installed")
     if variant.precision == "nf4" and importlib.util.find_spec("bitsandbytes") is None:
         raise Unsupported("NF4 needs bitsandbytes, which is not installed")
+    if variant.sdpa_backend in ("cudnn", "efficient") and not cuda:
+        raise Unsupported(f"the {variant.sdpa_backend} attention backend needs a CUDA GPU; this machine has none")
     if variant.pin_memory and not cuda:
         raise Unsupported("pin_memory pins host memory for copies to a CUDA GPU; this machine has none")
+
+
+def attention_backend(variant: Variant):
+    """The context that restricts scaled_dot_product_attention to the variant's backend (PyTorch's choice
+    when the variant names none). On Hopper PyTorch picks cuDNN attention, which builds a plan for every
+    new sequence length; `flash` avoids that cost where sequence lengths vary."""
+    if variant.sdpa_backend is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                        "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[variant.sdpa_backend])
 
 
 def torch_dtype(variant: Variant) -> torch.dtype:

@@ -8,4 +8,4 @@ from ftbench.runners import context_from_config  # noqa: E402
 ctx = context_from_config(snakemake.config, dict(snakemake.wildcards), snakemake.input.model, snakemake.input.train,
                           snakemake.input.eval, snakemake.params.base_dir,
                           cache_path=snakemake.input.get("cache"))
-profile_run(ctx, snakemake.output.trace, snakemake.output.summary, snakemake.output.report)
+profile_run(ctx, snakemake.output.trace, snakemake.output.summary)

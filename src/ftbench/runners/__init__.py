@@ -46,11 +46,11 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     memory_log: list[dict] = []
     sampler = DeviceSampler(device)
     with guarded(record, device):
-        from ..variants import check_supported
+        from ..variants import attention_backend, check_supported
 
         check_supported(ctx.variant, device)
         runner = importlib.import_module(RUNNERS[ctx.manifest["family"]])
-        with sampler, (ctx.profiler or nullcontext()):
+        with sampler, (ctx.profiler or nullcontext()), attention_backend(ctx.variant):
             runner.train(ctx, record, device, clock, memory_log)
     if ctx.adapter_dir is not None:
         Path(ctx.adapter_dir).mkdir(parents=True, exist_ok=True)

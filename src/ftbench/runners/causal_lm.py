@@ -44,6 +44,12 @@ def batch_sequences(input_ids, attention_mask, position_ids) -> tuple[list[int],
     return [input_ids.shape[1]] * input_ids.shape[0], real
 
 
+def pad_multiple(variant, settings) -> int | None:
+    """What each batch's length is padded up to a multiple of: nothing (dynamic padding), a bucket size
+    (bucketed: few distinct shapes, for compilers and per-shape kernel plans), or the fixed length."""
+    return {"bucketed": settings.bucket_multiple, "fixed": settings.fixed_length}.get(variant.shape_policy)
+
+
 def fused_head_available() -> bool:
     """Whether TRL's fused LM-head loss (a Triton kernel) can run here."""
     from trl.trainer import utils
@@ -84,7 +90,7 @@ def train(ctx, record, device, clock, memory_log):
         # (Unsloth applies its own in get_peft_model).
         gradient_checkpointing=v.gradient_checkpointing and v.framework != "unsloth",
         gradient_checkpointing_kwargs={"use_reentrant": False},
-        use_cpu=device.type == "cpu", disable_tqdm=True, torch_compile=v.compile is not None,
+        pad_to_multiple_of=pad_multiple(v, s), use_cpu=device.type == "cpu", disable_tqdm=True, torch_compile=v.compile is not None,
         torch_compile_mode=v.compile, lr_scheduler_type="linear", warmup_steps=0)
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
@@ -136,6 +142,7 @@ def train(ctx, record, device, clock, memory_log):
     record["extra"]["loss_path"] = "trl_fused_lm_head" if fused_head_available() else "model_cross_entropy"
     n_train = len(train_ds)
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size
+    record["extra"]["pad_multiple"] = pad_multiple(v, s)
     record["extra"]["train_samples"] = n_train
     with timed(record["timing"], "eval_s", device):
         record["loss"]["eval"] = trainer.evaluate()["eval_loss"]
