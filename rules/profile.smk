@@ -41,6 +41,8 @@ rule profile_page:
         ),
     log:
         "logs/profile_page/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.log",
+    benchmark:
+        "benchmarks/profile_page/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.tsv"
     conda:
         "../envs/report.yaml"
     script:

@@ -8,7 +8,7 @@ import yaml
 
 from conftest import ROOT
 from ftbench.analysis import aggregate, flatten
-from ftbench.compare import diffusion_vs_published, lmm_vs_published
+from ftbench.compare import diffusion_vs_published, lmm_vs_published, unsloth_vs_peft
 from ftbench.harness import new_record
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -88,3 +88,26 @@ def test_diffusion_comparison_names_the_final_and_the_fastest_configuration():
     assert tables["beyond"]["variant"].to_list() == ["compile-ro"]
     assert tables["beyond"]["speed-up over workers-0"].item() == pytest.approx(5.0)
     assert tables["workers"]["workers"].to_list() == [0, 2, 12]  # by count, not by name
+
+
+def test_unsloth_against_peft_at_equal_and_at_largest_batch_with_the_limits_found():
+    def run(variant, batch, step=None, mem=None, status="ok"):
+        rec = record("llm", variant, step, gpu=H100, batch=batch, mem=mem)
+        rec["status"] = status
+        rec["throughput"]["samples_per_hour"] = 3600 * batch / step if step else None
+        return rec
+
+    recs = [run("lora", 2, 0.5, 60), run("lora", 4, None, 78, status="oom"),
+            run("unsloth-lora", 2, 0.4, 15), run("unsloth-lora", 4, 0.5, 16), run("unsloth-lora", 16, 1.6, 20),
+            run("unsloth-lora", 32, status="oom", mem=78)]
+    df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
+    _, (_, equal, _), (_, largest, _) = unsloth_vs_peft(df, {}, pairs=[("unsloth-lora", "lora")])
+    rows = {r["batch_size"]: r for r in equal.iter_rows(named=True)}
+    assert rows[2]["speedup (PEFT step / Unsloth step)"] == pytest.approx(1.25)
+    assert rows[2]["memory ratio (Unsloth / PEFT)"] == pytest.approx(0.25)
+    assert rows[4]["PEFT status"] == "oom" and rows[4]["speedup (PEFT step / Unsloth step)"] is None
+    assert 16 not in rows  # PEFT did not run there
+    top = largest.row(0, named=True)
+    assert (top["Unsloth largest batch"], top["Unsloth limit"]) == (16, "oom at 32")
+    assert (top["PEFT largest batch"], top["PEFT limit"]) == (2, "oom at 4")
+    assert top["samples/hour ratio (Unsloth / PEFT)"] == pytest.approx((16 / 1.6) / (2 / 0.5))

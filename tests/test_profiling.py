@@ -28,3 +28,25 @@ def test_busy_idle_and_gaps_from_a_known_trace():
     assert s["busy_share"] == pytest.approx(0.85) and s["idle_share"] == pytest.approx(0.15)
     assert s["cpu_bound"] is False  # 85% busy: not CPU-bound by the 80% rule
     assert s["top_operators"] == [{"name": "gemm"}]
+
+
+def test_long_idle_gaps_are_named_by_the_innermost_host_operator_running_through_them():
+    ms = 1000  # trace times are microseconds
+    events = [
+        {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100 * ms},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 0, "dur": 10 * ms},
+        # 10..70 ms: the device idles while the host builds an attention plan (nested host operators)
+        {"ph": "X", "name": "autograd::engine::evaluate_function: AttnBackward0", "cat": "cpu_op",
+         "ts": 9 * ms, "dur": 62 * ms},
+        {"ph": "X", "name": "aten::_cudnn_attention_backward", "cat": "cpu_op", "ts": 10 * ms, "dur": 60 * ms},
+        {"ph": "X", "name": "aten::empty", "cat": "cpu_op", "ts": 11 * ms, "dur": 1 * ms},  # too short to explain it
+        {"ph": "X", "name": "attn_bwd", "cat": "kernel", "ts": 70 * ms, "dur": 15 * ms},
+        # 85..100 ms: idle with no host operator recorded (Python between operators)
+    ]
+    s = summarize_trace(events, top_ops=[])
+    step = s["per_step"][0]
+    assert step["largest_gap_ms"] == pytest.approx(60)
+    assert step["largest_gap_host_op"] == "aten::_cudnn_attention_backward"
+    assert s["idle_causes"] == [{"host_op": "aten::_cudnn_attention_backward", "idle_ms": pytest.approx(60)},
+                                {"host_op": "(no host operator)", "idle_ms": pytest.approx(15)}]
+    assert s["cpu_bound"] is True

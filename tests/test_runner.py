@@ -79,3 +79,24 @@ def test_padding_free_batches_count_each_packed_sequence():
     padded = torch.zeros(2, 5, dtype=torch.long)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     assert batch_sequences(padded, mask, torch.arange(5).repeat(2, 1)) == ([5, 5], 8)
+
+
+def test_causal_lm_shape_policy_and_attention_backend_knobs():
+    import torch
+
+    from ftbench.harness import Unsupported
+    from ftbench.runners.causal_lm import pad_multiple
+    from ftbench.variants import attention_backend, check_supported
+
+    s = TrainSettings(max_steps=2, warmup_steps=1, bucket_multiple=64, fixed_length=2048)
+    assert pad_multiple(Variant("lora"), s) is None  # dynamic padding
+    assert pad_multiple(Variant("b", shape_policy="bucketed"), s) == 64
+    assert pad_multiple(Variant("f", shape_policy="fixed"), s) == 2048
+    # the knob restricts scaled_dot_product_attention to one backend for the run, and only for the run
+    q = torch.randn(1, 2, 8, 16)
+    with attention_backend(Variant("m", sdpa_backend="math")):
+        assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert torch.backends.cuda.flash_sdp_enabled()
+    with pytest.raises(Unsupported, match="efficient attention backend needs a CUDA GPU"):
+        check_supported(Variant("e", sdpa_backend="efficient"), torch.device("cpu"))

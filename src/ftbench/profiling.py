@@ -158,11 +158,18 @@ def profile_page(summary_path, html_path) -> None:
     blocks = [f"status {summary['status']} {summary['reason'] or ''}; device {summary.get('device')}"
               f"{' (' + summary['gpu'] + ')' if summary.get('gpu') else ''}; "
               f"busy share {summary.get('busy_share')}; data-loading share {summary.get('data_loading_share')}"]
+    if summary.get("per_step") and summary.get("device") == "cuda":
+        idle = sum(st["idle_gap_ms_total"] for st in summary["per_step"])
+        long_ = sum(c["idle_ms"] for c in summary.get("idle_causes", []))
+        gaps = sum(st["idle_gaps"] for st in summary["per_step"])
+        text = (f"Over {summary['steps']} steps the device sits idle {idle:.0f} ms: {long_:.0f} ms in gaps of 10 ms "
+                f"or more, {idle - long_:.0f} ms in {gaps} shorter gaps between kernels (launch and Python "
+                "overhead on the host).")
+        if summary.get("idle_causes"):
+            top = summary["idle_causes"][0]
+            text += f" The longest gaps pass in <code>{top['host_op']}</code> ({top['idle_ms']:.0f} ms)."
+        blocks.append(text)
     if summary.get("idle_causes"):
-        top = summary["idle_causes"][0]
-        blocks.append(f"The device idles longest (gaps of 10 ms or more, {sum(c['idle_ms'] for c in summary['idle_causes']):.0f} ms "
-                      f"over {summary['steps']} steps) while the host runs <code>{top['host_op']}</code> "
-                      f"({top['idle_ms']:.0f} ms).")
         blocks.append(("Idle gaps of 10 ms or more, by the host operator running through them",
                        pl.DataFrame(summary["idle_causes"]), "idle_causes"))
     if summary.get("per_step"):
