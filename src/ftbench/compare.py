@@ -18,7 +18,8 @@ def samples_per_hour_vs_published(df: pl.DataFrame, published: dict, **_) -> lis
         .with_columns(source=pl.lit("published"), variant=pl.lit("not stated"), scale=pl.lit("full"),
                       weights_source=pl.lit("hub"), batch_size=pl.lit(None, dtype=pl.Int64),
                       **{"samples/hour": pl.col("samples/hour").cast(pl.Float64)})
-    table = pl.concat([pub, ours], how="diagonal_relaxed").sort("model", "dataset", "source", "gpu", "variant")
+    table = pl.concat([pub, ours], how="diagonal_relaxed").sort("model", "dataset", "source", "gpu", "variant",
+                                                                  "batch_size")
     note = ("Samples fine-tuned per hour per model, dataset and GPU: the published Study B table beside our "
             "steady-state figures (every variant and batch size). Runs from other machines merge in through "
             "config `merge_runs`; a run's GPU is part of its key. Tiny- or proxy-scale rows measure the pipeline, "

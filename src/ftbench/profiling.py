@@ -146,6 +146,10 @@ def profile_run(ctx, trace_path, summary_path) -> dict:
     return summary
 
 
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
 def profile_page(summary_path, html_path) -> None:
     """The profile summary as a page of the report: busy/idle share, per-step gaps, top operators."""
     from pathlib import Path
@@ -157,7 +161,7 @@ def profile_page(summary_path, html_path) -> None:
     summary = json.loads(Path(summary_path).read_text())
     blocks = [f"status {summary['status']} {summary['reason'] or ''}; device {summary.get('device')}"
               f"{' (' + summary['gpu'] + ')' if summary.get('gpu') else ''}; "
-              f"busy share {summary.get('busy_share')}; data-loading share {summary.get('data_loading_share')}"]
+              f"busy share {_pct(summary.get('busy_share'))}; data-loading share {_pct(summary.get('data_loading_share'))}"]
     if summary.get("per_step") and summary.get("device") == "cuda":
         idle = sum(st["idle_gap_ms_total"] for st in summary["per_step"])
         long_ = sum(c["idle_ms"] for c in summary.get("idle_causes", []))
