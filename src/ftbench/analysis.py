@@ -43,6 +43,11 @@ def peak_memory() -> pl.Expr:
     return pl.coalesce("memory.peak_reserved_gib", "memory.host_peak_rss_gib")
 
 
+def median_step_samples_per_hour() -> pl.Expr:
+    """Samples per hour at the median step time: what a run gives once one-off per-shape costs are paid."""
+    return 3600 * pl.col("batch_size") / pl.col("timing.step_time_s")
+
+
 def read_runs(path) -> pl.DataFrame:
     """Runs measured elsewhere: a runs.parquet table, one metrics.json, or a folder searched for metrics.json."""
     path = Path(path)

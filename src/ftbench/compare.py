@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import polars as pl
 
-from .analysis import html_page, peak_memory
+from .analysis import html_page, median_step_samples_per_hour, peak_memory
 
 
 def samples_per_hour_vs_published(df: pl.DataFrame, published: dict, **_) -> list:
     ours = (df.filter(pl.col("status") == "ok")
             .select("model", "dataset", "gpu", "variant", "batch_size", "scale", "weights_source",
                     pl.col("throughput.samples_per_hour").round(0).alias("samples/hour"),
-                    (3600 * pl.col("batch_size") / pl.col("timing.step_time_s")).round(0)
-                    .alias("samples/hour at the median step"))
+                    median_step_samples_per_hour().round(0).alias("samples/hour at the median step"))
             .with_columns(source=pl.lit("ftbench")))
     pub = pl.DataFrame(published.get("samples_per_hour", [])).rename({"samples_per_hour": "samples/hour"}) \
         .with_columns(source=pl.lit("published"), variant=pl.lit("not stated"), scale=pl.lit("full"),
@@ -35,7 +34,7 @@ def samples_per_hour_vs_published(df: pl.DataFrame, published: dict, **_) -> lis
 def unsloth_vs_peft(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
     """Unsloth's speed and memory relative to plain PEFT: at equal batch size (where PEFT ran out of memory,
     that is the result), and at each one's largest batch size that ran, with the smallest that did not."""
-    df = df.with_columns(memory_gib=peak_memory())
+    df = df.with_columns(memory_gib=peak_memory(), median_sph=median_step_samples_per_hour())
     keys = ["model", "dataset", "gpu"]
     equal, largest = [], []
 
@@ -63,13 +62,12 @@ def unsloth_vs_peft(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
             same = [pl.col(k) == r[k] for k in keys]
             largest.append({"model": r["model"], "dataset": r["dataset"], "gpu": r["gpu"], "unsloth": fast,
                             "peft": base, "Unsloth largest batch": r["batch_size"],
-                            "Unsloth limit": limit(df.filter((pl.col("variant") == fast), *same), r["batch_size"]),
+                            "Unsloth limit": limit(df.filter(pl.col("variant") == fast, *same), r["batch_size"]),
                             "PEFT largest batch": r["batch_size_peft"],
                             "PEFT limit": limit(b.filter(*same), r["batch_size_peft"]),
                             "samples/hour ratio (Unsloth / PEFT)": r["throughput.samples_per_hour"]
                             / r["throughput.samples_per_hour_peft"],
-                            "median-step samples/hour ratio": (r["batch_size"] / r["timing.step_time_s"])
-                            / (r["batch_size_peft"] / r["timing.step_time_s_peft"]),
+                            "median-step samples/hour ratio": r["median_sph"] / r["median_sph_peft"],
                             "Unsloth memory GiB": r["memory_gib"], "PEFT memory GiB": r["memory_gib_peft"]})
     claim = published.get("unsloth_claim", {})
     note = (f"Published claim (Study D, Unsloth on Alpaca): {claim.get('speedup', '?')}x the speed of Hugging Face, "

@@ -82,17 +82,17 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
             prev = max(prev, e)
         if hi - prev > IDLE_GAP_US:
             gaps.append((hi - prev, prev, hi))
-        largest = max(gaps, default=(0.0, lo, lo))
-        for gap in gaps:
-            if gap[0] >= CAUSE_GAP_US:
-                name = host_op_in_gap(host_ops, *gap)
-                causes[name] = causes.get(name, 0.0) + gap[0] / 1e3
+        named = {gap: host_op_in_gap(host_ops, *gap) for gap in gaps if gap[0] >= CAUSE_GAP_US}
+        for gap, name in named.items():
+            causes[name] = causes.get(name, 0.0) + gap[0] / 1e3
+        largest = max(gaps, default=None)
         per_step.append({"step": st["name"], "duration_ms": st["dur"] / 1e3,
                          "busy_share": _union_us(busy) / st["dur"] if st["dur"] else None,
                          "data_loading_share": _union_us(_clip(loading, lo, hi)) / st["dur"] if st["dur"] else None,
                          "idle_gaps": len(gaps), "idle_gap_ms_total": sum(g[0] for g in gaps) / 1e3,
-                         "largest_gap_ms": largest[0] / 1e3,
-                         "largest_gap_host_op": host_op_in_gap(host_ops, *largest) if host_ops and gaps else None})
+                         "largest_gap_ms": largest[0] / 1e3 if largest else 0.0,
+                         "largest_gap_host_op": (named.get(largest) or host_op_in_gap(host_ops, *largest))
+                         if host_ops and largest else None})
     span = sum(s["duration_ms"] for s in per_step)
 
     def weighted(key):
