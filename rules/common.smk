@@ -48,10 +48,9 @@ def diffusion_resolution(wildcards):
     return 512
 
 
-def run_hash(wildcards):
-    """Config hash of one run: a changed knob, dataset or model definition reruns it."""
-    spec = ftc.find_run(config, **wildcards)
-    return ftc.config_hash(ftc.run_config(config, spec))
+def run_params(wildcards):
+    """What one training job needs from config (its hash among it: a changed knob, dataset or model reruns it)."""
+    return ftc.run_params(config, ftc.find_run(config, **wildcards))
 
 
 def study_metrics(wildcards):

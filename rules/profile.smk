@@ -5,7 +5,7 @@ rule profile:
         trace="results/profiles/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/trace.json.gz",
         summary="results/profiles/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/summary.json",
     params:
-        run_hash=run_hash,
+        run=run_params,
         base_dir=str(BASE_DIR),
     log:
         "logs/profile/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.log",

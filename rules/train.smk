@@ -7,7 +7,7 @@ rule train:
         memory="results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/memory.csv",
         adapter=directory("results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/adapter"),
     params:
-        run_hash=run_hash,
+        run=run_params,
         base_dir=str(BASE_DIR),
     log:
         "logs/train/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.log",

@@ -1,32 +1,116 @@
-"""The measurement harness: step clock statistics, record schema, status handling."""
+"""The measurement harness: the Meter's windows, statistics and synchronisation, the record, status handling."""
 
+import json
 import time
 
 import pytest
 import torch
 
-from ftbench.harness import (RECORD_TEMPLATE, DeviceSampler, StepClock, Unsupported, guarded, memory_now,
-                             new_record, provenance)
+from ftbench import harness
+from ftbench.config import MeasureSettings
+from ftbench.harness import (RECORD_TEMPLATE, DeviceSampler, Meter, Unsupported, guarded, memory_now, new_record,
+                             provenance, write_json_atomic)
 
 CPU = torch.device("cpu")
 
 
-def test_step_clock_excludes_warmup_and_reports_quantiles():
-    clock = StepClock(CPU, warmup_steps=2)
-    clock.start()
-    for i, dt in enumerate([0.05, 0.03, 0.01, 0.01, 0.02, 0.01, 0.01]):
+def measured_run(meter, durations, **fields):
+    meter.start()
+    for dt in durations:
         time.sleep(dt)
-        clock.step_end(samples=4, tokens=100, padded_tokens=128, loss=1.0, flops=1e9)
-    s = clock.summary()
-    assert s["steps_measured"] == 5 and s["warmup_steps"] == 2
-    assert s["first_step_s"] >= 0.05
-    assert 0.009 < s["step_time_s"] < 0.02  # median of the steady steps, not the first ones
-    assert s["step_time_p10_s"] <= s["step_time_s"] <= s["step_time_p90_s"]
-    thr = s["throughput"]
+        if meter.step(4, tokens=100, padded_tokens=128, flops_model=1e9, flops_hardware=2e9, **fields):
+            break
+    meter.finish()
+
+
+def test_meter_excludes_warmup_and_reports_windows_quantiles_and_noise():
+    meter = Meter(CPU, MeasureSettings(warmup_steps=2, steps=3, repeats=2))
+    measured_run(meter, [0.05, 0.03] + [0.01, 0.012, 0.011] * 3)
+    assert meter.done and len(meter.rows) == 8  # training stops once the last window closes
+    rec = new_record({}, {})
+    meter.summarize(rec, peak_tflops=None, peak_precision=None)
+    t, m = rec["timing"], rec["measure"]
+    assert m["timer"] == "host_clock" and [w["steps"] for w in m["windows"]] == [3, 3] and not m["truncated"]
+    assert t["steps_measured"] == 6 and t["first_step_s"] >= 0.05
+    assert 0.009 < t["step_time_s"] < 0.03  # median of the steady steps, not the warm-up ones
+    assert t["step_time_p10_s"] <= t["step_time_s"] <= t["step_time_p90_s"]
+    assert t["cv_within"] < 0.5 and t["cv_across_repeats"] is not None and t["noise_cv"] == t["cv_across_repeats"]
+    assert t["window_s"] == pytest.approx(sum(r["step_time_s"] for r in meter.measured))
+    assert t["host_window_s"] >= t["window_s"] * 0.99
+    thr = rec["throughput"]
     assert thr["tokens_per_s"] / thr["samples_per_s"] == pytest.approx(25)
-    assert thr["samples_per_hour"] == pytest.approx(3600 * thr["samples_per_s"])
-    t0, t1 = clock.window()
-    assert t1 - t0 == pytest.approx(sum(r["step_time_s"] for r in clock.measured))
+    assert thr["samples_per_hour"] == pytest.approx(3600 * 24 / t["window_s"])
+    f = rec["flops"]
+    assert f["model_per_step"] == 1e9 and f["hardware_per_step"] == 2e9 and f["mfu"] is None
+    assert rec["outliers"]["count"] == 0 and rec["outliers"]["dominated"] is False
+
+
+def test_min_seconds_extends_a_window_until_it_holds_enough_time():
+    meter = Meter(CPU, MeasureSettings(warmup_steps=0, steps=2, min_seconds=0.1, repeats=1))
+    measured_run(meter, [0.02] * 40)
+    assert meter.done and 5 <= len(meter.measured) <= 8
+
+
+def test_a_slow_step_is_an_outlier_with_its_reason_and_dominates_throughput():
+    meter = Meter(CPU, MeasureSettings(warmup_steps=1, steps=6))
+    meter.start()
+    for i, dt in enumerate([0.01, 0.01, 0.01, 0.2, 0.01, 0.01, 0.01]):
+        time.sleep(dt)
+        meter.step(1, shape="1x64" if i != 3 else "1x128")
+    rec = new_record({}, {})
+    meter.summarize(rec, None, None)
+    out = rec["outliers"]
+    assert out["count"] == 1 and out["steps"][0]["step"] == 4 and out["steps"][0]["x_median"] > 3
+    assert out["steps"][0]["reasons"] == ["new shape 1x128"]
+    assert out["dominated"] is True and out["time_share"] > 0.5
+    assert rec["throughput"]["samples_per_hour_median_step"] > 2 * rec["throughput"]["samples_per_hour"]
+
+
+def test_an_early_end_truncates_the_window_and_says_so():
+    meter = Meter(CPU, MeasureSettings(warmup_steps=1, steps=5, repeats=2))
+    measured_run(meter, [0.001] * 4)  # data ran out after 4 steps
+    rec = new_record({}, {})
+    meter.summarize(rec, None, None)
+    assert rec["measure"]["truncated"] is True and rec["timing"]["steps_measured"] == 3
+
+
+class FakeEvent:
+    """A CUDA event on a machine without CUDA: records the host clock, answers elapsed_time in ms."""
+
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+def test_the_timing_path_never_synchronises_inside_a_window(monkeypatch):
+    steps_done, syncs = [0], []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(steps_done[0]))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(harness, "memory_now", lambda device: dict.fromkeys(
+        ["host_peak_rss_gib", "allocated_gib", "reserved_gib", "peak_allocated_gib", "peak_reserved_gib"], 0.0))
+    energy = iter(range(0, 10**9, 5000))  # mJ: 5 J more at every reading
+    monkeypatch.setattr(DeviceSampler, "energy_mj", lambda self: next(energy))
+    meter = Meter(torch.device("cuda", 0), MeasureSettings(warmup_steps=2, steps=3, repeats=2), memory_log_every=1)
+    meter.start()
+    for _ in range(20):
+        time.sleep(0.002)
+        steps_done[0] += 1
+        if meter.step(2, tokens=10, loss=torch.tensor(1.5)):
+            break
+    # once at the start, then only where a segment ends: warm-up (step 2) and each window (steps 5 and 8)
+    assert syncs == [0, 2, 5, 8]
+    assert len(meter.memory_log) == 8  # the memory log reads allocator statistics, which need no sync
+    rec = new_record({}, {})
+    meter.summarize(rec, 989.4, "bf16")
+    assert rec["measure"]["timer"] == "cuda_events" and all(r["loss"] == 1.5 for r in meter.rows)
+    assert rec["energy"]["source"] == "nvml_total_energy_counter"
+    assert rec["energy"]["per_step_j"] == pytest.approx(5 / 3) and rec["energy"]["per_token_j"] == pytest.approx(0.5 / 3)
 
 
 def test_record_has_the_fixed_schema_whatever_the_status():
@@ -36,24 +120,30 @@ def test_record_has_the_fixed_schema_whatever_the_status():
             if exc is not None:
                 raise exc
         assert set(rec) == set(RECORD_TEMPLATE)
-        for group in ("timing", "memory", "throughput"):
+        for group in ("timing", "memory", "throughput", "flops", "energy", "compile"):
             assert set(rec[group]) == set(RECORD_TEMPLATE[group])
         expected = {type(None): "ok", Unsupported: "unsupported", torch.OutOfMemoryError: "oom", KeyError: "error"}
         assert rec["status"] == expected[type(exc)]
     assert "KeyError" in rec["reason"] and "traceback" in rec["extra"]
 
 
-def test_unsupported_keeps_its_reason():
-    rec = new_record({}, {})
-    with guarded(rec, CPU):
-        raise Unsupported("FP8 needs compute capability 8.9 or newer; this GPU has 8.0")
-    assert rec["reason"].startswith("FP8 needs compute capability")
+def test_records_are_written_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "metrics.json"
+    write_json_atomic(path, {"a": 1})
+
+    def broken_dumps(*a, **k):
+        raise RuntimeError("killed mid-write")
+
+    monkeypatch.setattr(harness.json, "dumps", broken_dumps)
+    with pytest.raises(RuntimeError):
+        write_json_atomic(path, {"a": 2})
+    assert json.loads(path.read_text()) == {"a": 1}  # the old record whole, never half of a new one
 
 
 def test_sampler_without_gpu_measures_nothing_and_says_so():
     with DeviceSampler(CPU) as s:
         time.sleep(0.05)
-    assert s.summary(0, time.perf_counter(), 1)["gpu_util_mean_pct"] is None
+    assert s.summary([(0, time.perf_counter())])["gpu_util_mean_pct"] is None and s.energy_mj() is None
 
 
 def test_memory_and_provenance_on_cpu(tmp_path):

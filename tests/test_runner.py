@@ -7,14 +7,15 @@ import math
 import pytest
 
 from conftest import LORA
-from ftbench.config import RunSpec, TrainSettings, Variant
-from ftbench.runners import RunContext, execute
+from ftbench.config import MeasureSettings, RunSpec, TrainSettings, Variant
+from ftbench.execute import RunContext, execute
 
 
 def run(tmp_path, manifest, data, variant, batch_size=2, max_steps=5):
     ddef, train, eval_ = data
+    measure = MeasureSettings(warmup_steps=2, steps=max_steps - 2)
     ctx = RunContext(RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", variant.name, batch_size), variant,
-                     TrainSettings(max_steps=max_steps, warmup_steps=2, lora=LORA, memory_log_every=2),
+                     TrainSettings(measure=measure, lora=LORA, memory_log_every=2),
                      manifest, ddef, str(train), str(eval_), str(tmp_path), "cafe")
     rec = execute(ctx, tmp_path / "metrics.json", tmp_path / "steps.csv", tmp_path / "memory.csv")
     assert json.loads((tmp_path / "metrics.json").read_text())["status"] == rec["status"]
@@ -30,7 +31,13 @@ def test_lora_run_is_measured(tmp_path, tiny_qwen, instruction_data):
     assert math.isfinite(rec["loss"]["eval"]) and math.isfinite(rec["loss"]["last"])
     assert rec["model"]["adapted_modules"]["names"] == sorted(LORA["target_modules"])
     assert 0 < rec["model"]["trainable_parameters"] < rec["model"]["parameters"]
-    assert rec["flops"]["per_step"] > 0 and rec["flops"]["mfu"] is None  # no peak for a CPU
+    f = rec["flops"]
+    assert 0 < f["model_per_step"] < f["hardware_per_step"]  # padding is executed, not counted as model FLOPs
+    assert f["mfu"] is None and f["hfu"] is None and f["peak_tflops"] is None  # no peak for a CPU
+    assert rec["precision"] == {"requested": "bf16", "frozen_weights": "bf16", "trainable_weights": "fp32",
+                                "gemm": "bf16", "fp8_layers": None}
+    assert rec["measure"]["timer"] == "host_clock" and len(rec["measure"]["windows"]) == 1
+    assert rec["timing"]["cv_within"] is not None and rec["timing"]["noise_cv"] is not None
     assert rec["extra"]["gradient_checkpointing_active"] is False  # TRL would turn it on by default
     assert rec["provenance"]["config_hash"] == "cafe" and rec["provenance"]["weights_source"] == "random"
     steps = list(csv.DictReader(open(tmp_path / "steps.csv")))
@@ -53,7 +60,8 @@ def test_qlora_and_gradient_checkpointing_run_on_cpu(tmp_path, tiny_qwen, instru
 
 @pytest.mark.parametrize("variant, words", [
     (Variant("unsloth-qlora", framework="unsloth", precision="nf4"), "CUDA"),
-    (Variant("fp8", precision="fp8", fp8_backend="te"), "CUDA"),
+    # the causal-LM runner has no FP8 path: refused, never trained in bf16 and scored against the FP8 peak
+    (Variant("fp8", precision="fp8", fp8_backend="te"), "does not honour precision='fp8'"),
     (Variant("pinned", pin_memory=True), "CUDA"),
 ])
 def test_variants_a_cpu_cannot_run_are_unsupported(tmp_path, tiny_qwen, instruction_data, variant, words):
@@ -75,10 +83,10 @@ def test_padding_free_batches_count_each_packed_sequence():
 
     ids = torch.zeros(1, 9, dtype=torch.long)
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
-    assert batch_sequences(ids, None, pos) == ([3, 2, 4], 9)
+    assert batch_sequences(ids, None, pos) == ([3, 2, 4], [3, 2, 4])
     padded = torch.zeros(2, 5, dtype=torch.long)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-    assert batch_sequences(padded, mask, torch.arange(5).repeat(2, 1)) == ([5, 5], 8)
+    assert batch_sequences(padded, mask, torch.arange(5).repeat(2, 1)) == ([5, 5], [3, 5])
 
 
 def test_causal_lm_shape_policy_and_attention_backend_knobs():
@@ -88,7 +96,7 @@ def test_causal_lm_shape_policy_and_attention_backend_knobs():
     from ftbench.runners.causal_lm import pad_multiple
     from ftbench.variants import attention_backend, check_supported
 
-    s = TrainSettings(max_steps=2, warmup_steps=1, bucket_multiple=64, fixed_length=2048)
+    s = TrainSettings(bucket_multiple=64, fixed_length=2048)
     assert pad_multiple(Variant("lora"), s) is None  # dynamic padding
     assert pad_multiple(Variant("b", shape_policy="bucketed"), s) == 64
     assert pad_multiple(Variant("f", shape_policy="fixed"), s) == 2048

@@ -73,12 +73,35 @@ class RunSpec:
         return {k: str(v) for k, v in dataclasses.asdict(self).items()}
 
 
+@dataclass(frozen=True)
+class MeasureSettings:
+    """The measured window: warm-up steps first, then `repeats` windows, each closing once it holds at least
+    `steps` steps and `min_seconds` of wall time (at most `max_window_steps` steps)."""
+
+    warmup_steps: int = 2
+    steps: int = 3
+    min_seconds: float = 0.0
+    repeats: int = 1
+    max_window_steps: int | None = None  # default: `steps`, or 20x `steps` when min_seconds extends a window
+    outlier_factor: float = 3.0  # a step slower than this many medians is an outlier
+
+    @property
+    def window_cap(self) -> int:
+        if self.max_window_steps:
+            return max(self.steps, self.max_window_steps)
+        return self.steps * 20 if self.min_seconds else self.steps
+
+    @property
+    def max_steps(self) -> int:
+        """The most training steps a run can take (a Trainer needs it up front)."""
+        return self.warmup_steps + self.repeats * self.window_cap
+
+
 @dataclass
 class TrainSettings:
     """Everything a runner needs besides the model, data and variant, resolved from config."""
 
-    max_steps: int
-    warmup_steps: int
+    measure: MeasureSettings = None  # the measured window
     max_seq_length: int = 2048
     resolution: int = 512  # diffusion: training image size
     fixed_length: int = 2048  # shape_policy fixed: every sequence padded to this length
@@ -91,6 +114,16 @@ class TrainSettings:
     seed: int = 42
     lora: dict = field(default_factory=dict)
     optim: str = "adamw_torch"
+
+    def __post_init__(self):
+        if self.measure is None:
+            self.measure = MeasureSettings()
+        elif isinstance(self.measure, dict):
+            self.measure = MeasureSettings(**self.measure)
+
+    @property
+    def max_steps(self) -> int:
+        return self.measure.max_steps
 
 
 def load_yaml(path) -> dict:
@@ -174,6 +207,7 @@ def check_config(config: dict, base_dir) -> None:
                 for name in block[key]:
                     if name not in pool:
                         raise ConfigError(f"{where}.{key}: unknown {key[:-1]} '{name}' (defined: {sorted(pool)})")
+    check_knobs(config, base_dir)
     for i, entry in enumerate(config.get("token_stats", [])):
         for key, pool in (("model", "models"), ("dataset", "datasets")):
             if entry[key] not in config[pool]:
@@ -188,6 +222,24 @@ def check_config(config: dict, base_dir) -> None:
     for i, sel in enumerate(config.get("profile", [])):
         if not any(matches(spec, sel) for spec in runs):
             raise ConfigError(f"profile[{i}]: selects no run of the matrix: {sel}")
+
+
+def model_family(config: dict, model: str, base_dir) -> str:
+    return load_yaml(architecture_path(config, model, base_dir))["family"]
+
+
+def check_knobs(config: dict, base_dir) -> None:
+    """Every variant a study trains on a model is one that model's runner honours, knob by knob."""
+    from .knobs import knob_problems
+
+    for study, sdef in config["studies"].items():
+        for i, block in enumerate(sdef["matrix"]):
+            for model, name in itertools.product(block["models"], block["variants"]):
+                family = model_family(config, model, base_dir)
+                problems = knob_problems(family, Variant.from_config(name, variant_knobs(config, study, name)))
+                if problems:
+                    raise ConfigError(f"studies.{study}.matrix[{i}]: variant '{name}' on {model} ({family} runner): "
+                                      + "; ".join(problems))
 
 
 def matches(spec: RunSpec, selector: dict) -> bool:
@@ -218,8 +270,17 @@ def config_hash(obj) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def run_params(config: dict, spec: RunSpec) -> dict:
+    """What one job needs from config, as plain data for its rule's params (the job expands no matrix)."""
+    settings = dataclasses.asdict(train_settings(config, spec))
+    return {"run": dataclasses.asdict(spec), "variant": variant_knobs(config, spec.study, spec.variant),
+            "settings": settings, "dataset": config["datasets"][spec.dataset],
+            "config_hash": config_hash(run_config(config, spec))}
+
+
 def train_settings(config: dict, spec: RunSpec) -> TrainSettings:
     study = config["studies"][spec.study]
     merged = {**config["training"], **study.get("training", {})}
+    merged["measure"] = {**config["training"].get("measure", {}), **study.get("training", {}).get("measure", {})}
     known = {f.name for f in dataclasses.fields(TrainSettings)}
     return TrainSettings(seed=config["seed"], **{k: v for k, v in merged.items() if k in known})

@@ -1,4 +1,4 @@
-"""FLOP formulas and peak throughput per GPU, for MFU.
+"""FLOP formulas and peak throughput per GPU, for MFU and HFU.
 
 Training FLOPs per sequence of T tokens, counting a multiply-add as 2 FLOPs (the PaLM convention):
 
@@ -10,6 +10,14 @@ Training FLOPs per sequence of T tokens, counting a multiply-add as 2 FLOPs (the
 N is the matmul parameters a token passes through (attention and MLP projections of every layer,
 only the routed experts of a mixture-of-experts layer, and the LM head), L the layers, d_attn the
 width of the attention (heads x head_dim). Embedding lookups and norms are not counted.
+
+Two figures from it (NeMo's convention for LoRA: frozen weights get no weight-gradient FLOPs):
+- model FLOPs (MFU): the real tokens only (each sequence at its unpadded length), no recompute —
+  what the training needs, whatever the implementation does;
+- hardware FLOPs (HFU): what the GPU executed — padded lengths, plus the recomputed forward of
+  gradient checkpointing.
+Both are divided by the dense peak of the precision the GEMMs ran in (bf16 and fp16 share one peak;
+fp8 has its own; fp32/TF32 has none in the table, so no MFU is given rather than a wrong one).
 """
 
 from __future__ import annotations
@@ -34,7 +42,9 @@ def peak_tflops(device_name: str | None, precision: str = "bf16") -> float | Non
     """The peak for a device, matching the longest name fragment; None for CPUs and unknown GPUs."""
     if not device_name:
         return None
-    key = "fp8" if precision == "fp8" else "bf16"
+    key = peak_precision(precision)
+    if key is None:
+        return None
     hits = [frag for frag in PEAK_TFLOPS if frag.lower() in device_name.lower()]
     if not hits:
         return None
@@ -67,6 +77,17 @@ def train_flops(seq_lens, matmul_params: int, trainable_params: int, layers: int
         bwd = 2 * matmul_params * t + 8 * layers * t * t * attention_width + 2 * trainable_params * t
         total += fwd * (2 if gradient_checkpointing else 1) + bwd
     return total
+
+
+def step_flops(real_lens, padded_lens, shape: dict, trainable_params: int, checkpointing: bool) -> dict:
+    """One step's model FLOPs (real lengths, no recompute) and hardware FLOPs (padded lengths, recompute)."""
+    args = (shape["matmul_params_per_token"], trainable_params, shape["layers"], shape["attention_width"])
+    return {"flops_model": train_flops(real_lens, *args), "flops_hardware": train_flops(padded_lens, *args, checkpointing)}
+
+
+def peak_precision(gemm: str | None) -> str | None:
+    """The peak a GEMM dtype is scored against: bf16 and fp16 share the dense 16-bit peak; fp8 its own."""
+    return {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}.get(gemm or "")
 
 
 def mfu(flops_per_s: float | None, peak: float | None) -> float | None:

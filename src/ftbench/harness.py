@@ -20,29 +20,44 @@ from pathlib import Path
 
 import torch
 
-SCHEMA_VERSION = 1
+from .config import MeasureSettings
+
+SCHEMA_VERSION = 2
 GIB = 1024**3
 PACKAGES = ["torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "torchao", "diffusers",
-            "datasets", "unsloth", "transformer_engine", "snakemake"]
+            "datasets", "unsloth", "transformer_engine", "snakemake", "liger_kernel"]
 
 # Every metrics.json has exactly these keys, whatever its status; a value is None where not measured.
+# config/schema/metrics.schema.json is the same shape as a JSON Schema; records of schema 1 are converted on
+# read (ftbench.records.upgrade).
 RECORD_TEMPLATE = {
     "schema_version": SCHEMA_VERSION,
     "status": None,  # ok | oom | unsupported | error
     "reason": None,
     "run": {"study": None, "model": None, "scale": None, "dataset": None, "variant": None, "batch_size": None},
     "variant": {},
-    "timing": {"model_load_s": None, "first_step_s": None, "step_time_s": None, "step_time_p10_s": None,
-               "step_time_p90_s": None, "steps_measured": None, "warmup_steps": None, "train_s": None,
-               "compile_s": None, "eval_s": None},
-    "throughput": {"samples_per_s": None, "samples_per_hour": None, "tokens_per_s": None,
-                   "padded_tokens_per_s": None, "tokens_per_sample": None},
+    # what actually ran: storage dtype of the frozen and trainable weights, the dtype of the GEMMs
+    "precision": {"requested": None, "frozen_weights": None, "trainable_weights": None, "gemm": None,
+                  "fp8_layers": None},
+    # the measurement itself: timer, window rule, repeats, and each window as it closed
+    "measure": {"timer": None, "warmup_steps": None, "min_steps": None, "min_seconds": None, "repeats": None,
+                "truncated": None, "windows": []},
+    "timing": {"model_load_s": None, "first_step_s": None, "first_step_overhead_s": None, "step_time_s": None,
+               "step_time_p10_s": None, "step_time_p90_s": None, "step_time_mean_s": None, "cv_within": None,
+               "cv_across_repeats": None, "noise_cv": None, "steps_measured": None, "window_s": None,
+               "host_window_s": None, "train_s": None, "eval_s": None},
+    "outliers": {"factor": None, "count": None, "time_s": None, "time_share": None, "dominated": None, "steps": []},
+    "throughput": {"samples_per_s": None, "samples_per_hour": None, "samples_per_hour_median_step": None,
+                   "tokens_per_s": None, "padded_tokens_per_s": None, "tokens_per_sample": None},
     "memory": {"peak_allocated_gib": None, "peak_reserved_gib": None, "device_peak_used_gib": None,
-               "host_peak_rss_gib": None, "at_failure_gib": None},
-    "device_usage": {"gpu_util_mean_pct": None, "power_mean_w": None, "energy_per_step_j": None,
-                     "samples": None},
-    "flops": {"per_step": None, "achieved_tflops": None, "peak_tflops": None, "mfu": None},
-    "data": {"wait_share": None},  # share of steady-state step time spent waiting for batches
+               "process_peak_used_gib": None, "host_peak_rss_gib": None, "at_failure_gib": None},
+    "device_usage": {"gpu_util_mean_pct": None, "power_mean_w": None, "sm_clock_mean_mhz": None, "samples": None},
+    "energy": {"source": None, "window_j": None, "per_step_j": None, "per_sample_j": None, "per_token_j": None},
+    "flops": {"model_per_step": None, "hardware_per_step": None, "model_tflops": None, "hardware_tflops": None,
+              "peak_tflops": None, "peak_precision": None, "mfu": None, "hfu": None},
+    "compile": {"compile_s": None, "frame_compile_s": None, "backward_compile_s": None, "unique_graphs": None,
+                "graphs_first_step": None, "recompiles": None, "graph_breaks": None},
+    "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},
     "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
     "loss": {"first": None, "last": None, "eval": None},
     "extra": {},
@@ -90,18 +105,34 @@ def _nvml_handle(device: torch.device):
         return None
 
 
+def _nvml(fn, *args):
+    """One NVML query, None where the driver or the GPU does not support it."""
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
 def device_info(device: torch.device) -> dict:
     info = {"type": device.type, "name": platform.processor() or platform.machine(), "capability": None,
-            "total_memory_gib": None, "driver": None, "cuda": torch.version.cuda, "cpu_count": os.cpu_count()}
+            "total_memory_gib": None, "driver": None, "cuda": torch.version.cuda, "cpu_count": os.cpu_count(),
+            "uuid": None, "sm_clock_max_mhz": None, "mem_clock_max_mhz": None, "sm_clock_at_start_mhz": None,
+            "power_limit_w": None, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(name=props.name, capability=f"{props.major}.{props.minor}",
-                    total_memory_gib=props.total_memory / GIB)
+                    total_memory_gib=props.total_memory / GIB, uuid=str(getattr(props, "uuid", "")) or None)
         handle = _nvml_handle(device)
         if handle is not None:
             import pynvml
 
-            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            limit = _nvml(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+            info.update(driver=pynvml.nvmlSystemGetDriverVersion(),
+                        uuid=_nvml(pynvml.nvmlDeviceGetUUID, handle) or info["uuid"],
+                        sm_clock_max_mhz=_nvml(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM),
+                        mem_clock_max_mhz=_nvml(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_MEM),
+                        sm_clock_at_start_mhz=_nvml(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
+                        power_limit_w=limit / 1000 if limit else None)
     return info
 
 
@@ -135,12 +166,14 @@ def provenance(device: torch.device, base_dir, config_hash: str, weights_source:
 
 
 class DeviceSampler:
-    """Samples GPU utilisation, power and used memory through NVML in a background thread."""
+    """NVML in a background thread: utilisation, power, SM clock, device-wide used memory and this process's
+    own used memory, every `interval_s`; the total-energy counter is read at window boundaries (`energy_mj`)."""
 
     def __init__(self, device: torch.device, interval_s: float = 0.1):
         self.handle = _nvml_handle(device)
         self.interval_s = interval_s
-        self.samples: list[tuple[float, float, float, float]] = []  # time, util %, power W, used bytes
+        self.samples: list[tuple] = []  # time, util %, power W, SM clock MHz, used bytes
+        self.process_peak_bytes: int | None = None
         self._stop = threading.Event()
         self._thread = None
 
@@ -153,12 +186,16 @@ class DeviceSampler:
     def _loop(self):
         import pynvml
 
+        pid = os.getpid()
         while not self._stop.is_set():
             try:
-                util = pynvml.nvmlDeviceGetUtilizationRates(self.handle).gpu
-                power = pynvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
-                used = pynvml.nvmlDeviceGetMemoryInfo(self.handle).used
-                self.samples.append((time.perf_counter(), util, power, used))
+                self.samples.append((time.perf_counter(), pynvml.nvmlDeviceGetUtilizationRates(self.handle).gpu,
+                                     pynvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,
+                                     pynvml.nvmlDeviceGetClockInfo(self.handle, pynvml.NVML_CLOCK_SM),
+                                     pynvml.nvmlDeviceGetMemoryInfo(self.handle).used))
+                for proc in _nvml(pynvml.nvmlDeviceGetComputeRunningProcesses, self.handle) or []:
+                    if proc.pid == pid and proc.usedGpuMemory is not None:
+                        self.process_peak_bytes = max(self.process_peak_bytes or 0, proc.usedGpuMemory)
             except Exception:
                 pass
             self._stop.wait(self.interval_s)
@@ -168,21 +205,26 @@ class DeviceSampler:
         if self._thread is not None:
             self._thread.join()
 
-    def window(self, t0: float, t1: float) -> list:
-        return [s for s in self.samples if t0 <= s[0] <= t1]
+    def energy_mj(self) -> int | None:
+        """NVML's total-energy counter (mJ since the driver loaded); None without NVML or on GPUs without it."""
+        if self.handle is None:
+            return None
+        import pynvml
 
-    def summary(self, t0: float, t1: float, steps: int) -> dict:
-        win = self.window(t0, t1)
-        if not win:
-            return {"gpu_util_mean_pct": None, "power_mean_w": None, "energy_per_step_j": None,
-                    "samples": len(win), "device_peak_used_gib": self.peak_used_gib()}
-        power = statistics.fmean(s[2] for s in win)
-        return {"gpu_util_mean_pct": statistics.fmean(s[1] for s in win), "power_mean_w": power,
-                "energy_per_step_j": power * (t1 - t0) / max(steps, 1), "samples": len(win),
-                "device_peak_used_gib": self.peak_used_gib()}
+        return _nvml(pynvml.nvmlDeviceGetTotalEnergyConsumption, self.handle)
+
+    def summary(self, spans: list[tuple[float, float]]) -> dict:
+        """Means over the samples that fall inside the measured windows (perf_counter spans)."""
+        win = [s for s in self.samples if any(t0 <= s[0] <= t1 for t0, t1 in spans)]
+        out = {"gpu_util_mean_pct": None, "power_mean_w": None, "sm_clock_mean_mhz": None, "samples": len(win)}
+        if win:
+            out.update(gpu_util_mean_pct=statistics.fmean(s[1] for s in win),
+                       power_mean_w=statistics.fmean(s[2] for s in win),
+                       sm_clock_mean_mhz=statistics.fmean(s[3] for s in win))
+        return out
 
     def peak_used_gib(self) -> float | None:
-        return max(s[3] for s in self.samples) / GIB if self.samples else None
+        return max(s[4] for s in self.samples) / GIB if self.samples else None
 
 
 def memory_now(device: torch.device) -> dict:
@@ -198,89 +240,277 @@ def memory_now(device: torch.device) -> dict:
     return out
 
 
-class StepClock:
-    """Device-synchronised step boundaries. Step i's time runs from the end of step i-1 (or `start`)
-    to its own end, so it holds data loading and everything else a training step costs."""
+def _cv(values) -> float | None:
+    values = [v for v in values if v is not None]
+    if len(values) < 2 or statistics.fmean(values) == 0:
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
 
-    def __init__(self, device: torch.device, warmup_steps: int):
-        self.device = device
-        self.warmup_steps = warmup_steps
-        self.steps: list[dict] = []
-        self.t_start = self._prev = None
+
+def _scalar(v):
+    """A recorded value as a plain number: tensors are read here, after the window's one synchronisation."""
+    if isinstance(v, torch.Tensor):
+        return v.item()
+    return v
+
+
+class Meter:
+    """The one measurement every runner goes through: model load, warm-up, measured windows, evaluation.
+
+    Each step ends with `step(...)`, which records a CUDA event on the current stream (a host clock reading on
+    a CPU) and nothing else: no synchronisation. The host waits for the device only at window boundaries (end
+    of warm-up, end of each repeat), where the events of the steps since the last boundary are read. Step i's
+    time runs from the event of step i-1 to its own, so it holds data loading and host overhead exactly as
+    far as they stall the device. A host wall clock spans each window beside the events."""
+
+    def __init__(self, device: torch.device, measure: MeasureSettings, profiler=None, memory_log_every: int = 10,
+                 count_graphs: bool = False):
+        self.device, self.measure, self.profiler = device, measure, profiler
+        self.cuda = device.type == "cuda"
+        self.memory_log_every, self.count_graphs = memory_log_every, count_graphs
+        self.sampler = DeviceSampler(device)
+        self.rows: list[dict] = []  # one per step, filled when its window closes
+        self.windows: list[dict] = []
+        self.memory_log: list[dict] = []
+        self.timing: dict = {}
+        self.done = False
+        self._pending: list[dict] = []
+        self._phase = None  # "warmup" | repeat index
+        self._steps = 0
+
+    def __enter__(self):
+        self.sampler.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.sampler.__exit__(*exc)
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _elapsed_s(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    @contextmanager
+    def timed(self, key: str):
+        """Time a phase outside the measured windows (load, evaluation), synchronised at both ends."""
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        yield
+        synchronize(self.device)
+        self.timing[key] = time.perf_counter() - t0
+
+    def load(self):
+        return self.timed("model_load_s")
+
+    def eval(self):
+        return self.timed("eval_s")
 
     def start(self):
+        """Open the run's first segment (warm-up, or the first window when there is none)."""
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
         synchronize(self.device)
-        self.t_start = self._prev = time.perf_counter()
+        self._origin_host = time.perf_counter()
+        self._open(self._mark(), self._origin_host, "warmup" if self.measure.warmup_steps else 0)
 
-    def step_end(self, samples: int, tokens=None, padded_tokens=None, loss=None, flops=None,
-                 data_wait_s=None) -> dict:
-        """Close a step; `data_wait_s` is the host time the step spent waiting for its batch."""
-        synchronize(self.device)
-        now = time.perf_counter()
-        row = {"step": len(self.steps) + 1, "step_time_s": now - self._prev, "t_end_s": now - self.t_start,
-               "samples": samples, "tokens": tokens, "padded_tokens": padded_tokens, "loss": loss, "flops": flops,
-               "data_wait_s": data_wait_s}
-        self.steps.append(row)
-        self._prev = now
-        return row
+    def _open(self, mark, host: float, phase):
+        self._boundary, self._host_start, self._phase = mark, host, phase
+        self._energy_start = self.sampler.energy_mj() if phase != "warmup" else None
+        self._in_window = 0
+
+    def step(self, samples: int, *, lazy=None, log_fields: dict | None = None, **fields) -> bool:
+        """Close a training step; `fields` (tokens, loss, flops, shape, ...) may hold tensors, and `lazy` a
+        function returning more fields: both are read when the window closes. Returns True once the last
+        window has closed (the caller stops training)."""
+        row = {"step": self._steps + 1, "samples": samples, **fields}
+        if self.count_graphs:
+            row["compiled_graphs"] = compiled_graphs()
+        self._pending.append({"mark": self._mark(), "host": time.perf_counter(), "row": row, "lazy": lazy})
+        self._steps += 1
+        self._in_window += 1
+        if self.profiler is not None:
+            self.profiler.step()
+        m = self.measure
+        if self._phase == "warmup":
+            if self._in_window >= m.warmup_steps:
+                self._close()
+        elif (self._in_window >= m.steps and time.perf_counter() - self._host_start >= m.min_seconds) \
+                or self._in_window >= m.window_cap:
+            self._close()
+        if self._steps % self.memory_log_every == 0 or self.done:  # allocator statistics: no synchronisation
+            self.memory_log.append(memory_log_row(self._steps, self.device, **(log_fields or {})))
+        return self.done
+
+    def _close(self, truncated: bool = False):
+        synchronize(self.device)  # the one synchronisation of a window, at its end
+        host_end = time.perf_counter()
+        energy_end = self.sampler.energy_mj() if self._phase != "warmup" else None
+        prev_mark, prev_host = self._boundary, self._host_start
+        for p in self._pending:
+            row = p["row"]
+            row.update(phase="warmup" if self._phase == "warmup" else "measure",
+                       repeat=None if self._phase == "warmup" else self._phase,
+                       step_time_s=self._elapsed_s(prev_mark, p["mark"]), host_step_s=p["host"] - prev_host,
+                       t_end_s=p["host"] - self._origin_host)
+            for k, v in list(row.items()):
+                row[k] = _scalar(v)
+            if p["lazy"] is not None:
+                row.update({k: _scalar(v) for k, v in p["lazy"]().items()})
+            prev_mark, prev_host = p["mark"], p["host"]
+            self.rows.append(row)
+        if self._phase != "warmup" and self._pending:
+            rows = self.rows[-len(self._pending):]
+            times = [r["step_time_s"] for r in rows]
+            self.windows.append({
+                "repeat": self._phase, "steps": len(rows), "device_s": sum(times),
+                "host_s": host_end - self._host_start, "host_span": (self._host_start, host_end),
+                "median_step_s": statistics.median(times), "samples": sum(r["samples"] for r in rows),
+                "samples_per_s": sum(r["samples"] for r in rows) / sum(times) if sum(times) else None,
+                "energy_j": (energy_end - self._energy_start) / 1e3 if None not in (energy_end, self._energy_start)
+                else None, "truncated": truncated})
+        self._pending = []
+        nxt = 0 if self._phase == "warmup" else self._phase + 1
+        if nxt >= self.measure.repeats:
+            self.done = True
+        self._open(prev_mark, host_end, nxt)
+
+    def finish(self):
+        """Close what is open when training ended early (data or step budget exhausted: truncated)."""
+        if self._pending:
+            self._close(truncated=self._phase != "warmup")
+        if self._steps and (not self.memory_log or self.memory_log[-1]["step"] != self._steps):
+            self.memory_log.append(memory_log_row(self._steps, self.device))
+
+    @property
+    def steps_taken(self) -> int:
+        return self._steps
 
     @property
     def measured(self) -> list[dict]:
-        return self.steps[self.warmup_steps:]
+        return [r for r in self.rows if r["phase"] == "measure"]
 
-    def window(self) -> tuple[float, float]:
-        """perf_counter times bounding the measured (steady-state) steps."""
-        m = self.measured
-        if not m:
-            return (0.0, 0.0)
-        return (self.t_start + m[0]["t_end_s"] - m[0]["step_time_s"], self.t_start + m[-1]["t_end_s"])
-
-    def summary(self) -> dict:
-        m = self.measured
-        out = {"first_step_s": self.steps[0]["step_time_s"] if self.steps else None,
-               "steps_measured": len(m), "warmup_steps": self.warmup_steps,
-               "train_s": self.steps[-1]["t_end_s"] if self.steps else None}
-        if not m:
-            return out
-        times = sorted(r["step_time_s"] for r in m)
+    def summarize(self, record: dict, peak_tflops: float | None, peak_precision: str | None) -> None:
+        """Fill the record's measure, timing, outliers, throughput, memory, usage, energy, FLOPs and compile."""
+        m, rows, windows = self.measure, self.measured, self.windows
+        record["measure"].update(timer="cuda_events" if self.cuda else "host_clock", warmup_steps=m.warmup_steps,
+                                 min_steps=m.steps, min_seconds=m.min_seconds, repeats=m.repeats,
+                                 truncated=any(w["truncated"] for w in windows) or len(windows) < m.repeats,
+                                 windows=[{k: v for k, v in w.items() if k != "host_span"} for w in windows])
+        t = record["timing"]
+        t.update({k: v for k, v in self.timing.items() if k in t})
+        if self.rows:
+            t["first_step_s"] = self.rows[0]["step_time_s"]
+            t["train_s"] = self.rows[-1]["t_end_s"]
+        mem = memory_now(self.device)
+        for key in ("peak_allocated_gib", "peak_reserved_gib", "host_peak_rss_gib"):
+            record["memory"][key] = mem[key]
+        record["memory"]["device_peak_used_gib"] = self.sampler.peak_used_gib()
+        if self.sampler.process_peak_bytes is not None:
+            record["memory"]["process_peak_used_gib"] = self.sampler.process_peak_bytes / GIB
+        self._compile(record)
+        if not rows:
+            return
+        times = [r["step_time_s"] for r in rows]
+        window_s = sum(times)
+        median = statistics.median(times)
         q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
-        total = sum(times)
-        out.update(step_time_s=statistics.median(times), step_time_p10_s=q[0], step_time_p90_s=q[-1])
-        samples = sum(r["samples"] for r in m)
-        thr = {"samples_per_s": samples / total, "samples_per_hour": 3600 * samples / total}
-        if all(r["tokens"] is not None for r in m):
-            thr["tokens_per_s"] = sum(r["tokens"] for r in m) / total
-            thr["tokens_per_sample"] = sum(r["tokens"] for r in m) / samples
-        if all(r["padded_tokens"] is not None for r in m):
-            thr["padded_tokens_per_s"] = sum(r["padded_tokens"] for r in m) / total
-        if all(r["data_wait_s"] is not None for r in m):
-            out["data_wait_share"] = sum(r["data_wait_s"] for r in m) / total
-        if all(r["flops"] is not None for r in m):
-            thr["flops_per_s"] = sum(r["flops"] for r in m) / total
-            thr["flops_per_step"] = statistics.fmean(r["flops"] for r in m)
-        out["throughput"] = thr
-        return out
+        across = _cv([w["samples_per_s"] for w in windows])
+        within = _cv(times)
+        t.update(step_time_s=median, step_time_p10_s=q[0], step_time_p90_s=q[-1],
+                 step_time_mean_s=statistics.fmean(times), cv_within=within, cv_across_repeats=across,
+                 noise_cv=across if across is not None else (within / len(times) ** 0.5 if within is not None
+                                                             else None),
+                 steps_measured=len(rows), window_s=window_s, host_window_s=sum(w["host_s"] for w in windows))
+        t["first_step_overhead_s"] = max(t["first_step_s"] - median, 0.0)
+        self._outliers(record, median, window_s)
+        samples = sum(r["samples"] for r in rows)
+        thr = record["throughput"]
+        thr.update(samples_per_s=samples / window_s, samples_per_hour=3600 * samples / window_s,
+                   samples_per_hour_median_step=3600 * statistics.median(r["samples"] for r in rows) / median)
+        tokens = [r.get("tokens") for r in rows]
+        if None not in tokens:
+            thr.update(tokens_per_s=sum(tokens) / window_s, tokens_per_sample=sum(tokens) / samples)
+        padded = [r.get("padded_tokens") for r in rows]
+        if None not in padded:
+            thr["padded_tokens_per_s"] = sum(padded) / window_s
+        waits = [r.get("data_wait_s") for r in rows]
+        if None not in waits:
+            record["data"]["wait_share"] = sum(waits) / window_s
+        record["device_usage"].update(self.sampler.summary([w["host_span"] for w in windows]))
+        energies = [w["energy_j"] for w in windows]
+        if windows and None not in energies:
+            e = sum(energies)
+            record["energy"].update(source="nvml_total_energy_counter", window_j=e, per_step_j=e / len(rows),
+                                    per_sample_j=e / samples,
+                                    per_token_j=e / sum(tokens) if None not in tokens and sum(tokens) else None)
+        model = [r.get("flops_model") for r in rows]
+        hardware = [r.get("flops_hardware") for r in rows]
+        f = record["flops"]
+        f.update(peak_tflops=peak_tflops, peak_precision=peak_precision)
+        if None not in model:
+            f.update(model_per_step=statistics.fmean(model), model_tflops=sum(model) / window_s / 1e12)
+            f["mfu"] = f["model_tflops"] / peak_tflops if peak_tflops else None
+        if None not in hardware:
+            f.update(hardware_per_step=statistics.fmean(hardware), hardware_tflops=sum(hardware) / window_s / 1e12)
+            f["hfu"] = f["hardware_tflops"] / peak_tflops if peak_tflops else None
 
-    def write_csv(self, path):
-        write_csv(path, self.steps)
+    def _outliers(self, record: dict, median: float, window_s: float) -> None:
+        """Steps slower than `outlier_factor` medians, with why where known: graphs compiled during the step
+        (a recompile) or a batch shape no earlier step had."""
+        factor = self.measure.outlier_factor
+        seen, prev_graphs, out = set(), None, []
+        for r in self.rows:
+            reasons = []
+            graphs = r.get("compiled_graphs")
+            if graphs is not None and prev_graphs is not None and graphs > prev_graphs:
+                reasons.append(f"recompile ({graphs - prev_graphs} graph{'s' if graphs - prev_graphs > 1 else ''})")
+            shape = r.get("shape")
+            if shape is not None and shape not in seen and seen:
+                reasons.append(f"new shape {shape}")
+            if shape is not None:
+                seen.add(shape)
+            prev_graphs = graphs if graphs is not None else prev_graphs
+            if r["phase"] == "measure" and r["step_time_s"] > factor * median:
+                out.append({"step": r["step"], "time_s": r["step_time_s"], "x_median": r["step_time_s"] / median,
+                            "reasons": reasons or ["unknown"]})
+        spent = sum(o["time_s"] for o in out)
+        # dominated: the outliers move throughput by more than a tenth against the median-step figure
+        record["outliers"].update(factor=factor, count=len(out), time_s=spent, time_share=spent / window_s,
+                                  dominated=spent / window_s > 0.1 if out else False, steps=out[:20])
+
+    def _compile(self, record: dict) -> None:
+        """TorchDynamo/Inductor's own accounting of compile time, and graph counts (compiled variants)."""
+        if not self.count_graphs or not self.rows:
+            return
+        from torch._dynamo.utils import calculate_time_spent, counters
+
+        spent = calculate_time_spent()
+        graphs = compiled_graphs()
+        first = self.rows[0].get("compiled_graphs") or 0
+        record["compile"].update(compile_s=spent.get("total_wall_time"), frame_compile_s=spent.get(
+            "entire_frame_compile"), backward_compile_s=spent.get("entire_backward_compile"), unique_graphs=graphs,
+            graphs_first_step=first, recompiles=graphs - first, graph_breaks=sum(counters["graph_break"].values()))
+
+    def write_steps(self, path):
+        write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "t_end_s", "samples",
+                                    "tokens", "padded_tokens", "loss", "flops_model", "flops_hardware",
+                                    "data_wait_s", "compiled_graphs", "shape"])
 
 
-def write_csv(path, rows: list[dict]):
+def write_csv(path, rows: list[dict], fields: list[str] | None = None):
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fields = list(rows[0]) if rows else ["step"]
+    fields = list(fields or (rows[0] if rows else ["step"]))
+    for r in rows:  # a runner's extra per-step fields go after the known ones
+        fields += [k for k in r if k not in fields]
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
-
-
-@contextmanager
-def timed(out: dict, key: str, device: torch.device):
-    synchronize(device)
-    t0 = time.perf_counter()
-    yield
-    synchronize(device)
-    out[key] = time.perf_counter() - t0
 
 
 @contextmanager
@@ -300,9 +530,17 @@ def guarded(record: dict, device: torch.device):
         record["extra"]["traceback"] = traceback.format_exc()[-4000:]
 
 
+def write_json_atomic(path, obj) -> None:
+    """Write to a temporary file beside `path`, then rename: a reader never sees half a record."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
 def write_record(path, record: dict):
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(record, indent=2, default=str))
+    write_json_atomic(path, record)
 
 
 def memory_log_row(step: int, device: torch.device, **extra) -> dict:
@@ -316,17 +554,6 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]
-
-
-def dynamo_counters(graphs_after_first_step: int) -> dict:
-    """Graphs compiled, graph breaks, and recompiles: graphs compiled after the first step, i.e. for shapes
-    (or guards) the first step did not see; graph breaks split even the first step into several graphs."""
-    from torch._dynamo.utils import counters
-
-    graphs = compiled_graphs()
-    return {"unique_graphs": graphs, "graphs_first_step": graphs_after_first_step,
-            "recompiles": graphs - graphs_after_first_step, "graph_breaks": sum(counters["graph_break"].values())}
-
 
 class TimedBatches:
     """Batches from a loader, epoch after epoch; each fetch is timed (the host's wait for data) and marked

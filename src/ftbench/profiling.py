@@ -125,11 +125,14 @@ def profile_run(ctx, trace_path, summary_path) -> dict:
     from pathlib import Path
 
     from .harness import pick_device
-    from .runners import execute
+    from .execute import execute
 
     device = pick_device()
     ops_path = str(Path(summary_path).with_suffix(".ops.json"))
-    settings = dataclasses.replace(ctx.settings, max_steps=max(ctx.settings.max_steps, STEPS_NEEDED))
+    m = ctx.settings.measure  # one window long enough for the profiler's schedule
+    measure = dataclasses.replace(m, repeats=1, min_seconds=0, max_window_steps=None,
+                                  steps=max(m.steps, STEPS_NEEDED - m.warmup_steps))
+    settings = dataclasses.replace(ctx.settings, measure=measure)
     ctx = dataclasses.replace(ctx, settings=settings, profiler=make_profiler(device, str(trace_path), ops_path))
     with tempfile.TemporaryDirectory() as tmp:
         record = execute(ctx, f"{tmp}/metrics.json", f"{tmp}/steps.csv", f"{tmp}/memory.csv")

@@ -103,3 +103,22 @@ def parameter_counts(model) -> tuple[int, int]:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return total, trainable
+
+
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "uint8",
+               torch.float8_e4m3fn: "fp8"}
+
+
+def precision_ran(model, gemm: str, fp8_layers: int | None = None) -> dict:
+    """What the weights are stored in (by parameter count: frozen and trainable apart; bitsandbytes' 4-bit
+    parameters read as nf4) and what the GEMMs run in: `gemm` (the autocast or compute dtype the runner set),
+    fp8 where layers were converted."""
+    from collections import Counter
+
+    frozen, trainable = Counter(), Counter()
+    for p in model.parameters():
+        kind = "nf4" if type(p).__name__ == "Params4bit" else DTYPE_NAMES.get(p.dtype, str(p.dtype))
+        (trainable if p.requires_grad else frozen)[kind] += p.numel()
+    top = (lambda c: c.most_common(1)[0][0] if c else None)
+    return {"frozen_weights": top(frozen), "trainable_weights": top(trainable),
+            "gemm": "fp8" if fp8_layers else gemm, "fp8_layers": fp8_layers or None}

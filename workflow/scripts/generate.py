@@ -5,7 +5,7 @@ sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 from ftbench import generate  # noqa: E402
 from ftbench.config import Variant, variant_knobs  # noqa: E402
 from ftbench.harness import pick_device  # noqa: E402
-from ftbench.runners import read_manifest  # noqa: E402
+from ftbench.execute import read_manifest  # noqa: E402
 
 w = snakemake.wildcards
 gen = {k: v for k, v in snakemake.params.generation.items() if k not in ("prompts", "runs")}

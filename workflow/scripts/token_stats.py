@@ -3,7 +3,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.runners import read_manifest  # noqa: E402
+from ftbench.execute import read_manifest  # noqa: E402
 from ftbench.tokens import token_stats  # noqa: E402
 
 manifest = read_manifest(snakemake.input.model)

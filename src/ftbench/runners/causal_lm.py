@@ -6,10 +6,8 @@ import time
 
 import torch
 
-from ..flops import causal_lm_shape, train_flops
-from ..harness import timed
-from ..variants import adapted_modules, apply_lora, load_pretrained, parameter_counts
-from . import end_step
+from ..flops import causal_lm_shape, step_flops
+from ..variants import adapted_modules, apply_lora, load_pretrained, parameter_counts, precision_ran
 
 
 def load_model(ctx, device):
@@ -33,15 +31,18 @@ def load_model(ctx, device):
     return apply_lora(load_pretrained(AutoModelForCausalLM, path, v, device), v, lora), tokenizer
 
 
-def batch_sequences(input_ids, attention_mask, position_ids) -> tuple[list[int], int]:
-    """(length of each sequence as computed, real tokens) of one micro-batch. A padding-free batch (Unsloth
-    turns it on) is one row of concatenated sequences whose position ids restart at 0 for each."""
+def batch_sequences(input_ids, attention_mask, position_ids) -> tuple[list[int], list[int]]:
+    """(length of each sequence as computed, its real unpadded length) in one micro-batch. A padding-free
+    batch (Unsloth turns it on) is one row of concatenated sequences whose position ids restart at 0 for each.
+    Reads tensor values: call it once the measured window has synchronised."""
     if input_ids.shape[0] == 1 and position_ids is not None:
         starts = (position_ids[0] == 0).nonzero().flatten().tolist() + [input_ids.shape[1]]
         if len(starts) > 2:
-            return [b - a for a, b in zip(starts, starts[1:])], input_ids.shape[1]
-    real = int(attention_mask.sum()) if attention_mask is not None else input_ids.numel()
-    return [input_ids.shape[1]] * input_ids.shape[0], real
+            lens = [b - a for a, b in zip(starts, starts[1:])]
+            return lens, lens
+    padded = [input_ids.shape[1]] * input_ids.shape[0]
+    real = attention_mask.sum(1).tolist() if attention_mask is not None else padded
+    return padded, [int(r) for r in real]
 
 
 def pad_multiple(variant, settings) -> int | None:
@@ -64,38 +65,42 @@ def sft_dataset(path, kind):
     return ds.map(lambda ex: {"messages": sft_messages(ex, kind)}, remove_columns=ds.column_names)
 
 
-def train(ctx, record, device, clock, memory_log):
-    """Load, wrap, train with SFTTrainer for warm-up + measured steps, evaluate; fill the record."""
+def train(ctx, record, device, meter):
+    """Load, wrap, train with SFTTrainer for warm-up + measured windows, evaluate; fill the record."""
     if ctx.variant.framework == "unsloth":
         import unsloth  # noqa: F401  (first: it patches transformers and TRL on import)
     from transformers import Trainer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     s, v = ctx.settings, ctx.variant
-    with timed(record["timing"], "model_load_s", device):
+    with meter.load():
         model, tokenizer = load_model(ctx, device)
     total, trainable = parameter_counts(model)
     record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model))
     shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
+    compute = {"bf16": "bf16", "nf4": "bf16", "fp16": "fp16"}.get(v.precision, "fp32")
+    record["precision"].update(precision_ran(model, compute))
 
     args = SFTConfig(
         output_dir=str(ctx.spec.run_dir) + "/trainer", max_steps=s.max_steps,
         per_device_train_batch_size=ctx.spec.batch_size, per_device_eval_batch_size=ctx.spec.batch_size,
         gradient_accumulation_steps=s.gradient_accumulation_steps, learning_rate=s.learning_rate,
-        optim=s.optim, max_grad_norm=s.max_grad_norm, bf16=v.precision in ("bf16", "nf4", "fp8"),
-        fp16=v.precision == "fp16", max_length=s.max_seq_length, logging_steps=s.logging_steps,
+        optim=s.optim, max_grad_norm=s.max_grad_norm, bf16=compute == "bf16", fp16=compute == "fp16",
+        max_length=s.max_seq_length, logging_steps=s.logging_steps,
         save_strategy="no", eval_strategy="no", report_to="none", seed=s.seed, data_seed=s.seed,
         dataloader_num_workers=v.dataloader_workers, dataloader_pin_memory=v.pin_memory,
+        dataloader_persistent_workers=v.dataloader_workers > 0,
         # TRL's SFTConfig turns gradient checkpointing on by default: the variant decides, explicitly
         # (Unsloth applies its own in get_peft_model).
         gradient_checkpointing=v.gradient_checkpointing and v.framework != "unsloth",
         gradient_checkpointing_kwargs={"use_reentrant": False},
-        pad_to_multiple_of=pad_multiple(v, s), use_cpu=device.type == "cpu", disable_tqdm=True, torch_compile=v.compile is not None,
-        torch_compile_mode=v.compile, lr_scheduler_type="linear", warmup_steps=0)
+        pad_to_multiple_of=pad_multiple(v, s), use_cpu=device.type == "cpu", disable_tqdm=True,
+        torch_compile=v.compile is not None, torch_compile_mode=v.compile, lr_scheduler_type="linear",
+        warmup_steps=0)
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
     class MeasuredSFTTrainer(SFTTrainer):
-        """SFTTrainer that remembers each micro-batch's shape, real tokens and loss (no host sync)."""
+        """SFTTrainer that remembers each micro-batch's tensors and loss (references only: no host sync)."""
 
         pending: list = []
 
@@ -107,44 +112,47 @@ def train(ctx, record, device, clock, memory_log):
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             loss = super().training_step(model, inputs, num_items_in_batch)
-            # keep references only: reading them now would sync the host with the device mid-step
             self.pending.append((inputs["input_ids"], inputs.get("attention_mask"), inputs.get("position_ids"), loss))
             return loss
 
+    def step_fields(batches) -> dict:
+        """A step's samples, real and padded tokens, FLOPs and loss, read after the window's synchronisation."""
+        seqs = [batch_sequences(ids, mask, pos) for ids, mask, pos, _ in batches]
+        padded = [t for p, _ in seqs for t in p]
+        real = [t for _, r in seqs for t in r]
+        return {"samples": len(real), "tokens": sum(real), "padded_tokens": sum(padded),
+                "loss": sum(b[-1].item() for b in batches) / len(batches),
+                **step_flops(real, padded, shape, trainable, v.gradient_checkpointing)}
+
     class HarnessCallback(TrainerCallback):
-        """Marks step boundaries on the harness clock and keeps the published memory log."""
+        """Closes each optimizer step on the meter and stops training once the last window has closed."""
 
         def on_train_begin(self, args, state, control, **kw):
             self.t0 = time.perf_counter()
-            clock.start()
+            meter.start()
 
         def on_step_end(self, args, state, control, **kw):
             batches, trainer.pending[:] = list(trainer.pending), []
-            seqs = [batch_sequences(ids, mask, pos) for ids, mask, pos, _ in batches]
-            lens = [t for rows, _ in seqs for t in rows]
-            flops = train_flops(lens, shape["matmul_params_per_token"], trainable, shape["layers"],
-                                shape["attention_width"], v.gradient_checkpointing)
             published_log = {"epoch": state.epoch, "elapsed_s": time.perf_counter() - self.t0,
                              "progress": state.global_step / state.max_steps}
-            end_step(ctx, clock, memory_log, device, state.global_step - 1, log_fields=published_log,
-                     samples=len(lens), tokens=sum(real for _, real in seqs), padded_tokens=sum(lens),
-                     loss=float(sum(b[-1].item() for b in batches) / len(batches)), flops=flops)
+            shapes = "+".join("x".join(map(str, b[0].shape)) for b in batches)
+            if meter.step(None, lazy=lambda: step_fields(batches), shape=shapes, log_fields=published_log):
+                control.should_training_stop = True
 
     trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                                  processing_class=tokenizer, callbacks=[HarnessCallback()])
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     trainer.train()
+    meter.finish()
     record["extra"]["gradient_checkpointing_active"] = bool(getattr(trainer.model, "is_gradient_checkpointing", False)
                                                             or getattr(model, "is_gradient_checkpointing", False))
-    losses = [r["loss"] for r in clock.steps]
+    losses = [r["loss"] for r in meter.rows]
     record["loss"].update(first=losses[0] if losses else None, last=losses[-1] if losses else None)
     record["extra"]["loss_path"] = "trl_fused_lm_head" if fused_head_available() else "model_cross_entropy"
     n_train = len(train_ds)
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size
     record["extra"]["pad_multiple"] = pad_multiple(v, s)
     record["extra"]["train_samples"] = n_train
-    with timed(record["timing"], "eval_s", device):
+    with meter.eval():
         record["loss"]["eval"] = trainer.evaluate()["eval_loss"]
     if ctx.adapter_dir is not None:
         trainer.model.save_pretrained(ctx.adapter_dir)

@@ -2,7 +2,8 @@
 
 Frozen VAE, text encoder and UNet in fp16; LoRA (gaussian init) on the UNet's to_q/to_k/to_v/to_out.0
 with its parameters in fp32; VAE-encoded latents, noise, random timesteps, epsilon-prediction MSE;
-fp16 autocast with a gradient scaler; gradient clipping; gradient accumulation. Images are decoded,
+fp16 autocast with a gradient scaler (bf16: bf16 weights and autocast, no scaler; fp32: neither); gradient
+clipping; gradient accumulation. Images are decoded,
 resized, centre-cropped and flipped on the CPU in the data loader, as the recipe does — unless the
 variant trains from cached latents.
 """
@@ -10,15 +11,15 @@ variant trains from cached latents.
 from __future__ import annotations
 
 import io
+import statistics
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..harness import TimedBatches, dynamo_counters, timed
-from ..variants import parameter_counts
-from . import end_step
+from ..harness import TimedBatches
+from ..variants import DTYPE_NAMES, parameter_counts, precision_ran
 
 
 class CaptionImages(torch.utils.data.Dataset):
@@ -105,18 +106,24 @@ def encode_cache(path, data_path, resolution: int, seed: int, device) -> dict:
     return {"latents": torch.stack(latents), "encoder_hidden_states": torch.stack(embeddings)}
 
 
-def train(ctx, record, device, clock, memory_log):
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def train(ctx, record, device, meter):
     """Load, add LoRA, loop (data, encode, noise, predict, loss, backward, clip, step); fill the record."""
     s, v = ctx.settings, ctx.variant
     cuda = device.type == "cuda"
-    dtype = torch.float16 if v.precision == "fp16" else torch.float32
-    with timed(record["timing"], "model_load_s", device):
+    dtype = DTYPES[v.precision]
+    with meter.load():
         tokenizer, text_encoder, vae, unet, scheduler = load_components(ctx.manifest["path"], device, dtype)
         params = add_lora(unet, s.lora)
+        if v.gradient_checkpointing:
+            unet.enable_gradient_checkpointing()
     total, trainable = parameter_counts(unet)
     record["model"].update(parameters=total, trainable_parameters=trainable,
                            adapted_modules={"count": sum(1 for n, m in unet.named_modules() if hasattr(m, "lora_A")),
                                             "names": sorted(s.lora.get("target_modules", []))})
+    record["precision"].update(precision_ran(unet, DTYPE_NAMES[dtype]))
     # fused AdamW takes the scaler's inf check as a tensor: stepping without the host sync
     optimizer = torch.optim.AdamW(params, lr=s.learning_rate, fused=v.clip_grad_sync_free or None)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -132,7 +139,6 @@ def train(ctx, record, device, clock, memory_log):
                                          persistent_workers=v.dataloader_workers > 0)
     batches = TimedBatches(loader)
     accum = s.gradient_accumulation_steps
-    losses = []
     # With CUDA graphs a first backward would hand each LoRA weight the graph's own output buffer as its .grad,
     # and the next micro-step's replay overwrites it (the published reduce-overhead failure). Gradients that
     # exist beforehand are accumulated into in place, so they stay ours.
@@ -140,11 +146,9 @@ def train(ctx, record, device, clock, memory_log):
     if cuda_graphs:
         for p in params:
             p.grad = torch.zeros_like(p)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    clock.start()
-    for step in range(s.max_steps):
-        data_wait = 0.0
+    meter.start()
+    while not meter.done and meter.steps_taken < s.max_steps:
+        data_wait, losses = 0.0, []
         for _ in range(accum):
             batch, wait = batches.next()
             data_wait += wait
@@ -162,7 +166,7 @@ def train(ctx, record, device, clock, memory_log):
             if cuda_graphs:
                 # CUDA graphs reuse their output buffers; mark each micro-step so accumulation reads fresh ones
                 torch.compiler.cudagraph_mark_step_begin()
-            with torch.autocast(device.type, dtype=torch.float16, enabled=dtype == torch.float16):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                 pred = model(noisy, t, cond).sample
             loss = F.mse_loss(pred.float(), noise.float(), reduction="mean")
             scaler.scale(loss / accum).backward()
@@ -172,13 +176,9 @@ def train(ctx, record, device, clock, memory_log):
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=not cuda_graphs)
-        end_step(ctx, clock, memory_log, device, step, samples=ctx.spec.batch_size * accum, data_wait_s=data_wait)
-    per_step = [sum(x.item() for x in losses[i:i + accum]) / accum for i in range(0, len(losses), accum)]
-    for row, value in zip(clock.steps, per_step):
-        row["loss"] = value
-    record["loss"].update(first=per_step[0], last=per_step[-1])
-    record["extra"].update(gradient_accumulation_steps=accum, micro_step_time_s=(
-        clock.summary().get("step_time_s") or 0) / accum, train_samples=len(ds))
-    if v.compile:
-        record["extra"]["dynamo"] = dynamo_counters(clock.steps[0]["compiled_graphs"])
-
+        meter.step(ctx.spec.batch_size * accum, loss=torch.stack(losses).mean(), data_wait_s=data_wait)
+    meter.finish()
+    record["loss"].update(first=meter.rows[0]["loss"], last=meter.rows[-1]["loss"])
+    median = statistics.median(r["step_time_s"] for r in meter.measured) if meter.measured else None
+    record["extra"].update(gradient_accumulation_steps=accum, micro_step_time_s=median / accum if median else None,
+                           train_samples=len(ds))

@@ -15,11 +15,10 @@ import torch
 
 from .. import fp8
 from ..data import BEAN_LABELS, read_split
-from ..flops import causal_lm_shape, train_flops
-from ..harness import TimedBatches, dynamo_counters, timed
+from ..flops import causal_lm_shape, step_flops
+from ..harness import TimedBatches
 from ..tokens import FIXED_IMAGE_SIZE
-from ..variants import adapted_modules, apply_lora, load_pretrained, parameter_counts
-from . import end_step
+from ..variants import adapted_modules, apply_lora, load_pretrained, parameter_counts, precision_ran
 
 PROMPT = "Describe"
 LM_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
@@ -95,14 +94,15 @@ def fp8_context(variant):
     return nullcontext
 
 
-def train(ctx, record, device, clock, memory_log):
-    """Load, wrap, loop (data, forward, backward, step) for warm-up + measured steps, evaluate."""
+def train(ctx, record, device, meter):
+    """Load, wrap, loop (data, forward, backward, step) for warm-up + measured windows, evaluate."""
     s, v = ctx.settings, ctx.variant
-    with timed(record["timing"], "model_load_s", device):
+    with meter.load():
         model, processor, fp8_info = load_model(ctx, device)
     total, trainable = parameter_counts(model)
     record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model))
     record["extra"]["fp8"] = fp8_info or None
+    record["precision"].update(precision_ran(model, "bf16", (fp8_info or {}).get("converted")))
     shape = causal_lm_shape(model.config.text_config.to_dict())
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=s.learning_rate)
@@ -112,19 +112,17 @@ def train(ctx, record, device, clock, memory_log):
     train_ds = read_split(ctx.train_path)
     loader = torch.utils.data.DataLoader(train_ds, batch_size=ctx.spec.batch_size, shuffle=True, generator=g,
                                          collate_fn=collate, num_workers=v.dataloader_workers, drop_last=True,
-                                         pin_memory=v.pin_memory)
+                                         pin_memory=v.pin_memory, persistent_workers=v.dataloader_workers > 0)
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.tokenizer.image_token)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
     fp8_ctx = fp8_context(v)
-    batches, losses, image_tokens = TimedBatches(loader), [], []
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    batches, image_tokens = TimedBatches(loader), []
     model.train()
-    clock.start()
-    for step in range(s.max_steps):
+    meter.start()
+    while not meter.done and meter.steps_taken < s.max_steps:
         batch, wait = batches.next()
         image_tokens += (batch["input_ids"] == image_id).sum(1).tolist()
-        real = int(batch["attention_mask"].sum())
+        real = batch["attention_mask"].sum(1).tolist()  # the loader's CPU tensors: no device sync
         b, t = batch["input_ids"].shape
         batch = {k: x.to(device, non_blocking=v.pin_memory) for k, x in batch.items()}
         batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
@@ -134,20 +132,14 @@ def train(ctx, record, device, clock, memory_log):
         torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
-        flops = train_flops([t] * b, shape["matmul_params_per_token"], trainable, shape["layers"],
-                            shape["attention_width"], v.gradient_checkpointing)
-        end_step(ctx, clock, memory_log, device, step, samples=b, tokens=real, padded_tokens=b * t, flops=flops,
-                 data_wait_s=wait)
-    for row, value in zip(clock.steps, losses):
-        row["loss"] = value.item()
-    record["loss"].update(first=clock.steps[0]["loss"], last=clock.steps[-1]["loss"])
+        meter.step(b, tokens=sum(real), padded_tokens=b * t, loss=loss.detach(), data_wait_s=wait,
+                   shape=f"{b}x{t}", **step_flops(real, [t] * b, shape, trainable, v.gradient_checkpointing))
+    meter.finish()
+    record["loss"].update(first=meter.rows[0]["loss"], last=meter.rows[-1]["loss"])
     record["extra"].update(image_tokens_per_sample=sum(image_tokens) / len(image_tokens),
                            shape_policy=v.shape_policy, pad_multiple=pad_multiple(v, s),
                            gradient_checkpointing_active=v.gradient_checkpointing)
-    if v.compile:
-        record["extra"]["dynamo"] = dynamo_counters(clock.steps[0]["compiled_graphs"])
-    with timed(record["timing"], "eval_s", device):
+    with meter.eval():
         record["loss"]["eval"] = evaluate(step_fn, read_split(ctx.eval_path), collate, ctx.spec.batch_size, device,
                                           autocast, fp8_ctx)
 

@@ -1,0 +1,90 @@
+"""One training job: the run resolved from the rule's params, dispatched to its family's runner in one hop
+(the RUNNERS table), measured by the harness's Meter, recorded whatever happens."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import RunSpec, TrainSettings, Variant
+from .flops import peak_precision, peak_tflops
+from .harness import (Meter, Unsupported, guarded, new_record, pick_device, provenance, write_csv,
+                      write_record)
+
+RUNNERS = {"causal_lm": "ftbench.runners.causal_lm", "diffusion": "ftbench.runners.diffusion",
+           "lmm": "ftbench.runners.lmm"}
+
+
+@dataclass
+class RunContext:
+    """Everything one training job needs, resolved from config by the Snakemake rule's params."""
+
+    spec: RunSpec
+    variant: Variant
+    settings: TrainSettings
+    manifest: dict
+    dataset: dict  # the dataset's config entry (kind, source, ...)
+    train_path: str
+    eval_path: str
+    base_dir: str
+    config_hash: str
+    profiler: object | None = None  # a torch.profiler.profile stepped once per training step
+    adapter_dir: str | None = None  # where to save the trained adapter (for `generate`), if anywhere
+    cache_path: str | None = None  # pre-encoded latents and text embeddings (cached-latents variants)
+
+
+def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
+    """Run one job in this process and write its record, whatever happens: ok, oom, unsupported, error."""
+    from .knobs import knob_problems
+    from .variants import attention_backend, check_supported
+
+    device = pick_device()
+    v = ctx.variant
+    record = new_record(dataclasses.asdict(ctx.spec), dataclasses.asdict(v))
+    record["provenance"] = provenance(device, ctx.base_dir, ctx.config_hash, ctx.manifest["weights_source"],
+                                      ctx.dataset["source"], ctx.spec.scale)
+    record["precision"]["requested"] = v.precision
+    record["data"].update(workers=v.dataloader_workers, persistent_workers=v.dataloader_workers > 0,
+                          pin_memory=v.pin_memory)
+    family = ctx.manifest["family"]
+    meter = Meter(device, ctx.settings.measure, profiler=ctx.profiler,
+                  memory_log_every=ctx.settings.memory_log_every, count_graphs=v.compile is not None)
+    with guarded(record, device):
+        problems = knob_problems(family, v)
+        if problems:
+            raise Unsupported(f"the {family} runner does not honour " + "; ".join(problems))
+        check_supported(v, device)
+        runner = importlib.import_module(RUNNERS[family])
+        with meter, (ctx.profiler or nullcontext()), attention_backend(v):
+            runner.train(ctx, record, device, meter)
+    with guarded({"extra": {}}, device):  # a failed run may leave steps open; close them if the device allows
+        meter.finish()
+    if ctx.adapter_dir is not None:
+        Path(ctx.adapter_dir).mkdir(parents=True, exist_ok=True)
+        (Path(ctx.adapter_dir) / "status.txt").write_text(f"{record['status']} {record['reason'] or ''}\n")
+    gemm = record["precision"]["gemm"]
+    peak = peak_tflops(record["provenance"]["device"]["name"] if device.type == "cuda" else None, gemm)
+    meter.summarize(record, peak, peak_precision(gemm) if peak else None)
+    write_record(metrics_path, record)
+    meter.write_steps(steps_path)
+    write_csv(memory_path, meter.memory_log)
+    return record
+
+
+def read_manifest(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def context_from_params(params: dict, model_manifest, train_path, eval_path, base_dir, adapter_dir=None,
+                        cache_path=None) -> RunContext:
+    """The RunContext of one job from what its rule passes in `params.run` (ftbench.config.run_params)."""
+    spec = RunSpec(**params["run"])
+    return RunContext(spec=spec, variant=Variant.from_config(spec.variant, params["variant"]),
+                      settings=TrainSettings(**params["settings"]), manifest=read_manifest(model_manifest),
+                      dataset=params["dataset"], train_path=str(train_path), eval_path=str(eval_path),
+                      base_dir=str(base_dir), config_hash=params["config_hash"], adapter_dir=adapter_dir,
+                      cache_path=cache_path)

@@ -1,0 +1,50 @@
+"""The knobs each runner honours, declared in one place the config check reads before any job runs.
+
+A variant whose knob a runner does not act on is refused (a config error naming the variant and the knob),
+never silently trained as something else. Machine-dependent limits (no CUDA, compute capability, missing
+library) are not config errors: the job records them as `unsupported` (ftbench.variants.check_supported).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .config import Variant
+
+ANY = None  # any value of the knob's type
+
+# family -> knob -> the values that runner honours (ANY: all). A knob absent from a family's table must keep
+# its default (the dataclass default in ftbench.config.Variant).
+HONOURED = {
+    # TRL SFTTrainer (ftbench.runners.causal_lm)
+    "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4"}, "compile": ANY,
+                  "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
+                  "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
+                  "pin_memory": ANY},
+    # LLaVA-NeXT loop (ftbench.runners.lmm)
+    "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "nf4", "fp8"}, "fp8_backend": ANY,
+            "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
+            "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY, "gradient_checkpointing": ANY,
+            "dataloader_workers": ANY, "pin_memory": ANY},
+    # diffusers' LoRA recipe (ftbench.runners.diffusion)
+    "diffusion": {"peft": {"lora"}, "precision": {"fp16", "bf16", "fp32"}, "compile": ANY, "sdpa_backend": ANY,
+                  "gradient_checkpointing": ANY, "dataloader_workers": ANY, "pin_memory": ANY,
+                  "cached_latents": ANY, "clip_grad_sync_free": ANY},
+}
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(Variant) if f.name != "name"}
+
+
+def knob_problems(family: str, variant: Variant) -> list[str]:
+    """What the family's runner would not honour in this variant, one phrase each (empty: all honoured)."""
+    honoured = HONOURED[family]
+    problems = []
+    for knob, default in DEFAULTS.items():
+        value = getattr(variant, knob)
+        if knob not in honoured:
+            if value != default:
+                problems.append(f"{knob}={value!r} (the {family} runner does not act on {knob})")
+        elif honoured[knob] is not ANY and value not in honoured[knob]:
+            problems.append(f"{knob}={value!r} (the {family} runner honours {sorted(honoured[knob])})")
+    if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:
+        problems.append("precision='fp8' without fp8_backend (te or torchao)")
+    return problems
