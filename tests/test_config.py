@@ -26,7 +26,12 @@ def dry_run_with(tmp_path, mutate):
     (lambda c: c["studies"]["llm"]["matrix"][0].update(batch_sizes=[0, 2]), "batch_sizes"),
     (lambda c: c["models"]["qwen3-8b"].update(architecture="no-such-model.yaml"), "models.qwen3-8b.architecture"),
     (lambda c: c["studies"]["llm"]["matrix"][0].update(datasets=["japanese_alpaca", "imagenet"]), "imagenet"),
-], ids=["unknown-knob", "batch-size-0", "missing-architecture", "unknown-dataset"])
+    # a knob its runner does not act on: the causal-LM runner has no FP8 path, the diffusion runner no shape policy
+    (lambda c: c["variants"]["lora"].update(precision="fp8", fp8_backend="torchao"), "does not act on fp8_backend"),
+    (lambda c: c["studies"]["diffusion"]["variants"]["workers-0"].update(shape_policy="fixed"),
+     "variant 'workers-0' on stable-diffusion-v1-5 (diffusion runner): shape_policy='fixed'"),
+], ids=["unknown-knob", "batch-size-0", "missing-architecture", "unknown-dataset", "fp8-causal-lm",
+        "diffusion-shape-policy"])
 def test_bad_config_stops_before_any_job(tmp_path, mutate, key):
     proc = dry_run_with(tmp_path, mutate)
     assert proc.returncode != 0

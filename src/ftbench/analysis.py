@@ -2,40 +2,44 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import polars as pl
+
+from .records import read_record
 
 KEY = ["study", "model", "scale", "dataset", "variant", "batch_size", "gpu"]
 
 
 def flatten(record: dict) -> dict:
-    """One row per run: nested groups become `group.field` columns; provenance keeps a few fields."""
+    """One row per run (schema 2): nested groups become `group.field` columns; provenance keeps a few fields."""
     row = {k: record["run"][k] for k in ("study", "model", "scale", "dataset", "variant", "batch_size")}
     prov = record.get("provenance", {})
     dev = prov.get("device", {})
     row.update(status=record["status"], reason=record["reason"],
-               gpu=dev.get("name") if dev.get("type") == "cuda" else "cpu",
-               device_type=dev.get("type"), driver=dev.get("driver"), cuda=dev.get("cuda"),
+               gpu=gpu_name(dev.get("name")) if dev.get("type") == "cuda" else "cpu",
+               device_type=dev.get("type"), gpu_uuid=dev.get("uuid"), driver=dev.get("driver"), cuda=dev.get("cuda"),
                weights_source=prov.get("weights_source"), data_source=prov.get("data_source"),
                git_commit=prov.get("git_commit"), config_hash=prov.get("config_hash"),
                torch=prov.get("versions", {}).get("torch"), schema_version=record["schema_version"])
-    for group in ("timing", "throughput", "memory", "device_usage", "flops", "loss", "data"):
+    for group in ("timing", "throughput", "memory", "device_usage", "energy", "flops", "compile", "loss", "data",
+                  "precision", "outliers", "measure"):
         for k, v in record[group].items():
-            row[f"{group}.{k}"] = v
+            if not isinstance(v, (list, dict)):
+                row[f"{group}.{k}"] = v
     model = record["model"]
     row["model.trainable_parameters"] = model["trainable_parameters"]
     row["model.parameters"] = model["parameters"]
     adapted = model.get("adapted_modules") or {}
     row["model.adapted_modules"] = ",".join(adapted.get("names", [])) or None
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
-    extra = record.get("extra", {})
-    dynamo = extra.get("dynamo") or {}
-    row["compile.recompiles"] = dynamo.get("recompiles")
-    row["compile.graph_breaks"] = dynamo.get("graph_breaks")
-    row["extra.image_tokens_per_sample"] = extra.get("image_tokens_per_sample")
+    row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
     return row
+
+
+def gpu_name(name: str | None) -> str | None:
+    """One key per GPU model: NVIDIA's marketing prefix dropped ("NVIDIA H100 80GB HBM3" -> "H100 80GB HBM3")."""
+    return name.removeprefix("NVIDIA ").strip() if name else name
 
 
 def peak_memory() -> pl.Expr:
@@ -54,14 +58,14 @@ def read_runs(path) -> pl.DataFrame:
     if path.suffix == ".parquet":
         return pl.read_parquet(path)
     files = sorted(path.rglob("metrics.json")) if path.is_dir() else [path]
-    return pl.DataFrame([flatten(json.loads(f.read_text())) for f in files], infer_schema_length=None)
+    return pl.DataFrame([flatten(read_record(f)) for f in files], infer_schema_length=None)
 
 
 def aggregate(paths, extra_tables=(), study: str | None = None) -> pl.DataFrame:
     """All runs, plus runs from other machines (tables, records or folders of records; their rows of `study`
     only); a run's GPU is part of its key, so the same run measured on two GPUs stays two rows, and a run
     measured here replaces the same run of a merged table."""
-    rows = [flatten(json.loads(open(p).read())) for p in paths]
+    rows = [flatten(read_record(p)) for p in paths]
     df = pl.DataFrame(rows, infer_schema_length=None)
     for t in extra_tables:
         other = read_runs(t)
@@ -75,13 +79,16 @@ TABLE_COLUMNS = {
     "study": "study", "model": "model", "scale": "scale", "dataset": "dataset", "variant": "variant",
     "batch_size": "batch", "gpu": "GPU", "status": "status", "timing.step_time_s": "step s (median)",
     "timing.step_time_p10_s": "p10", "timing.step_time_p90_s": "p90", "timing.steps_measured": "steps",
-    "timing.first_step_s": "first step s", "timing.model_load_s": "load s",
+    "timing.noise_cv": "noise CV", "timing.cv_within": "CV within", "timing.cv_across_repeats": "CV across repeats",
+    "outliers.dominated": "outlier-dominated", "timing.first_step_s": "first step s", "compile.compile_s": "compile s",
+    "timing.model_load_s": "load s",
     "throughput.samples_per_hour": "samples/h", "throughput.tokens_per_s": "tokens/s",
     "memory.peak_allocated_gib": "peak alloc GiB", "memory.peak_reserved_gib": "peak reserved GiB",
-    "memory.device_peak_used_gib": "NVML peak GiB", "memory.host_peak_rss_gib": "host RSS GiB",
-    "device_usage.gpu_util_mean_pct": "GPU util %", "device_usage.energy_per_step_j": "J/step",
-    "data.wait_share": "data wait share",
-    "flops.mfu": "MFU", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
+    "memory.device_peak_used_gib": "NVML peak GiB", "memory.process_peak_used_gib": "process GiB",
+    "memory.host_peak_rss_gib": "host RSS GiB",
+    "device_usage.gpu_util_mean_pct": "GPU util %", "energy.per_step_j": "J/step", "energy.per_sample_j": "J/sample",
+    "data.wait_share": "data wait share", "precision.gemm": "GEMM dtype",
+    "flops.mfu": "MFU", "flops.hfu": "HFU", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
     "compile.recompiles": "recompiles", "compile.graph_breaks": "graph breaks",
     "extra.image_tokens_per_sample": "image tokens/sample", "weights_source": "weights", "reason": "reason",
 }

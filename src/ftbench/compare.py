@@ -6,12 +6,38 @@ import polars as pl
 
 from .analysis import html_page, median_step_samples_per_hour, peak_memory
 
+NOISE_SIGMAS = 2  # a ratio is a difference only when it lies outside this many combined noise CVs of 1
+NOISE_NOTE = ("Noise: each run's relative uncertainty is its CV across repeated windows (or, with one window, the "
+              "within-run CV of its step times over the square root of the steps); a ratio whose distance from 1 is "
+              f"within {NOISE_SIGMAS}x the two runs' combined uncertainty (root sum of squares) reads \"no measurable "
+              "difference\".")
+
+
+def verdict(ratio: pl.Expr, noise_a: pl.Expr, noise_b: pl.Expr) -> pl.Expr:
+    """A ratio as text: "no measurable difference" inside the combined noise, else the ratio (2 decimals);
+    "(noise not recorded)" when neither run recorded its noise."""
+    combined = (noise_a.fill_null(0) ** 2 + noise_b.fill_null(0) ** 2).sqrt()
+    text = pl.format("{}x", ratio.round(2))
+    return (pl.when(ratio.is_null()).then(None)
+            .when(noise_a.is_null() & noise_b.is_null()).then(pl.format("{} (noise not recorded)", text))
+            .when((ratio - 1).abs() <= NOISE_SIGMAS * combined).then(pl.lit("no measurable difference"))
+            .otherwise(text))
+
+
+def _verdict(ratio, noise_a, noise_b) -> str | None:
+    """verdict() for one pair of plain numbers."""
+    frame = pl.DataFrame({"r": [ratio], "a": [noise_a], "b": [noise_b]}, schema={"r": pl.Float64, "a": pl.Float64,
+                                                                                  "b": pl.Float64})
+    return frame.select(verdict(pl.col("r"), pl.col("a"), pl.col("b"))).item()
+
 
 def samples_per_hour_vs_published(df: pl.DataFrame, published: dict, **_) -> list:
     ours = (df.filter(pl.col("status") == "ok")
             .select("model", "dataset", "gpu", "variant", "batch_size", "scale", "weights_source",
                     pl.col("throughput.samples_per_hour").round(0).alias("samples/hour"),
-                    median_step_samples_per_hour().round(0).alias("samples/hour at the median step"))
+                    median_step_samples_per_hour().round(0).alias("samples/hour at the median step"),
+                    pl.col("timing.noise_cv").alias("noise (CV)"),
+                    pl.col("outliers.dominated").alias("outlier-dominated"))
             .with_columns(source=pl.lit("ftbench")))
     pub = pl.DataFrame(published.get("samples_per_hour", [])).rename({"samples_per_hour": "samples/hour"}) \
         .with_columns(source=pl.lit("published"), variant=pl.lit("not stated"), scale=pl.lit("full"),
@@ -25,9 +51,11 @@ def samples_per_hour_vs_published(df: pl.DataFrame, published: dict, **_) -> lis
             "not the published model. Samples/hour counts every measured step (the published figure is an epoch's "
             "samples over its time), so one-off costs that recur with new sequence lengths (cuDNN attention "
             "plans, recompiles; see the profiles) weigh in; the median-step column leaves them out. A short run "
-            "weighs them more than an epoch would.")
+            "weighs them more than an epoch would; \"outlier-dominated\" marks runs where steps slower than 3x "
+            "the median take over a tenth of the measured time (the record names them and why). " + NOISE_NOTE)
     return [note, ("Samples per hour", table.select("model", "dataset", "source", "gpu", "variant", "batch_size",
-                                                    "scale", "samples/hour", "samples/hour at the median step"),
+                                                    "scale", "samples/hour", "samples/hour at the median step",
+                                                    "noise (CV)", "outlier-dominated"),
                    "samples_per_hour")]
 
 
@@ -50,7 +78,10 @@ def unsloth_vs_peft(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
             equal.append({"model": r["model"], "dataset": r["dataset"], "gpu": r["gpu"], "unsloth": fast, "peft": base,
                           "batch_size": r["batch_size"], "PEFT status": r["status_peft"],
                           "speedup (PEFT step / Unsloth step)":
-                          r["timing.step_time_s_peft"] / r["timing.step_time_s"] if both else None,
+                          _verdict(r["timing.step_time_s_peft"] / r["timing.step_time_s"], r["timing.noise_cv"],
+                                   r["timing.noise_cv_peft"]) if both else None,
+                          "noise CV (Unsloth, PEFT)": f"{_fmt(r['timing.noise_cv'])}, {_fmt(r['timing.noise_cv_peft'])}"
+                          if both else None,
                           "memory ratio (Unsloth / PEFT)": r["memory_gib"] / r["memory_gib_peft"] if both else None,
                           "Unsloth memory GiB": r["memory_gib"],
                           "Unsloth first step s": r["timing.first_step_s"],
@@ -75,7 +106,7 @@ def unsloth_vs_peft(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
             "speed-up and memory ratio at equal batch size (a PEFT run out of memory says so), then samples/hour at "
             "each one's largest batch size that ran in this matrix, with the smallest that ran out of memory (\"not "
             "reached\": the matrix tried nothing larger, so the true limit is higher). Memory is the peak reserved "
-            "on the GPU, the host's peak RSS on a CPU.")
+            "on the GPU, the host's peak RSS on a CPU. " + NOISE_NOTE)
     order = ["model", "dataset", "gpu", "unsloth", "peft"]
     blocks = [note]
     blocks.append(("At equal batch size", pl.DataFrame(equal, infer_schema_length=None).sort(order + ["batch_size"])
@@ -86,6 +117,10 @@ def unsloth_vs_peft(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
     return blocks
 
 
+def _fmt(cv) -> str:
+    return "–" if cv is None else f"{cv:.1%}"
+
+
 def _variant_rows(df: pl.DataFrame, variants: dict) -> pl.DataFrame:
     """Our step time (ms), GPU utilisation and data-wait share per variant, with the variants' knobs."""
     rows = []
@@ -94,6 +129,7 @@ def _variant_rows(df: pl.DataFrame, variants: dict) -> pl.DataFrame:
         step = r["timing.step_time_s"]
         rows.append({"variant": r["variant"], "gpu": r["gpu"], "scale": r["scale"], "status": r["status"],
                      "workers": knobs.get("dataloader_workers", 0), "ms/step (ours)": step * 1e3 if step else None,
+                     "noise (CV)": r["timing.noise_cv"],
                      "GPU util % (ours)": r["device_usage.gpu_util_mean_pct"],
                      "data wait share (ours)": r["data.wait_share"], "reason": r["reason"]})
     return pl.DataFrame(rows, infer_schema_length=None)
@@ -110,26 +146,31 @@ def diffusion_vs_published(df: pl.DataFrame, published: dict, variants: dict | N
         ours, on="variant", how="left")
     ok = ours.filter(pl.col("status") == "ok")
     # each ok run's speed-up over the baseline measured on the same GPU at the same scale
-    base = ok.filter(pl.col("variant") == baseline).select("gpu", "scale", pl.col("ms/step (ours)").alias("base"))
+    base = ok.filter(pl.col("variant") == baseline).select("gpu", "scale", pl.col("ms/step (ours)").alias("base"),
+                                                           pl.col("noise (CV)").alias("base_noise"))
     speedup = f"speed-up over {baseline}"
     rated = ok.join(base, on=["gpu", "scale"]).with_columns((pl.col("base") / pl.col("ms/step (ours)")).alias(speedup))
+    rated = rated.with_columns(verdict(pl.col(speedup), pl.col("noise (CV)"), pl.col("base_noise")).alias(
+        f"{speedup} (beyond noise)"))
     speed = ""
     for b in base.iter_rows(named=True):
         same = rated.filter((pl.col("gpu") == b["gpu"]) & (pl.col("scale") == b["scale"]))
         where = f"On {b['gpu']} ({b['scale']} scale): "
         for f in same.filter(pl.col("variant") == final).iter_rows(named=True):
             speed += (f"{where}the study's final configuration ({final}) {f['ms/step (ours)']:.1f} ms vs {baseline} "
-                      f"{b['base']:.1f} ms per step, {f[speedup]:.2f}x (published 290 -> 98 ms, 2.96x). ")
+                      f"{b['base']:.1f} ms per step: {f[speedup + ' (beyond noise)']} (published 290 -> 98 ms, "
+                      "2.96x). ")
         best = same.sort("ms/step (ours)").row(0, named=True)
         if best["variant"] != final:
             util = best["GPU util % (ours)"]
             speed += (f"{where}fastest variant {best['variant']} {best['ms/step (ours)']:.1f} ms, "
-                      f"{best[speedup]:.2f}x over {baseline}"
+                      f"{best[speedup + ' (beyond noise)']} over {baseline}"
                       + (f", at {util:.0f}% GPU utilisation. " if util is not None else ". "))
     sweep = ours.filter(pl.col("variant").str.starts_with("workers-")).sort("gpu", "scale", "workers")
     beyond = ours.filter(~pl.col("variant").is_in(steps["variant"].to_list() if len(steps) else [])
                          & ~pl.col("variant").str.starts_with("workers-")).sort("gpu", "scale", "variant")
-    beyond = beyond.join(rated.select("variant", "gpu", "scale", speedup), on=["variant", "gpu", "scale"], how="left")
+    beyond = beyond.join(rated.select("variant", "gpu", "scale", f"{speedup} (beyond noise)"),
+                         on=["variant", "gpu", "scale"], how="left")
     pub_sweep = [{"workers": int(k), "ms/step": v, "source": "published"}
                  for k, v in published.get("workers_ms_per_step", {}).items() if isinstance(v, (int, float))]
     curve = pl.concat([pl.DataFrame(pub_sweep, schema={"workers": pl.Int64, "ms/step": pl.Float64, "source": pl.Utf8}),
@@ -139,7 +180,7 @@ def diffusion_vs_published(df: pl.DataFrame, published: dict, variants: dict | N
     note = ("A step is one optimizer step: gradient accumulation 4 micro-batches of batch 1 (the published "
             "write-up does not say whether its ms/step counts micro-batches or optimizer steps). GPU utilisation "
             "is NVML's mean over the steady-state steps; data wait share is the part of the step spent waiting "
-            "for the data loader. " + speed + (published.get("workers_note", "")))
+            "for the data loader. " + speed + NOISE_NOTE + " Published note: " + (published.get("workers_note", "")))
     return [note, ("Before and after", table, "before_after"),
             ("Beyond the study (knobs in config: cached latents, sync-free clipping, CUDA-graph compile)", beyond,
              "beyond"), ("Worker-count sweep", sweep, "workers"),
@@ -153,20 +194,25 @@ def lmm_vs_published(df: pl.DataFrame, published: dict, baseline="bf16", **_) ->
     same = ["model", "scale", "dataset", "gpu", "batch_size"]
     base = ok.filter(pl.col("variant") == baseline).select(
         *same, pl.col("timing.step_time_s").alias("b_step"), pl.col("memory_gib").alias("b_mem"),
+        pl.col("timing.noise_cv").alias("b_noise"),
         pl.col("timing.first_step_s").alias("b_first"), pl.col("loss.eval").alias("b_loss"))
     j = ok.join(base, on=same, how="left")
     saved = pl.col("b_step") - pl.col("timing.step_time_s")
     ours = j.select(
         "variant", "gpu", "scale", "batch_size",
-        (pl.col("timing.step_time_s") / pl.col("b_step")).alias("step time vs baseline"),
+        pl.when(pl.col("variant") == baseline).then(pl.lit("baseline")).otherwise(
+            verdict(pl.col("timing.step_time_s") / pl.col("b_step"), pl.col("timing.noise_cv"), pl.col("b_noise")))
+        .alias("step time vs baseline"), pl.col("timing.noise_cv").alias("noise (CV)"),
         (pl.col("memory_gib") / pl.col("b_mem")).alias("memory vs baseline"),
-        pl.col("timing.first_step_s").alias("first step s"), pl.col("timing.compile_s").alias("compile s"),
+        pl.col("timing.first_step_s").alias("first step s"), pl.col("compile.compile_s").alias("compile s"),
+        pl.col("timing.first_step_overhead_s").alias("first-step overhead s"),
         pl.col("compile.recompiles").alias("recompiles"), pl.col("compile.graph_breaks").alias("graph breaks"),
         pl.when(saved > 0).then(((pl.col("timing.first_step_s") - pl.col("b_first")) / saved).clip(lower_bound=0))
         .otherwise(None).alias("break-even steps"),
         pl.col("loss.eval").alias("eval loss"), (pl.col("loss.eval") / pl.col("b_loss")).alias("eval loss vs baseline"),
         pl.col("extra.image_tokens_per_sample").alias("image tokens/sample"),
-        pl.col("variant.gradient_checkpointing").alias("grad ckpt")).sort("variant", "gpu", "scale", "batch_size")
+        pl.col("variant.gradient_checkpointing").alias("grad ckpt")).sort(
+        pl.col("variant") != baseline, "variant", "gpu", "scale", "batch_size")
     pub = pl.DataFrame(published.get("variants", [])).rename(
         {"step_time": "published step time", "memory": "published memory", "first_step_s": "published first step s",
          "eval_loss": "published eval loss"})
@@ -178,7 +224,9 @@ def lmm_vs_published(df: pl.DataFrame, published: dict, baseline="bf16", **_) ->
             f"(published at batch 1: {', '.join(f'{k} {v}' for k, v in be.items())}). Published baseline: first step "
             f"{published.get('baseline', {}).get('first_step_s')} s, eval loss {published.get('baseline', {}).get('eval_loss')}. "
             "Recompiles count graphs compiled after the first step (new shapes or guards); graph breaks split "
-            "even the first step into several graphs. Eval losses of random weights mean nothing.")
+            "even the first step into several graphs. Compile s is TorchDynamo/Inductor's own accounting (forward and "
+            "backward graphs); first-step overhead is the first step minus the median step, whatever its cause. "
+            "Eval losses of random weights mean nothing. " + NOISE_NOTE)
     return [note, ("Relative to the baseline, beside the published table", table, "lmm_relative"),
             ("Runs that did not complete", failed, "lmm_failed")]
 

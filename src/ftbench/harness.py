@@ -21,48 +21,11 @@ from pathlib import Path
 import torch
 
 from .config import MeasureSettings
+from .records import RECORD_TEMPLATE, SCHEMA_VERSION  # noqa: F401  (the record's shape lives with its readers)
 
-SCHEMA_VERSION = 2
 GIB = 1024**3
 PACKAGES = ["torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "torchao", "diffusers",
             "datasets", "unsloth", "transformer_engine", "snakemake", "liger_kernel"]
-
-# Every metrics.json has exactly these keys, whatever its status; a value is None where not measured.
-# config/schema/metrics.schema.json is the same shape as a JSON Schema; records of schema 1 are converted on
-# read (ftbench.records.upgrade).
-RECORD_TEMPLATE = {
-    "schema_version": SCHEMA_VERSION,
-    "status": None,  # ok | oom | unsupported | error
-    "reason": None,
-    "run": {"study": None, "model": None, "scale": None, "dataset": None, "variant": None, "batch_size": None},
-    "variant": {},
-    # what actually ran: storage dtype of the frozen and trainable weights, the dtype of the GEMMs
-    "precision": {"requested": None, "frozen_weights": None, "trainable_weights": None, "gemm": None,
-                  "fp8_layers": None},
-    # the measurement itself: timer, window rule, repeats, and each window as it closed
-    "measure": {"timer": None, "warmup_steps": None, "min_steps": None, "min_seconds": None, "repeats": None,
-                "truncated": None, "windows": []},
-    "timing": {"model_load_s": None, "first_step_s": None, "first_step_overhead_s": None, "step_time_s": None,
-               "step_time_p10_s": None, "step_time_p90_s": None, "step_time_mean_s": None, "cv_within": None,
-               "cv_across_repeats": None, "noise_cv": None, "steps_measured": None, "window_s": None,
-               "host_window_s": None, "train_s": None, "eval_s": None},
-    "outliers": {"factor": None, "count": None, "time_s": None, "time_share": None, "dominated": None, "steps": []},
-    "throughput": {"samples_per_s": None, "samples_per_hour": None, "samples_per_hour_median_step": None,
-                   "tokens_per_s": None, "padded_tokens_per_s": None, "tokens_per_sample": None},
-    "memory": {"peak_allocated_gib": None, "peak_reserved_gib": None, "device_peak_used_gib": None,
-               "process_peak_used_gib": None, "host_peak_rss_gib": None, "at_failure_gib": None},
-    "device_usage": {"gpu_util_mean_pct": None, "power_mean_w": None, "sm_clock_mean_mhz": None, "samples": None},
-    "energy": {"source": None, "window_j": None, "per_step_j": None, "per_sample_j": None, "per_token_j": None},
-    "flops": {"model_per_step": None, "hardware_per_step": None, "model_tflops": None, "hardware_tflops": None,
-              "peak_tflops": None, "peak_precision": None, "mfu": None, "hfu": None},
-    "compile": {"compile_s": None, "frame_compile_s": None, "backward_compile_s": None, "unique_graphs": None,
-                "graphs_first_step": None, "recompiles": None, "graph_breaks": None},
-    "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},
-    "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
-    "loss": {"first": None, "last": None, "eval": None},
-    "extra": {},
-    "provenance": {},
-}
 
 
 class Unsupported(Exception):

@@ -1,0 +1,128 @@
+"""Reading run records: schema-2 records as they are, schema-1 records (measurements made before the Meter)
+converted on read, and a clear error naming the file when a record is not valid JSON."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import statistics
+from pathlib import Path
+
+SCHEMA_VERSION = 2
+
+# Every metrics.json has exactly these keys, whatever its status; a value is None where not measured.
+# config/schema/metrics.schema.json is the same shape as a JSON Schema; records of schema 1 are converted on
+# read (upgrade_v1 below).
+RECORD_TEMPLATE = {
+    "schema_version": SCHEMA_VERSION,
+    "status": None,  # ok | oom | unsupported | error
+    "reason": None,
+    "run": {"study": None, "model": None, "scale": None, "dataset": None, "variant": None, "batch_size": None},
+    "variant": {},
+    # what actually ran: storage dtype of the frozen and trainable weights, the dtype of the GEMMs
+    "precision": {"requested": None, "frozen_weights": None, "trainable_weights": None, "gemm": None,
+                  "fp8_layers": None},
+    # the measurement itself: timer, window rule, repeats, and each window as it closed
+    "measure": {"timer": None, "warmup_steps": None, "min_steps": None, "min_seconds": None, "repeats": None,
+                "truncated": None, "windows": []},
+    "timing": {"model_load_s": None, "first_step_s": None, "first_step_overhead_s": None, "step_time_s": None,
+               "step_time_p10_s": None, "step_time_p90_s": None, "step_time_mean_s": None, "cv_within": None,
+               "cv_across_repeats": None, "noise_cv": None, "steps_measured": None, "window_s": None,
+               "host_window_s": None, "train_s": None, "eval_s": None},
+    "outliers": {"factor": None, "count": None, "time_s": None, "time_share": None, "dominated": None, "steps": []},
+    "throughput": {"samples_per_s": None, "samples_per_hour": None, "samples_per_hour_median_step": None,
+                   "tokens_per_s": None, "padded_tokens_per_s": None, "tokens_per_sample": None},
+    "memory": {"peak_allocated_gib": None, "peak_reserved_gib": None, "device_peak_used_gib": None,
+               "process_peak_used_gib": None, "host_peak_rss_gib": None, "at_failure_gib": None},
+    "device_usage": {"gpu_util_mean_pct": None, "power_mean_w": None, "sm_clock_mean_mhz": None, "samples": None},
+    "energy": {"source": None, "window_j": None, "per_step_j": None, "per_sample_j": None, "per_token_j": None},
+    "flops": {"model_per_step": None, "hardware_per_step": None, "model_tflops": None, "hardware_tflops": None,
+              "peak_tflops": None, "peak_precision": None, "mfu": None, "hfu": None},
+    "compile": {"compile_s": None, "frame_compile_s": None, "backward_compile_s": None, "unique_graphs": None,
+                "graphs_first_step": None, "recompiles": None, "graph_breaks": None},
+    "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},
+    "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
+    "loss": {"first": None, "last": None, "eval": None},
+    "extra": {},
+    "provenance": {},
+}
+
+
+class RecordError(ValueError):
+    """A metrics.json that cannot be read: the message names the file."""
+
+
+def read_record(path) -> dict:
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RecordError(f"{path}: not a readable run record ({type(e).__name__}: {e})") from e
+    if record.get("schema_version") == SCHEMA_VERSION:
+        return record
+    if record.get("schema_version") == 1:
+        steps = path.with_name("steps.csv")
+        return upgrade_v1(record, list(csv.DictReader(open(steps))) if steps.is_file() else None)
+    raise RecordError(f"{path}: unknown schema_version {record.get('schema_version')!r}")
+
+
+def _num(v):
+    return float(v) if v not in (None, "") else None
+
+
+def upgrade_v1(old: dict, steps: list[dict] | None = None) -> dict:
+    """A schema-1 record in schema 2. Schema 1 synchronised the host at every step; its `compile_s` was the
+    first step minus the median (now `first_step_overhead_s`); its MFU counted padded tokens and the recompute
+    of checkpointing (now HFU; MFU is left empty); its energy was mean power times the window. Where the
+    record's steps.csv is beside it, the within-run CV and outlier steps are computed from it."""
+    rec = copy.deepcopy(RECORD_TEMPLATE)
+    for key in ("status", "reason", "run", "variant", "model", "loss", "extra", "provenance"):
+        rec[key] = copy.deepcopy(old.get(key, rec[key]))
+    t_old = old.get("timing", {})
+    t = rec["timing"]
+    for key in ("model_load_s", "first_step_s", "step_time_s", "step_time_p10_s", "step_time_p90_s",
+                "steps_measured", "train_s", "eval_s"):
+        t[key] = t_old.get(key)
+    t["first_step_overhead_s"] = t_old.get("compile_s")
+    rec["measure"].update(timer="host_synchronised_per_step (schema 1)", warmup_steps=t_old.get("warmup_steps"),
+                          min_steps=t_old.get("steps_measured"), min_seconds=0, repeats=1, truncated=False)
+    rec["throughput"].update({k: v for k, v in old.get("throughput", {}).items() if k in rec["throughput"]})
+    if t["step_time_s"] and old["run"].get("batch_size"):
+        rec["throughput"]["samples_per_hour_median_step"] = 3600 * old["run"]["batch_size"] / t["step_time_s"]
+    rec["memory"].update({k: v for k, v in old.get("memory", {}).items() if k in rec["memory"]})
+    usage = old.get("device_usage", {})
+    rec["device_usage"].update(gpu_util_mean_pct=usage.get("gpu_util_mean_pct"),
+                               power_mean_w=usage.get("power_mean_w"), samples=usage.get("samples"))
+    if usage.get("energy_per_step_j") is not None:
+        rec["energy"].update(source="mean_power_x_window (schema 1)", per_step_j=usage["energy_per_step_j"])
+    f_old = old.get("flops", {})
+    peak = f_old.get("peak_tflops")
+    rec["flops"].update(hardware_per_step=f_old.get("per_step"), hardware_tflops=f_old.get("achieved_tflops"),
+                        hfu=f_old.get("mfu"), peak_tflops=peak,
+                        peak_precision=("fp8" if old["variant"].get("precision") == "fp8" else "bf16") if peak else None)
+    dynamo = (old.get("extra") or {}).get("dynamo") or {}
+    rec["compile"].update({k: dynamo.get(k) for k in ("unique_graphs", "graphs_first_step", "recompiles",
+                                                       "graph_breaks")})
+    rec["data"]["wait_share"] = (old.get("data") or {}).get("wait_share")
+    rec["precision"]["requested"] = old["variant"].get("precision")
+    rec["extra"]["converted_from_schema"] = 1
+    if not steps and t["step_time_s"] and t["step_time_p10_s"] is not None and (t["steps_measured"] or 0) > 1:
+        # no per-step times kept: the CV a normal distribution with this p10-p90 spread would have
+        cv = (t["step_time_p90_s"] - t["step_time_p10_s"]) / (2 * 1.2816 * t["step_time_s"])
+        t.update(cv_within=cv, noise_cv=cv / t["steps_measured"] ** 0.5)
+        rec["extra"]["cv_estimated_from"] = "p10-p90 (normal approximation)"
+    if steps:
+        warm = t_old.get("warmup_steps") or 0
+        times = [_num(r["step_time_s"]) for r in steps[warm:] if _num(r.get("step_time_s")) is not None]
+        if len(times) > 1:
+            cv = statistics.stdev(times) / statistics.fmean(times)
+            t.update(cv_within=cv, noise_cv=cv / len(times) ** 0.5, step_time_mean_s=statistics.fmean(times),
+                     window_s=sum(times))
+            median = statistics.median(times)
+            out = [{"step": warm + i + 1, "time_s": x, "x_median": x / median, "reasons": ["unknown"]}
+                   for i, x in enumerate(times) if x > 3 * median]
+            spent = sum(o["time_s"] for o in out)
+            rec["outliers"].update(factor=3.0, count=len(out), time_s=spent, time_share=spent / sum(times),
+                                   dominated=spent / sum(times) > 0.1, steps=out)
+    return rec

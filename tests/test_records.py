@@ -1,0 +1,50 @@
+"""Run records: schema 2 as written by the harness (JSON Schema in config/schema), schema 1 converted on read,
+unreadable records named by file."""
+
+import json
+
+import jsonschema
+import pytest
+
+from conftest import ROOT
+from ftbench.analysis import aggregate, read_runs
+from ftbench.records import RECORD_TEMPLATE, RecordError, read_record
+
+SCHEMA = json.loads((ROOT / "config/schema/metrics.schema.json").read_text())
+H100 = ROOT / "measurements/h100-2026-11-22"
+
+
+def test_json_schema_has_every_key_of_the_template():
+    assert SCHEMA["required"] == list(RECORD_TEMPLATE)
+    for group, keys in RECORD_TEMPLATE.items():
+        if isinstance(keys, dict) and keys and group in SCHEMA["properties"] and "required" in SCHEMA["properties"][group]:
+            assert SCHEMA["properties"][group]["required"] == list(keys), group
+
+
+def test_schema_1_records_convert_and_validate():
+    files = sorted(H100.rglob("metrics.json"))
+    assert len(files) > 50
+    for f in files:
+        rec = read_record(f)
+        jsonschema.validate(rec, SCHEMA)
+        assert rec["schema_version"] == 2 and rec["extra"]["converted_from_schema"] == 1
+    lora = read_record(H100 / "llm/qwen3-8b/full/japanese_alpaca/lora/bs4/metrics.json")
+    old = json.loads((H100 / "llm/qwen3-8b/full/japanese_alpaca/lora/bs4/metrics.json").read_text())
+    # schema 1's "MFU" counted padding and recompute: it is HFU now, and no MFU is claimed for it
+    assert lora["flops"]["hfu"] == old["flops"]["mfu"] and lora["flops"]["mfu"] is None
+    assert lora["timing"]["first_step_overhead_s"] == old["timing"]["compile_s"]
+    assert lora["compile"]["compile_s"] is None  # never measured then
+    assert lora["timing"]["cv_within"] > 0 and lora["timing"]["noise_cv"] < lora["timing"]["cv_within"]
+    # the gpt-oss proxy Unsloth run: one recompile step dominated its throughput
+    gpt = read_record(H100 / "llm/gpt-oss-120b/proxy/japanese_alpaca/unsloth-qlora/bs16/metrics.json")
+    assert gpt["outliers"]["dominated"] is True and gpt["outliers"]["count"] >= 1
+
+
+def test_a_truncated_record_is_refused_with_its_file_named(tmp_path):
+    bad = tmp_path / "runs/llm/x/metrics.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"schema_version": 2, "status": "o')
+    with pytest.raises(RecordError, match=str(bad)):
+        aggregate([bad])
+    with pytest.raises(RecordError, match="metrics.json"):
+        read_runs(tmp_path / "runs")
