@@ -217,6 +217,7 @@ def lmm_vs_published(df: pl.DataFrame, published: dict, baseline="bf16", **_) ->
         {"step_time": "published step time", "memory": "published memory", "first_step_s": "published first step s",
          "eval_loss": "published eval loss"})
     table = ours.join(pub, on="variant", how="full", coalesce=True) if len(pub) else ours
+    table = table.sort(pl.col("variant") != baseline, "variant", "gpu", "scale", "batch_size", nulls_last=True)
     failed = df.filter(pl.col("status") != "ok").select("variant", "gpu", "batch_size", "status", "reason")
     be = published.get("break_even_steps_bs1", {})
     note = (f"Relative to {baseline} of the same model, scale, batch size and GPU (ratios below 1 are faster / smaller). "
