@@ -88,7 +88,8 @@ def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
             continue
         assert r["status"] == "ok", r
         assert num(r["step s (median)"]) > 0 and num(r["p10"]) <= num(r["step s (median)"]) <= num(r["p90"])
-        assert int(r["steps"]) == cfg["studies"]["llm"]["training"]["max_steps"] - cfg["studies"]["llm"]["training"]["warmup_steps"]
+        assert int(r["steps"]) == cfg["studies"]["llm"]["training"]["measure"]["steps"]
+        assert r["noise CV"] != "–" and r["GEMM dtype"] == ("bf16" if "qlora" not in r["variant"] else "bf16")
         assert num(r["samples/h"]) > 0 and num(r["tokens/s"]) > 0
         assert num(r["host RSS GiB"]) > 0 and r["GPU"] == "cpu" and r["weights"] == "random"
 
@@ -184,7 +185,11 @@ def test_study_c_records_and_comparison(pipeline):
         assert rows[variant]["status"] == "unsupported" and "CUDA" in rows[variant]["reason"]
     compiled = json.loads((wd / "results/runs/diffusion/stable-diffusion-v1-5/tiny/naruto/compile/bs1/metrics.json")
                           .read_text())
-    assert compiled["extra"]["dynamo"]["unique_graphs"] >= 1 and compiled["timing"]["compile_s"] > 1
+    assert compiled["compile"]["unique_graphs"] >= 1 and compiled["compile"]["compile_s"] > 1
+    assert compiled["compile"]["compile_s"] <= compiled["timing"]["first_step_s"] + compiled["timing"]["model_load_s"]
+    plain = json.loads((wd / "results/runs/diffusion/stable-diffusion-v1-5/tiny/naruto/workers-0/bs1/metrics.json")
+                       .read_text())
+    assert plain["compile"]["compile_s"] is None  # nothing compiled, no compile time claimed
     # cached latents: the loader only indexes tensors, so it waits less for data than decoding JPEGs
     assert num(rows["cached-latents"]["data wait share"]) < num(rows["workers-0"]["data wait share"])
     page = embedded(report, "results/studies/diffusion/comparison.html")
@@ -205,6 +210,6 @@ def test_study_a_records_and_relative_table(pipeline):
     for variant in ("compile", "fixed-compile", "bucketed-compile"):
         assert rows[variant]["recompiles"] != "–" and num(rows[variant]["first step s"]) > num(rows["bf16"]["first step s"])
     rel = {r["variant"]: r for r in table(embedded(report, "results/studies/lmm/comparison.html"), "lmm_relative")}
-    assert num(rel["bf16"]["step time vs baseline"]) == 1.0
+    assert rel["bf16"]["step time vs baseline"] == "baseline"
     assert rel["fixed-compile"]["published step time"] == "47-53% faster"
     assert rel["qlora"]["published memory"].startswith("53% less")

@@ -108,3 +108,28 @@ def test_causal_lm_shape_policy_and_attention_backend_knobs():
     assert torch.backends.cuda.flash_sdp_enabled()
     with pytest.raises(Unsupported, match="efficient attention backend needs a CUDA GPU"):
         check_supported(Variant("e", sdpa_backend="efficient"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("precision, weights, gemm", [("bf16", "bf16", "bf16"), ("fp32", "fp32", "fp32")])
+def test_diffusion_trains_in_the_precision_it_records(tmp_path, precision, weights, gemm):
+    """A bf16 diffusion variant trains in bf16 (weights and autocast), never silently in fp32."""
+    from ftbench.architectures import load_architecture
+    from ftbench.data import prepare_dataset
+    from ftbench.models import materialize_model
+
+    from conftest import ROOT
+
+    manifest = materialize_model(load_architecture(ROOT / "config/architectures/stable-diffusion-v1-5.yaml", "tiny"),
+                                 "random", tmp_path / "sd", 0)
+    ddef = {"kind": "image_caption", "source": "synthetic", "num_samples": 6, "eval_samples": 1}
+    prepare_dataset(ddef, 42, tmp_path / "train.parquet", tmp_path / "eval.parquet")
+    ctx = RunContext(RunSpec("diffusion", "stable-diffusion-v1-5", "tiny", "naruto", precision, 1),
+                     Variant(precision, precision=precision),
+                     TrainSettings(measure=MeasureSettings(warmup_steps=1, steps=2), resolution=32,
+                                   lora={"r": 4, "alpha": 4, "target_modules": ["to_k", "to_q", "to_v", "to_out.0"]}),
+                     manifest, ddef, str(tmp_path / "train.parquet"), str(tmp_path / "eval.parquet"), str(tmp_path),
+                     "cafe")
+    rec = execute(ctx, tmp_path / "metrics.json", tmp_path / "steps.csv", tmp_path / "memory.csv")
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["precision"]["frozen_weights"] == weights and rec["precision"]["gemm"] == gemm
+    assert rec["precision"]["trainable_weights"] == "fp32"  # the recipe keeps LoRA weights in fp32
