@@ -1,4 +1,9 @@
-from snakemake.utils import min_version, validate
+import sys
+
+from snakemake.utils import min_version
+
+sys.path.insert(0, f"{workflow.basedir}/src")
+from ftbench.config import validate_config  # noqa: E402
 
 min_version("9.0")
 
@@ -6,7 +11,8 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
-validate(config, "config/schema/config.schema.yaml")
+# one short line naming the key, before anything else runs (the library's checks follow in rules/common.smk)
+validate_config(config, f"{workflow.basedir}/config/schema/config.schema.yaml")
 
 
 report: "report/workflow.rst"

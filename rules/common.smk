@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from ftbench import config as ftc  # noqa: E402
 # Cross-reference checks that a JSON schema cannot express; a bad config stops here, before any job.
 ftc.check_config(config, BASE_DIR)
 RUNS = ftc.expand_matrix(config)
+# offline by construction: hub access off for every job when no source names the hub (telemetry is always off)
+os.environ.update(ftc.offline_env(config))
 STUDIES = ftc.active_studies(config)
 PROFILED = ftc.profiled_runs(config)
 MODEL_FAMILY = {m: ftc.load_yaml(ftc.architecture_path(config, m, BASE_DIR))["family"] for m in config["models"]}
@@ -46,6 +49,12 @@ def diffusion_resolution(wildcards):
         if spec.model == wildcards.model and spec.dataset == wildcards.dataset:
             return ftc.train_settings(config, spec).resolution
     return 512
+
+
+def run_runtime_min(wildcards):
+    """The job's runtime request (minutes; SLURM reads it): its time limit plus room for start-up and records."""
+    limit = ftc.run_params(config, ftc.find_run(config, **wildcards))["settings"]["time_limit_s"] or 3600
+    return int(limit // 60) + 10
 
 
 def run_params(wildcards):

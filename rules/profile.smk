@@ -14,7 +14,7 @@ rule profile:
     resources:
         gpu=1,
         mem_mb=16000,
-        runtime=60,
+        runtime=run_runtime_min,
     conda:
         "../envs/train.yaml"
     script:

@@ -16,7 +16,7 @@ rule train:
     resources:
         gpu=1,
         mem_mb=16000,
-        runtime=60,
+        runtime=run_runtime_min,
     conda:
         run_env
     script:

@@ -30,13 +30,57 @@ def dry_run_with(tmp_path, mutate):
     (lambda c: c["variants"]["lora"].update(precision="fp8", fp8_backend="torchao"), "does not act on fp8_backend"),
     (lambda c: c["studies"]["diffusion"]["variants"]["workers-0"].update(shape_policy="fixed"),
      "variant 'workers-0' on stable-diffusion-v1-5 (diffusion runner): shape_policy='fixed'"),
+    # names become paths and patterns: refused before they can write outside results/ or break a regex
+    (lambda c: c["datasets"].update({"../../../d": c["datasets"]["naruto"]}), "name '../../../d' is not allowed"),
+    (lambda c: c["variants"].update({"lora(v2)": {"peft": "lora"}}), "name 'lora(v2)' is not allowed"),
+    (lambda c: c["datasets"]["japanese_alpaca"].update(source="/no/such/alpaca.parquet"),
+     "datasets.japanese_alpaca.source: no such file or directory: /no/such/alpaca.parquet"),
+    (lambda c: c.update(only_studies=[]), "only_studies"),
 ], ids=["unknown-knob", "batch-size-0", "missing-architecture", "unknown-dataset", "fp8-causal-lm",
-        "diffusion-shape-policy"])
+        "diffusion-shape-policy", "path-in-name", "regex-in-name", "missing-source", "only-studies-empty"])
 def test_bad_config_stops_before_any_job(tmp_path, mutate, key):
     proc = dry_run_with(tmp_path, mutate)
     assert proc.returncode != 0
     assert key in proc.stdout + proc.stderr
     assert not (tmp_path / "wd" / "results").exists()
+
+
+def test_schema_errors_are_one_short_line_naming_the_key(tmp_path):
+    proc = dry_run_with(tmp_path, lambda c: c["studies"]["llm"]["matrix"][0].update(batch_sizes=[0, 2]))
+    err = proc.stdout + proc.stderr
+    assert "config.studies.llm.matrix[0].batch_sizes[0]: 0 is less than the minimum of 1" in err
+    assert len(err.splitlines()) < 15 and "$schema" not in err  # neither the schema nor the config printed
+
+
+def test_local_dataset_files_are_read_by_format_and_their_columns_checked(tmp_path):
+    import polars as pl
+
+    from ftbench.data import prepare_dataset
+
+    rows = {"instruction": [f"say {i}" for i in range(12)], "output": [f"{i}" for i in range(12)]}
+    good, wrong = tmp_path / "alpaca.parquet", tmp_path / "wrong.parquet"
+    pl.DataFrame(rows).write_parquet(good)
+    pl.DataFrame({"prompt": rows["instruction"], "answer": rows["output"]}).write_parquet(wrong)
+    jsonl = tmp_path / "alpaca.jsonl"
+    pl.DataFrame(rows).write_ndjson(jsonl)
+    for source in (good, jsonl):  # a file (not only a directory) is a dataset, read by its suffix
+        ddef = {"kind": "instruction", "source": str(source), "num_samples": 8, "eval_samples": 2}
+        summary = prepare_dataset(ddef, 0, tmp_path / "t.parquet", tmp_path / "e.parquet")
+        assert summary["train"] == 8 and summary["eval"] == 2
+    proc = dry_run_with(tmp_path, lambda c: c["datasets"]["japanese_alpaca"].update(source=str(wrong)))
+    assert proc.returncode != 0
+    assert "datasets.japanese_alpaca: kind instruction needs column(s) ['instruction', 'output']" in proc.stdout + proc.stderr
+    mapped = dry_run_with(tmp_path, lambda c: c["datasets"]["japanese_alpaca"].update(
+        source=str(wrong), columns={"instruction": "prompt", "output": "answer"}))
+    assert mapped.returncode == 0, mapped.stderr[-2000:]
+
+
+def test_an_architecture_file_without_its_required_fields_is_named(tmp_path):
+    arch = tmp_path / "config/architectures"
+    arch.mkdir(parents=True)
+    (arch / "broken.yaml").write_text("hub_id: x/y\nconfig: {hidden_size: 8}\n")
+    with pytest.raises(ftc.ConfigError, match=r"broken.yaml: missing family, config.model_type"):
+        ftc.check_architecture(arch / "broken.yaml")
 
 
 def test_default_config_dry_run_is_fast(tmp_path):

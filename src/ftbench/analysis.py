@@ -52,13 +52,23 @@ def median_step_samples_per_hour() -> pl.Expr:
     return 3600 * pl.col("batch_size") / pl.col("timing.step_time_s")
 
 
+NUMERIC_GROUPS = ("timing.", "throughput.", "memory.", "device_usage.", "energy.", "flops.", "loss.", "data.",
+                  "compile.", "model.parameters", "model.trainable_parameters", "outliers.count", "outliers.time")
+
+
+def typed(df: pl.DataFrame) -> pl.DataFrame:
+    """Numeric columns stay numeric when no run filled them (every run crashed, or ran on a CPU)."""
+    return df.with_columns(pl.col(c).cast(pl.Float64) for c, t in df.schema.items()
+                           if t == pl.Null and c.startswith(NUMERIC_GROUPS))
+
+
 def read_runs(path) -> pl.DataFrame:
     """Runs measured elsewhere: a runs.parquet table, one metrics.json, or a folder searched for metrics.json."""
     path = Path(path)
     if path.suffix == ".parquet":
         return pl.read_parquet(path)
     files = sorted(path.rglob("metrics.json")) if path.is_dir() else [path]
-    return pl.DataFrame([flatten(read_record(f)) for f in files], infer_schema_length=None)
+    return typed(pl.DataFrame([flatten(read_record(f)) for f in files], infer_schema_length=None))
 
 
 def aggregate(paths, extra_tables=(), study: str | None = None) -> pl.DataFrame:
@@ -66,7 +76,7 @@ def aggregate(paths, extra_tables=(), study: str | None = None) -> pl.DataFrame:
     only); a run's GPU is part of its key, so the same run measured on two GPUs stays two rows, and a run
     measured here replaces the same run of a merged table."""
     rows = [flatten(read_record(p)) for p in paths]
-    df = pl.DataFrame(rows, infer_schema_length=None)
+    df = typed(pl.DataFrame(rows, infer_schema_length=None))
     for t in extra_tables:
         other = read_runs(t)
         if study is not None and len(other):

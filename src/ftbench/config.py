@@ -6,11 +6,14 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+DATA_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # models, datasets, variants, studies: path- and regex-safe
 RUN_KEY = "{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}"
 RUN_DIR = "results/runs/" + RUN_KEY
 
@@ -38,6 +41,7 @@ class Variant:
     pin_memory: bool = False
     cached_latents: bool = False  # diffusion: train from pre-encoded latents
     clip_grad_sync_free: bool = False  # diffusion: clip gradients without a host sync
+    time_limit_s: float | None = None  # the job's time budget, over the study's (ftbench.supervise)
 
     @classmethod
     def from_config(cls, name: str, knobs: dict) -> "Variant":
@@ -114,6 +118,9 @@ class TrainSettings:
     seed: int = 42
     lora: dict = field(default_factory=dict)
     optim: str = "adamw_torch"
+    time_limit_s: float | None = None  # a run still going after this long is killed: a `timeout` record
+    host_memory_limit_gib: float | None = None  # a run whose processes hold more is killed: a `crashed` record
+    inject: dict = field(default_factory=dict)  # fault injection for tests: {kill_at_step: N} or {hang_at_step: N}
 
     def __post_init__(self):
         if self.measure is None:
@@ -184,8 +191,87 @@ def architecture_path(config: dict, model: str, base_dir) -> Path:
     return Path(base_dir) / "config" / "architectures" / config["models"][model]["architecture"]
 
 
+# the columns each dataset kind must have (after a dataset's `columns:` mapping)
+REQUIRED_COLUMNS = {"instruction": ["instruction", "output"], "wikipedia": ["title", "text"],
+                    "image_classification": ["image", "labels"], "image_caption": ["image", "text"]}
+
+
+def check_names(config: dict) -> None:
+    """Names become folders, file names and wildcard patterns: one safe pattern for all of them."""
+    pools = {"studies": config["studies"], "models": config["models"], "datasets": config["datasets"],
+             "variants": config.get("variants", {})}
+    pools.update({f"studies.{s}.variants": d.get("variants") or {} for s, d in config["studies"].items()})
+    for where, pool in pools.items():
+        for name in pool:
+            if not NAME.match(str(name)):
+                raise ConfigError(f"{where}: name {name!r} is not allowed: use letters, digits, '.', '_' and '-', "
+                                  "starting with a letter or digit")
+
+
+def check_dataset_source(name: str, ddef: dict) -> None:
+    """A local source exists and is a directory or a file of a known format whose columns fit the kind."""
+    source = ddef["source"]
+    if source == "synthetic" or not (local_path_like(source) or Path(source).expanduser().exists()):
+        return  # synthetic, or a hub id (checked when it is downloaded)
+    path = Path(source).expanduser()
+    where = f"datasets.{name}.source"
+    if not path.exists():
+        raise ConfigError(f"{where}: no such file or directory: {path.resolve()}")
+    if path.is_file() and path.suffix not in DATA_SUFFIXES:
+        raise ConfigError(f"{where}: {path}: unknown file format {path.suffix!r}; one of {sorted(DATA_SUFFIXES)} "
+                          "or a directory")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            columns = pq.read_schema(path).names
+        except Exception as e:  # noqa: BLE001 — any unreadable file is a config error naming it
+            raise ConfigError(f"{where}: {path}: not a readable parquet file ({e})") from e
+        check_columns(name, ddef, columns)
+
+
+def check_columns(name: str, ddef: dict, columns) -> None:
+    """The columns a dataset kind needs are there once the `columns:` mapping (ours: theirs) is applied."""
+    mapped = {ours for ours, theirs in (ddef.get("columns") or {}).items() if theirs in columns}
+    have = set(columns) | mapped
+    missing = [c for c in REQUIRED_COLUMNS.get(ddef["kind"], []) if c not in have]
+    if missing:
+        raise ConfigError(f"datasets.{name}: kind {ddef['kind']} needs column(s) {missing}; the data has "
+                          f"{sorted(columns)} (map yours with `columns: {{ours: theirs}}`)")
+
+
+def check_architecture(path) -> None:
+    arch = load_yaml(path)
+    if not isinstance(arch, dict):
+        raise ConfigError(f"{path}: not an architecture file (a mapping with family, hub_id, config)")
+    missing = [k for k in ("family", "hub_id") if not arch.get(k)]
+    if arch.get("family") == "diffusion":
+        missing += [] if arch.get("components") else ["components"]
+    elif not (arch.get("config") or {}).get("model_type"):
+        missing.append("config.model_type")
+    if missing:
+        raise ConfigError(f"{path}: missing {', '.join(missing)}")
+    if arch["family"] not in ("causal_lm", "lmm", "diffusion"):
+        raise ConfigError(f"{path}: family {arch['family']!r} is not one of causal_lm, lmm, diffusion")
+
+
+def validate_config(config: dict, schema_path) -> None:
+    """JSON-schema validation with one short line naming the key (Snakemake's own prints schema and config)."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(load_yaml(schema_path))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(config))
+    if error is not None:
+        where = "config" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        message = error.message if len(error.message) < 300 else error.message[:300] + " ..."
+        raise ConfigError(f"{where}: {message}")
+
+
 def check_config(config: dict, base_dir) -> None:
     """Cross-reference checks, run after schema validation and before any job: name the key."""
+    check_names(config)
+    if config.get("only_studies") is not None and not config["only_studies"]:
+        raise ConfigError("only_studies: empty list; leave it out to run every study, or name the studies to run")
     for name, knobs in config.get("variants", {}).items():
         Variant.from_config(name, knobs or {})
     for study, sdef in config["studies"].items():
@@ -198,6 +284,9 @@ def check_config(config: dict, base_dir) -> None:
         path = architecture_path(config, model, base_dir)
         if not path.is_file():
             raise ConfigError(f"models.{model}.architecture: file not found: {path}")
+        check_architecture(path)
+    for name, ddef in config["datasets"].items():
+        check_dataset_source(name, ddef)
     for study, sdef in config["studies"].items():
         for i, block in enumerate(sdef["matrix"]):
             where = f"studies.{study}.matrix[{i}]"
@@ -222,6 +311,26 @@ def check_config(config: dict, base_dir) -> None:
     for i, sel in enumerate(config.get("profile", [])):
         if not any(matches(spec, sel) for spec in runs):
             raise ConfigError(f"profile[{i}]: selects no run of the matrix: {sel}")
+
+
+def names_hub(source: str) -> bool:
+    """Whether a model or dataset source is a hub id (not random weights, synthetic data or a local path)."""
+    return source not in ("random", "synthetic") and not Path(source).exists() and not local_path_like(source)
+
+
+def local_path_like(source: str) -> bool:
+    return source.startswith(("/", "./", "../", "~")) or Path(source).suffix in DATA_SUFFIXES
+
+
+def offline_env(config: dict) -> dict:
+    """Environment for every job: hub access off when no source of the active studies names the hub."""
+    runs = expand_matrix(config)
+    sources = [config["models"][m]["source"] for m in {r.model for r in runs}]
+    sources += [config["datasets"][d]["source"] for d in {r.dataset for r in runs}]
+    sources += [config["datasets"][e["dataset"]]["source"] for e in config.get("token_stats", [])]
+    if any(names_hub(s) for s in sources):
+        return {}
+    return {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def model_family(config: dict, model: str, base_dir) -> str:

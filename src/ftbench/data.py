@@ -145,7 +145,14 @@ def load_dataset_split(ddef: dict, seed: int):
         columns = SYNTHESIZERS[ddef["kind"]](n_total, seed, ddef.get("synthetic", {}))
         ds = datasets.Dataset.from_dict(columns, features=_features(ddef["kind"]))
     else:
-        ds = datasets.load_dataset(ddef["source"], ddef.get("subset"), split=ddef.get("split", "train"))
+        from .config import DATA_SUFFIXES, check_columns
+
+        path = Path(ddef["source"]).expanduser()
+        if path.is_file():  # a local file: its format by suffix
+            ds = datasets.load_dataset(DATA_SUFFIXES[path.suffix], data_files=str(path), split="train")
+        else:  # a local directory or a hub id
+            ds = datasets.load_dataset(ddef["source"], ddef.get("subset"), split=ddef.get("split", "train"))
+        check_columns(ddef.get("name", ddef["source"]), ddef, ds.column_names)
         renames = {src: dst for dst, src in ddef.get("columns", {}).items() if src != dst}
         if renames:
             ds = ds.rename_columns(renames)

@@ -52,7 +52,8 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
                           pin_memory=v.pin_memory)
     family = ctx.manifest["family"]
     meter = Meter(device, ctx.settings.measure, profiler=ctx.profiler,
-                  memory_log_every=ctx.settings.memory_log_every, count_graphs=v.compile is not None)
+                  memory_log_every=ctx.settings.memory_log_every, count_graphs=v.compile is not None,
+                  inject=ctx.settings.inject)
     with guarded(record, device):
         problems = knob_problems(family, v)
         if problems:

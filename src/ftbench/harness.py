@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import threading
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .config import MeasureSettings
-from .records import RECORD_TEMPLATE, SCHEMA_VERSION  # noqa: F401  (the record's shape lives with its readers)
+from .records import RECORD_TEMPLATE, SCHEMA_VERSION, new_record_from_template  # noqa: F401  (the record's shape lives with its readers)
 
 GIB = 1024**3
 PACKAGES = ["torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "torchao", "diffusers",
@@ -33,10 +34,7 @@ class Unsupported(Exception):
 
 
 def new_record(run: dict, variant: dict) -> dict:
-    rec = copy.deepcopy(RECORD_TEMPLATE)
-    rec["run"].update(run)
-    rec["variant"] = dict(variant)
-    return rec
+    return new_record_from_template(run, variant)
 
 
 def pick_device() -> torch.device:
@@ -227,7 +225,7 @@ class Meter:
     far as they stall the device. A host wall clock spans each window beside the events."""
 
     def __init__(self, device: torch.device, measure: MeasureSettings, profiler=None, memory_log_every: int = 10,
-                 count_graphs: bool = False):
+                 count_graphs: bool = False, inject: dict | None = None):
         self.device, self.measure, self.profiler = device, measure, profiler
         self.cuda = device.type == "cuda"
         self.memory_log_every, self.count_graphs = memory_log_every, count_graphs
@@ -240,6 +238,10 @@ class Meter:
         self._pending: list[dict] = []
         self._phase = None  # "warmup" | repeat index
         self._steps = 0
+        self.inject = dict(inject or {})
+        # the supervisor reads the last step reached from here when the process dies (ftbench.supervise)
+        progress = os.environ.get("FTBENCH_PROGRESS")
+        self._progress = open(progress, "w") if progress else None
 
     def __enter__(self):
         self.sampler.__enter__()
@@ -298,6 +300,12 @@ class Meter:
         self._in_window += 1
         if self.profiler is not None:
             self.profiler.step()
+        if self._progress is not None:
+            self._progress.seek(0)
+            self._progress.write(json.dumps({"step": self._steps, "compiled_graphs": row.get("compiled_graphs")}))
+            self._progress.truncate()
+            self._progress.flush()
+        self._fault()
         m = self.measure
         if self._phase == "warmup":
             if self._in_window >= m.warmup_steps:
@@ -308,6 +316,13 @@ class Meter:
         if self._steps % self.memory_log_every == 0 or self.done:  # allocator statistics: no synchronisation
             self.memory_log.append(memory_log_row(self._steps, self.device, **(log_fields or {})))
         return self.done
+
+    def _fault(self):
+        """Fault injection (tests): die by SIGKILL, or hang, at a given step, as a crashing run would."""
+        if self.inject.get("kill_at_step") == self._steps:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.inject.get("hang_at_step") == self._steps:
+            time.sleep(10**6)
 
     def _close(self, truncated: bool = False):
         synchronize(self.device)  # the one synchronisation of a window, at its end

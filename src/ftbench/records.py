@@ -49,6 +49,13 @@ RECORD_TEMPLATE = {
 }
 
 
+def new_record_from_template(run: dict, variant: dict) -> dict:
+    rec = copy.deepcopy(RECORD_TEMPLATE)
+    rec["run"].update(run)
+    rec["variant"] = dict(variant)
+    return rec
+
+
 class RecordError(ValueError):
     """A metrics.json that cannot be read: the message names the file."""
 

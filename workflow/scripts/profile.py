@@ -2,9 +2,10 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.execute import context_from_params  # noqa: E402
-from ftbench.profiling import profile_run  # noqa: E402
+from ftbench.supervise import supervise  # noqa: E402
 
-ctx = context_from_params(snakemake.params.run, snakemake.input.model, snakemake.input.train, snakemake.input.eval,
-                          snakemake.params.base_dir, cache_path=snakemake.input.get("cache"))
-profile_run(ctx, snakemake.output.trace, snakemake.output.summary)
+i, o = snakemake.input, snakemake.output
+summary = supervise("profile", snakemake.params.run,
+                    {"model": i.model, "train": i.train, "eval": i.eval, "cache": i.get("cache"),
+                     "base_dir": snakemake.params.base_dir, "trace": o.trace, "summary": o.summary}, snakemake.log[0])
+print(summary["status"], summary["reason"] or "")

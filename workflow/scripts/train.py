@@ -2,10 +2,12 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.execute import context_from_params, execute  # noqa: E402
+from ftbench.supervise import supervise  # noqa: E402
 
-ctx = context_from_params(snakemake.params.run, snakemake.input.model, snakemake.input.train, snakemake.input.eval,
-                          snakemake.params.base_dir, cache_path=snakemake.input.get("cache"),
-                          adapter_dir=snakemake.output.adapter)
-record = execute(ctx, snakemake.output.metrics, snakemake.output.steps, snakemake.output.memory)
+# the training runs in a child process: a crash, a hang past the time limit or a host-memory blow-up is a record
+i, o = snakemake.input, snakemake.output
+record = supervise("train", snakemake.params.run,
+                   {"model": i.model, "train": i.train, "eval": i.eval, "cache": i.get("cache"),
+                    "base_dir": snakemake.params.base_dir, "metrics": o.metrics, "steps": o.steps, "memory": o.memory,
+                    "adapter": o.adapter}, snakemake.log[0])
 print(record["status"], record["reason"] or "")

@@ -1,0 +1,179 @@
+"""Supervision: a training (or profiling) job runs in a child process that the job watches, so a hard fault
+is a record too. The child is killed when it outlives its time limit (`timeout`) or its host-memory budget
+(`crashed`); when it dies by a signal or exits without a record (host OOM killer, segfault, CUDA abort), the
+job writes a complete `crashed` record with the signal, exit code, last step reached and the tail of the
+child's log, creates the job's other outputs, and exits 0, so the matrix goes on.
+
+    python -m ftbench.supervise JOB.json   # the child: runs the job the file describes
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .records import RECORD_TEMPLATE, new_record_from_template
+
+POLL_S = 0.5
+
+
+def limits(params: dict) -> tuple[float | None, float | None]:
+    """(time limit s, host memory limit GiB) of a run: the variant's time limit over the study's."""
+    settings = params["settings"]
+    return (params["variant"].get("time_limit_s") or settings.get("time_limit_s"),
+            settings.get("host_memory_limit_gib"))
+
+
+def _session_rss_bytes(sid: int) -> int:
+    """Resident memory of every process in the child's session (data-loader workers included)."""
+    total, page = 0, os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            if int(fields[3]) == sid:  # field 6 of stat: the session id
+                total += int(Path(f"/proc/{entry}/statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _tail(path, lines: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _kill(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def supervise(kind: str, params: dict, paths: dict, log_path) -> dict:
+    """Run `kind` ("train" or "profile") in a child process under the run's limits; return its record (or
+    the summary, for a profile) as written, a `crashed`/`timeout` one where the child could not write it."""
+    time_limit, mem_limit = limits(params)
+    out = Path(paths["metrics"] if kind == "train" else paths["summary"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ftbench-") as tmp:
+        job, progress = Path(tmp) / "job.json", Path(tmp) / "progress.json"
+        job.write_text(json.dumps({"kind": kind, "params": params, "paths": paths}))
+        env = dict(os.environ, FTBENCH_PROGRESS=str(progress),
+                   PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                               os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        with open(log_path, "a") as log:
+            log.flush()
+            proc = subprocess.Popen([sys.executable, "-m", "ftbench.supervise", str(job)], stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        previous = {s: signal.signal(s, lambda *_: (_kill(proc), sys.exit(1))) for s in (signal.SIGTERM, signal.SIGINT)}
+        t0, verdict, peak_rss = time.monotonic(), None, 0
+        try:
+            while proc.poll() is None:
+                time.sleep(POLL_S)
+                elapsed = time.monotonic() - t0
+                rss = _session_rss_bytes(proc.pid)
+                peak_rss = max(peak_rss, rss)
+                if time_limit and elapsed > time_limit:
+                    verdict = ("timeout", f"exceeded its time limit of {time_limit:g} s")
+                elif mem_limit and rss > mem_limit * 1024**3:
+                    verdict = ("crashed", f"exceeded its host-memory budget of {mem_limit:g} GiB "
+                                          f"({rss / 1024**3:.1f} GiB resident)")
+                if verdict:
+                    _kill(proc)
+                    break
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        try:  # whatever the child left behind in its session (data-loader workers) goes with it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        elapsed = time.monotonic() - t0
+        last = json.loads(progress.read_text()) if progress.is_file() and progress.stat().st_size else {}
+    supervision = {"time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
+                   "exit_code": proc.returncode, "host_peak_rss_gib_session": peak_rss / 1024**3 or None,
+                   "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs")}
+    if verdict is None and proc.returncode == 0 and out.is_file():
+        result = json.loads(out.read_text())
+        result.setdefault("extra", {})["supervision"] = supervision
+        _write_json(out, result)
+        return result
+    if verdict is None:
+        rc = proc.returncode
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc} without a record"
+        verdict = ("crashed", how)
+    status, why = verdict
+    step = last.get("step")
+    reason = f"{why} (last step reached: {step if step is not None else 'none'}"
+    if last.get("compiled_graphs") is not None:
+        reason += f", {last['compiled_graphs']} graphs compiled"
+    reason += f", after {elapsed:.0f} s)"
+    supervision.update(signal=signal.Signals(-proc.returncode).name if proc.returncode and proc.returncode < 0
+                       else None, log_tail=_tail(log_path))
+    return _fallback(kind, params, paths, status, reason, supervision)
+
+
+def _write_json(path, obj) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def _fallback(kind, params, paths, status, reason, supervision) -> dict:
+    """The record (and the job's other outputs) of a child that could not write them."""
+    rec = new_record_from_template(params["run"], {"name": params["run"]["variant"], **params["variant"]})
+    rec.update(status=status, reason=reason)
+    rec["extra"]["supervision"] = supervision
+    rec["compile"]["unique_graphs"] = supervision.get("compiled_graphs_at_last_step")
+    rec["provenance"] = {"config_hash": params["config_hash"], "scale": params["run"]["scale"],
+                         "data_source": params["dataset"].get("source")}
+    if kind == "train":
+        _write_json(paths["metrics"], rec)
+        for key in ("steps", "memory"):
+            if not Path(paths[key]).is_file():
+                Path(paths[key]).write_text("step\n")
+        if paths.get("adapter"):
+            Path(paths["adapter"]).mkdir(parents=True, exist_ok=True)
+            (Path(paths["adapter"]) / "status.txt").write_text(f"{status} {reason}\n")
+        return rec
+    summary = {"run": rec["run"], "status": status, "reason": reason, "step_time_s": None, "gpu": None,
+               "supervision": supervision}
+    with gzip.open(paths["trace"], "wt") as f:
+        json.dump({"traceEvents": []}, f)
+    _write_json(paths["summary"], summary)
+    return summary
+
+
+def _child(job_path) -> None:
+    """The child: run the job the file describes, writing its own record."""
+    from .execute import context_from_params, execute
+
+    job = json.loads(Path(job_path).read_text())
+    p = job["paths"]
+    ctx = context_from_params(job["params"], p["model"], p["train"], p["eval"], p["base_dir"],
+                              adapter_dir=p.get("adapter"), cache_path=p.get("cache"))
+    if job["kind"] == "train":
+        record = execute(ctx, p["metrics"], p["steps"], p["memory"])
+        print(record["status"], record["reason"] or "", flush=True)
+    else:
+        from .profiling import profile_run
+
+        profile_run(ctx, p["trace"], p["summary"])
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])

@@ -1,0 +1,107 @@
+"""Hard faults are records: a killed, hung or memory-hungry training process yields a complete `crashed` or
+`timeout` record and the pipeline and its report go on; a default training job opens no socket."""
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, snakemake
+from ftbench import config as ftc
+from ftbench.supervise import supervise
+
+DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+SPEC = ftc.RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", "lora", 2)
+
+
+def one_run_config(**training) -> dict:
+    """The default config cut to one Study B run (lora, batch 2), with extra study training settings."""
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["only_studies"] = ["llm"]
+    llm = cfg["studies"]["llm"]
+    llm["matrix"] = [{"models": ["qwen3-8b"], "datasets": ["japanese_alpaca"], "variants": ["lora"],
+                      "batch_sizes": [2]}]
+    llm.pop("generate")
+    llm["compare"] = {"samples_per_hour_vs_published": {}}
+    llm["training"].update(training)
+    cfg.update(token_stats=[], profile=[])
+    return cfg
+
+
+def supervised(tmp_path, tiny_qwen, instruction_data, **training):
+    manifest = tmp_path / "model.json"
+    manifest.write_text(json.dumps(tiny_qwen))
+    _, train, eval_ = instruction_data
+    out = tmp_path / "run"
+    paths = {"model": str(manifest), "train": str(train), "eval": str(eval_), "base_dir": str(ROOT),
+             "metrics": str(out / "metrics.json"), "steps": str(out / "steps.csv"), "memory": str(out / "memory.csv"),
+             "adapter": str(out / "adapter")}
+    rec = supervise("train", ftc.run_params(one_run_config(**training), SPEC), paths, tmp_path / "job.log")
+    assert json.loads((out / "metrics.json").read_text())["status"] == rec["status"]
+    assert (out / "steps.csv").is_file() and (out / "memory.csv").is_file() and (out / "adapter").is_dir()
+    return rec
+
+
+def test_a_hung_run_past_its_time_limit_is_a_timeout_record(tmp_path, tiny_qwen, instruction_data):
+    rec = supervised(tmp_path, tiny_qwen, instruction_data, time_limit_s=20, inject={"hang_at_step": 2})
+    assert rec["status"] == "timeout" and "time limit of 20 s" in rec["reason"] and "last step reached: 2" in rec["reason"]
+    sup = rec["extra"]["supervision"]
+    assert sup["time_limit_s"] == 20 and sup["last_step"] == 2 and 20 <= sup["elapsed_s"] < 60
+    assert rec["run"]["variant"] == "lora" and rec["provenance"]["config_hash"]
+
+
+def test_a_run_over_its_host_memory_budget_is_killed_and_recorded(tmp_path, tiny_qwen, instruction_data):
+    rec = supervised(tmp_path, tiny_qwen, instruction_data, host_memory_limit_gib=0.05)
+    assert rec["status"] == "crashed" and "host-memory budget of 0.05 GiB" in rec["reason"]
+
+
+def test_a_sigkilled_run_is_a_crashed_record_and_the_report_still_builds(tmp_path):
+    cfg = tmp_path / "killed.yaml"
+    cfg.write_text(yaml.safe_dump(one_run_config(inject={"kill_at_step": 3})))
+    wd = tmp_path / "wd"
+    run = snakemake("--cores", "2", "--resources", "gpu=1", "--configfile", str(cfg), "-d", str(wd), cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rec = json.loads((wd / "results/runs/llm/qwen3-8b/tiny/japanese_alpaca/lora/bs2/metrics.json").read_text())
+    assert rec["status"] == "crashed" and rec["reason"].startswith("killed by SIGKILL (last step reached: 3")
+    sup = rec["extra"]["supervision"]
+    assert sup["signal"] == "SIGKILL" and sup["exit_code"] == -9 and sup["log_tail"]
+    rep = snakemake("--report", str(wd / "report.html"), "--configfile", str(cfg), "-d", str(wd), cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    assert "crashed" in (wd / "results/studies/llm/runs.html").read_text()
+
+
+AUDIT = '''
+import os, socket, sys
+LOG = os.environ["FTBENCH_SOCKET_LOG"]
+def hook(event, args):
+    if event == "socket.getaddrinfo" or (event == "socket.connect" and not isinstance(args[1], (str, bytes))):
+        with open(LOG, "a") as f:
+            f.write(f"{os.getpid()} {event} {args[1:]!r}\\n")
+sys.addaudithook(hook)
+'''
+
+
+def test_a_default_training_job_opens_no_socket_in_a_network_namespace(tmp_path):
+    """Offline by construction: the whole job (snakemake, the supervisor and the training child) runs where
+    no network exists, with an audit hook in every Python process logging each name lookup or inet connect."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rn", "true"]).returncode != 0:
+        pytest.skip("no unprivileged network namespaces here")
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(AUDIT)
+    log = tmp_path / "sockets.log"
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text(yaml.safe_dump(one_run_config()))
+    target = "results/runs/llm/qwen3-8b/tiny/japanese_alpaca/lora/bs2/metrics.json"
+    env = {"PATH": f"{ROOT / '.venv/bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(hooks),
+           "FTBENCH_SOCKET_LOG": str(log)}  # no HF_HUB_OFFLINE or CI here: the pipeline must set what it needs
+    exe = [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile"), "--cores", "2", "--resources", "gpu=1",
+           "--configfile", str(cfg), "-d", str(tmp_path / "wd"), "--", target]
+    proc = subprocess.run(["unshare", "-rn", *exe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads((tmp_path / "wd" / target).read_text())["status"] == "ok"
+    assert log.is_file() is False or log.read_text() == "", log.read_text()[:2000]
