@@ -16,7 +16,10 @@ RUNS = ftc.expand_matrix(config)
 os.environ.update(ftc.offline_env(config))
 STUDIES = ftc.active_studies(config)
 PROFILED = ftc.profiled_runs(config)
-MODEL_FAMILY = {m: ftc.load_yaml(ftc.architecture_path(config, m, BASE_DIR))["family"] for m in config["models"]}
+MODEL_FAMILY = {
+    m: ftc.load_yaml(ftc.architecture_path(config, m, BASE_DIR))["family"]
+    for m in config["models"]
+}
 
 
 wildcard_constraints:
@@ -38,8 +41,12 @@ def run_inputs(wildcards):
         "train": f"results/data/{wildcards.dataset}/train.parquet",
         "eval": f"results/data/{wildcards.dataset}/eval.parquet",
     }
-    if ftc.variant_knobs(config, wildcards.study, wildcards.variant).get("cached_latents"):
-        inputs["cache"] = f"results/cache/{wildcards.model}/{wildcards.scale}/{wildcards.dataset}/latents.pt"
+    if ftc.variant_knobs(config, wildcards.study, wildcards.variant).get(
+        "cached_latents"
+    ):
+        inputs["cache"] = (
+            f"results/cache/{wildcards.model}/{wildcards.scale}/{wildcards.dataset}/latents.pt"
+        )
     return inputs
 
 
@@ -53,7 +60,12 @@ def diffusion_resolution(wildcards):
 
 def run_runtime_min(wildcards):
     """The job's runtime request (minutes; SLURM reads it): its time limit plus room for start-up and records."""
-    limit = ftc.run_params(config, ftc.find_run(config, **wildcards))["settings"]["time_limit_s"] or 3600
+    limit = (
+        ftc.run_params(config, ftc.find_run(config, **wildcards))["settings"][
+            "time_limit_s"
+        ]
+        or 3600
+    )
     return int(limit // 60) + 10
 
 
@@ -67,12 +79,18 @@ def study_metrics(wildcards):
 
 
 def study_profiles(wildcards):
-    return [f"results/profiles/{s.key}/summary.json" for s in PROFILED
-            if s.study == wildcards.study]
+    return [
+        f"results/profiles/{s.key}/summary.json"
+        for s in PROFILED
+        if s.study == wildcards.study
+    ]
 
 
 def token_stats_inputs(wildcards):
-    return [f"results/token_stats/{e['dataset']}/{e['model']}.json" for e in config.get("token_stats", [])]
+    return [
+        f"results/token_stats/{e['dataset']}/{e['model']}.json"
+        for e in config.get("token_stats", [])
+    ]
 
 
 def wildcard_model_manifest(wildcards):
@@ -97,7 +115,11 @@ def run_env(wildcards):
 
 def generate_inputs(wildcards):
     run = ftc.RUN_DIR.format(**wildcards)
-    return {"model": model_manifest(wildcards.model), "adapter": f"{run}/adapter", "metrics": f"{run}/metrics.json"}
+    return {
+        "model": model_manifest(wildcards.model),
+        "adapter": f"{run}/adapter",
+        "metrics": f"{run}/metrics.json",
+    }
 
 
 def generation_settings(wildcards):
@@ -108,7 +130,11 @@ def generated(study):
     gen = config["studies"][study].get("generate")
     if not gen:
         return []
-    runs = [s for s in RUNS if s.study == study and any(ftc.matches(s, sel) for sel in gen["runs"])]
+    runs = [
+        s
+        for s in RUNS
+        if s.study == study and any(ftc.matches(s, sel) for sel in gen["runs"])
+    ]
     return [f"results/generate/{s.key}/answers.html" for s in runs]
 
 
@@ -126,14 +152,32 @@ def study_comparisons(wildcards):
 
 
 def all_targets():
-    targets = [f"results/studies/{study}/{name}" for study in STUDIES
-               for name in ("runs.html", "step_time.svg", "memory.svg", "throughput.svg", "first_step.svg")]
-    targets += [f"results/studies/{s}/comparison.html" for s, d in STUDIES.items() if d.get("compare")]
+    targets = [
+        f"results/studies/{study}/{name}"
+        for study in STUDIES
+        for name in (
+            "runs.html",
+            "step_time.svg",
+            "memory.svg",
+            "throughput.svg",
+            "first_step.svg",
+        )
+    ]
+    targets += [
+        f"results/studies/{s}/comparison.html"
+        for s, d in STUDIES.items()
+        if d.get("compare")
+    ]
     targets += [path for study in STUDIES for path in generated(study)]
-    targets += [f"results/profiles/{s.key}/summary.html" for s in PROFILED if s.study in STUDIES]
+    targets += [
+        f"results/profiles/{s.key}/summary.html" for s in PROFILED if s.study in STUDIES
+    ]
     targets += [model_manifest(m) for m in config.get("materialize", [])]
     if config.get("token_stats"):
-        targets += ["results/token_stats/token_stats.html", "results/token_stats/token_stats.svg"]
+        targets += [
+            "results/token_stats/token_stats.html",
+            "results/token_stats/token_stats.svg",
+        ]
     return targets
 
 

@@ -3,15 +3,15 @@ rule prepare_dataset:
         train="results/data/{dataset}/train.parquet",
         eval="results/data/{dataset}/eval.parquet",
         summary="results/data/{dataset}/summary.json",
-    params:
-        dataset=dataset_def,
-        seed=config["seed"],
     log:
         "logs/prepare_dataset/{dataset}.log",
     benchmark:
         "benchmarks/prepare_dataset/{dataset}.tsv"
     conda:
         "../envs/train.yaml"
+    params:
+        dataset=dataset_def,
+        seed=config["seed"],
     script:
         "../workflow/scripts/prepare_dataset.py"
 
@@ -22,14 +22,14 @@ rule token_stats:
         data="results/data/{dataset}/train.parquet",
     output:
         "results/token_stats/{dataset}/{model}.json",
-    params:
-        dataset=dataset_def,
-        max_length=config["training"]["max_seq_length"],
     log:
         "logs/token_stats/{dataset}/{model}.log",
     benchmark:
         "benchmarks/token_stats/{dataset}/{model}.tsv"
     conda:
         "../envs/train.yaml"
+    params:
+        dataset=dataset_def,
+        max_length=config["training"]["max_seq_length"],
     script:
         "../workflow/scripts/token_stats.py"

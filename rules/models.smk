@@ -1,18 +1,18 @@
 rule materialize_model:
     output:
         "results/models/{model}/{scale}/model.json",
-    params:
-        model=model_def,
-        architecture=architecture_file,
-        seed=config["seed"],
     log:
         "logs/materialize_model/{model}/{scale}.log",
     benchmark:
         "benchmarks/materialize_model/{model}/{scale}.tsv"
-    resources:
-        gpu=1,
     conda:
         "../envs/train.yaml"
+    resources:
+        gpu=1,
+    params:
+        model=model_def,
+        architecture=architecture_file,
+        seed=config["seed"],
     script:
         "../workflow/scripts/materialize_model.py"
 
@@ -23,16 +23,16 @@ rule cache_latents:
         train="results/data/{dataset}/train.parquet",
     output:
         "results/cache/{model}/{scale}/{dataset}/latents.pt",
-    params:
-        resolution=diffusion_resolution,
-        seed=config["seed"],
     log:
         "logs/cache_latents/{model}/{scale}/{dataset}.log",
     benchmark:
         "benchmarks/cache_latents/{model}/{scale}/{dataset}.tsv"
-    resources:
-        gpu=1,
     conda:
         "../envs/diffusion.yaml"
+    resources:
+        gpu=1,
+    params:
+        resolution=diffusion_resolution,
+        seed=config["seed"],
     script:
         "../workflow/scripts/cache_latents.py"

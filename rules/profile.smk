@@ -4,19 +4,19 @@ rule profile:
     output:
         trace="results/profiles/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/trace.json.gz",
         summary="results/profiles/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/summary.json",
-    params:
-        run=run_params,
-        base_dir=str(BASE_DIR),
     log:
         "logs/profile/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.log",
     benchmark:
         "benchmarks/profile/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.tsv"
+    conda:
+        "../envs/train.yaml"
     resources:
         gpu=1,
         mem_mb=16000,
         runtime=run_runtime_min,
-    conda:
-        "../envs/train.yaml"
+    params:
+        run=run_params,
+        base_dir=str(BASE_DIR),
     script:
         "../workflow/scripts/profile.py"
 

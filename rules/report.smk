@@ -12,14 +12,14 @@ rule aggregate:
             subcategory="Runs",
             labels={"table": "all runs"},
         ),
-    params:
-        title=study_title,
     log:
         "logs/aggregate/{study}.log",
     benchmark:
         "benchmarks/aggregate/{study}.tsv"
     conda:
         "../envs/report.yaml"
+    params:
+        title=study_title,
     script:
         "../workflow/scripts/aggregate.py"
 
@@ -107,15 +107,15 @@ rule compare:
             subcategory="Comparisons",
             labels={"table": "comparison with the published study"},
         ),
-    params:
-        title=study_title,
-        comparisons=study_comparisons,
-        variants=study_variant_table,
     log:
         "logs/compare/{study}.log",
     benchmark:
         "benchmarks/compare/{study}.tsv"
     conda:
         "../envs/report.yaml"
+    params:
+        title=study_title,
+        comparisons=study_comparisons,
+        variants=study_variant_table,
     script:
         "../workflow/scripts/compare.py"

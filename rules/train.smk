@@ -5,20 +5,22 @@ rule train:
         metrics="results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/metrics.json",
         steps="results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/steps.csv",
         memory="results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/memory.csv",
-        adapter=directory("results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/adapter"),
-    params:
-        run=run_params,
-        base_dir=str(BASE_DIR),
+        adapter=directory(
+            "results/runs/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}/adapter"
+        ),
     log:
         "logs/train/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.log",
     benchmark:
         "benchmarks/train/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.tsv"
+    conda:
+        run_env
     resources:
         gpu=1,
         mem_mb=16000,
         runtime=run_runtime_min,
-    conda:
-        run_env
+    params:
+        run=run_params,
+        base_dir=str(BASE_DIR),
     script:
         "../workflow/scripts/train.py"
 
@@ -41,17 +43,17 @@ rule generate:
                 "figure": "answers before/after",
             },
         ),
-    params:
-        generation=generation_settings,
-        seed=config["seed"],
     log:
         "logs/generate/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.log",
     benchmark:
         "benchmarks/generate/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.tsv"
+    conda:
+        "../envs/train.yaml"
     resources:
         gpu=1,
         mem_mb=16000,
-    conda:
-        "../envs/train.yaml"
+    params:
+        generation=generation_settings,
+        seed=config["seed"],
     script:
         "../workflow/scripts/generate.py"

@@ -45,3 +45,16 @@ def test_every_rule_names_env_log_and_benchmark():
 def test_snakemake_lint_is_clean(tmp_path):
     proc = snakemake("--lint", "--configfile", str(ROOT / "config/config.yaml"), "-d", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0 and "Lints for" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_snakemake_files_are_snakefmt_clean():
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "snakefmt"
+    assert exe.exists() or shutil.which("snakefmt"), "snakefmt is a dev dependency (pip install -e '.[dev]')"
+    proc = subprocess.run([str(exe) if exe.exists() else "snakefmt", "--check", "Snakefile", "rules"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
