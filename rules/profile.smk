@@ -9,7 +9,7 @@ rule profile:
     benchmark:
         "benchmarks/profile/{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}.tsv"
     conda:
-        "../envs/train.yaml"
+        run_env
     resources:
         gpu=1,
         mem_mb=16000,

@@ -58,3 +58,60 @@ def test_snakemake_files_are_snakefmt_clean():
     proc = subprocess.run([str(exe) if exe.exists() else "snakefmt", "--check", "Snakefile", "rules"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# import name of each package the project pins (the rest of an env's imports are the stdlib and ftbench)
+MODULES = {"torch": "torch", "transformers": "transformers", "peft": "peft", "trl": "trl", "datasets": "datasets",
+           "accelerate": "accelerate", "bitsandbytes": "bitsandbytes", "torchao": "torchao", "diffusers": "diffusers",
+           "unsloth": "unsloth", "transformer-engine": "transformer_engine", "pillow": "PIL",
+           "safetensors": "safetensors", "tokenizers": "tokenizers", "polars": "polars", "altair": "altair",
+           "vl-convert-python": "vl_convert", "pandas": "pandas", "pyarrow": "pyarrow", "pyyaml": "yaml",
+           "numpy": "numpy", "nvidia-ml-py": "pynvml"}
+IMPLIED = {"pandas": ["numpy"], "pyarrow": ["numpy"], "torch": ["numpy"]}  # what a package brings with it
+
+BLOCKER = '''
+import builtins, sys
+DENIED = set(sys.argv[1].split(","))
+real_import = builtins.__import__
+def deny(name, globals=None, locals=None, fromlist=(), level=0):
+    # import statements only: libraries probing optional packages with importlib.util.find_spec are left alone
+    if level == 0 and name.split(".")[0] in DENIED:
+        raise ImportError(f"{name} is not in this rule's environment")
+    return real_import(name, globals, locals, fromlist, level)
+builtins.__import__ = deny
+sys.path.insert(0, sys.argv[2])
+for line in sys.argv[3].split(";"):
+    exec(line)
+'''
+
+
+def rule_envs_and_scripts():
+    """(rule, env file, script) for every rule; a rule whose env is chosen per variant is checked in its
+    default env (train.yaml) and in the others that function can return by the same check below."""
+    out = []
+    for smk in sorted((ROOT / "rules").glob("*.smk")):
+        for block in re.split(r"\nrule ", "\n" + smk.read_text())[1:]:
+            name = block.split(":")[0]
+            conda = re.search(r"conda:\s*\n\s*(\S+)", block).group(1).strip('"')
+            script = re.search(r"script:\s*\n\s*\"([^\"]+)\"", block).group(1)
+            envs = [conda] if conda.endswith(".yaml") else ["../envs/train.yaml"]
+            for env in envs:
+                out.append((name, (ROOT / "rules" / env).resolve(), (ROOT / "rules" / script).resolve()))
+    return out
+
+
+@pytest.mark.parametrize("rule, env, script", rule_envs_and_scripts(), ids=lambda v: getattr(v, "name", v))
+def test_each_rule_imports_only_what_its_env_provides(rule, env, script):
+    import subprocess
+    import sys
+
+    spec = yaml.safe_load(env.read_text())
+    pip = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict))
+    have = {re.sub(r"\[.*\]", "", r.partition("==")[0]).lower() for r in pip}
+    have |= {m for p in list(have) for m in IMPLIED.get(p, [])}
+    denied = sorted(mod for pkg, mod in MODULES.items() if pkg not in have)
+    imports = [line.strip() for line in script.read_text().splitlines()
+               if line.startswith(("from ftbench", "import ftbench"))]
+    proc = subprocess.run([sys.executable, "-c", BLOCKER, ",".join(denied), str(ROOT / "src"), ";".join(imports)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, f"rule {rule} ({env.name}): {proc.stderr.strip().splitlines()[-1]}"

@@ -6,7 +6,6 @@ import io
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
 
 BEAN_LABELS = ["angular_leaf_spot", "bean_rust", "healthy"]
 _SYLLABLES = [c + v for c in ["", "k", "s", "t", "n", "h", "m", "y", "r", "w", "g", "z", "d", "b", "p", "sh", "ch", "ts"]
@@ -69,6 +68,8 @@ def synth_wikipedia(n: int, seed: int, p: dict) -> dict:
 
 def _leaf_image(rng, width, height, label_idx):
     """A green leaf on a soil background, with spots whose look depends on the label."""
+    from PIL import Image, ImageDraw, ImageFilter  # here: the report's environment reads token stats without PIL
+
     bg = rng.integers(60, 120, size=3)
     img = Image.new("RGB", (width, height), tuple(int(c) for c in bg))
     draw = ImageDraw.Draw(img)
@@ -87,7 +88,7 @@ def _leaf_image(rng, width, height, label_idx):
     return Image.fromarray(arr).filter(ImageFilter.GaussianBlur(0.6))
 
 
-def _jpeg(img: Image.Image) -> dict:
+def _jpeg(img) -> dict:
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=90)
     return {"bytes": buf.getvalue(), "path": None}

@@ -5,8 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 
-import torch
-
 SCHEDULE = {"wait": 1, "warmup": 1, "active": 5}
 STEPS_NEEDED = sum(SCHEDULE.values()) + 1
 DATA_LOADING_MARKERS = ("enumerate(DataLoader)", "ftbench.data")
@@ -18,6 +16,8 @@ HOST_CATEGORIES = ("cpu_op", "python_function", "user_annotation")
 def make_profiler(device: torch.device, trace_path: str, ops_path: str, top: int = 15):
     """A profiler that, when its active window closes, writes the Chrome trace and the top operators
     by self time on the device (self CPU time on a machine without a GPU)."""
+    import torch  # here, not at the top: the report's environment renders profile pages without PyTorch
+
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
