@@ -9,6 +9,7 @@ child's log, creates the job's other outputs, and exits 0, so the matrix goes on
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -16,10 +17,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from .records import RECORD_TEMPLATE, new_record_from_template
+from .gpus import gpu_slots
+from .records import new_record_from_template
 
 POLL_S = 0.5
 
@@ -62,23 +65,30 @@ def _kill(proc) -> None:
     proc.wait()
 
 
-def supervise(kind: str, params: dict, paths: dict, log_path) -> dict:
+def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int = 1) -> dict:
     """Run `kind` ("train" or "profile") in a child process under the run's limits; return its record (or
     the summary, for a profile) as written, a `crashed`/`timeout` one where the child could not write it."""
     time_limit, mem_limit = limits(params)
     out = Path(paths["metrics"] if kind == "train" else paths["summary"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="ftbench-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ftbench-"))
         job, progress = Path(tmp) / "job.json", Path(tmp) / "progress.json"
         job.write_text(json.dumps({"kind": kind, "params": params, "paths": paths}))
         env = dict(os.environ, FTBENCH_PROGRESS=str(progress),
                    PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        slots = stack.enter_context(gpu_slots(gpus))
+        if slots:  # the child sees only the GPUs this job holds
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(slots)
         with open(log_path, "a") as log:
             log.flush()
             proc = subprocess.Popen([sys.executable, "-m", "ftbench.supervise", str(job)], stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        previous = {s: signal.signal(s, lambda *_: (_kill(proc), sys.exit(1))) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {}  # a job cancelled by Snakemake takes its child with it (handlers live in the main thread)
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, lambda *_: (_kill(proc), sys.exit(1))) for s in (signal.SIGTERM,
+                                                                                              signal.SIGINT)}
         t0, verdict, peak_rss = time.monotonic(), None, 0
         try:
             while proc.poll() is None:
@@ -103,7 +113,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path) -> dict:
             pass
         elapsed = time.monotonic() - t0
         last = json.loads(progress.read_text()) if progress.is_file() and progress.stat().st_size else {}
-    supervision = {"time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
+    supervision = {"gpu_slots": slots, "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
                    "exit_code": proc.returncode, "host_peak_rss_gib_session": peak_rss / 1024**3 or None,
                    "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs")}
     if verdict is None and proc.returncode == 0 and out.is_file():

@@ -1,0 +1,72 @@
+"""One GPU per job on a host with several: a job takes the first free GPU slots by locking one file per
+slot, and its child process sees only those GPUs (CUDA_VISIBLE_DEVICES). Snakemake itself assigns no GPU
+ids to local jobs, so without this two jobs on a 2-GPU box would train on the same GPU. The locks are
+released when the job's process ends, however it ends (flock)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this job may use: CUDA_VISIBLE_DEVICES as given (a scheduler's choice, e.g. SLURM's), else
+    every GPU nvidia-smi lists; FTBENCH_GPU_IDS overrides both (tests, unusual hosts)."""
+    for var in ("FTBENCH_GPU_IDS", "CUDA_VISIBLE_DEVICES"):
+        if os.environ.get(var) not in (None, ""):
+            return [g.strip() for g in os.environ[var].split(",") if g.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip().isdigit()]
+
+
+def lock_dir() -> Path:
+    path = Path(os.environ.get("FTBENCH_GPU_LOCK_DIR", Path(tempfile.gettempdir()) / "ftbench-gpu-locks"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def gpu_slots(count: int, wait_s: float = 3600.0, poll_s: float = 0.5):
+    """Hold `count` GPU slots for the duration of the block; yields their ids (empty on a machine without
+    GPUs, where nothing is locked). Waits for slots held by other jobs, up to `wait_s`."""
+    gpus = visible_gpus()
+    if not gpus or count <= 0:
+        yield []
+        return
+    if os.environ.get("SLURM_JOB_ID") and "FTBENCH_GPU_IDS" not in os.environ:
+        yield gpus[:count]  # the cluster's scheduler gave this job its own GPUs already (and renumbers them)
+        return
+    if count > len(gpus):
+        raise RuntimeError(f"the job asks for {count} GPUs; this host shows {len(gpus)}: {gpus}")
+    held, deadline = [], time.monotonic() + wait_s
+    try:
+        while len(held) < count:
+            for gpu in gpus:
+                if len(held) == count or any(g == gpu for g, _ in held):
+                    continue
+                f = open(lock_dir() / f"gpu-{gpu}.lock", "w")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    f.write(f"{os.getpid()}\n")
+                    f.flush()
+                    held.append((gpu, f))
+                except BlockingIOError:
+                    f.close()
+            if len(held) < count:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no {count} free GPU slot(s) among {gpus} after {wait_s:g} s")
+                time.sleep(poll_s)
+        yield [g for g, _ in held]
+    finally:
+        for _, f in held:
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
