@@ -82,7 +82,13 @@ def aggregate(paths, extra_tables=(), study: str | None = None) -> pl.DataFrame:
         if study is not None and len(other):
             other = other.filter(pl.col("study") == study)
         df = pl.concat([other, df], how="diagonal_relaxed")
-    return df.unique(subset=KEY, keep="last", maintain_order=True).sort(KEY)
+    df = df.unique(subset=KEY, keep="last", maintain_order=True)
+    return df.sort([natural_key(pl.col(k)) if df.schema[k] == pl.String else pl.col(k) for k in KEY])
+
+
+def natural_key(col: pl.Expr) -> pl.Expr:
+    """Sort text with its numbers as numbers: workers-2 before workers-12."""
+    return col.str.replace_all(r"(\d+)", "0000000000$1").str.replace_all(r"0*(\d{10})", "$1")
 
 
 TABLE_COLUMNS = {
@@ -105,13 +111,24 @@ TABLE_COLUMNS = {
 
 
 def display_table(df: pl.DataFrame) -> pl.DataFrame:
-    cols = [c for c in TABLE_COLUMNS if c in df.columns]
+    """The runs table a reader sees: named columns, those no run filled left out (a CPU has no GPU figures)."""
+    cols = [c for c in TABLE_COLUMNS if c in df.columns and (c in KEY or df[c].null_count() < df.height)]
     return df.select(cols).rename({c: TABLE_COLUMNS[c] for c in cols})
 
 
 STYLE = ("body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse;margin-bottom:1em}"
-         "td,th{border:1px solid #ccc;padding:3px 6px}th{background:#eee;position:sticky;top:0}"
+         "div.scroll{max-width:100%;max-height:80vh;overflow:auto}"
+         "td,th{border:1px solid #ccc;padding:3px 6px;white-space:nowrap}"
+         "th{background:#eee;position:sticky;top:0;cursor:pointer}"
+         "td.text{white-space:normal;min-width:14em;max-width:32em}"
          "td.num{text-align:right;font-variant-numeric:tabular-nums}td.na{color:#999;text-align:center}")
+# click a column header to sort by it (numbers as numbers, "–" last); inline, so the page stays offline
+SORT_SCRIPT = ("<script>document.querySelectorAll('th').forEach(function(th){th.onclick=function(){"
+               "var t=th.closest('table'),b=t.tBodies[0],i=th.cellIndex,d=th.dataset.d=th.dataset.d=='a'?'d':'a';"
+               "var v=function(r){var x=r.cells[i].innerText.replace(/,/g,'');return x=='–'?null:"
+               "(isNaN(parseFloat(x))?x:parseFloat(x));};Array.from(b.rows).sort(function(p,q){var a=v(p),c=v(q);"
+               "if(a===null)return 1;if(c===null)return -1;var s=a<c?-1:a>c?1:0;return d=='a'?s:-s;})"
+               ".forEach(function(r){b.appendChild(r);});};});</script>")
 
 
 def _cell(v) -> str:
@@ -123,13 +140,14 @@ def _cell(v) -> str:
     if isinstance(v, int) and not isinstance(v, bool):
         return f"<td class='num'>{v}</td>"
     s = str(v).replace("&", "&amp;").replace("<", "&lt;").replace("'", "&#39;")
-    return f"<td title='{s}'>{s[:140]}</td>"
+    return f"<td title='{s}'{' class=text' if len(s) > 40 else ''}>{s[:140]}</td>"
 
 
 def html_table(df: pl.DataFrame, table_id: str = "") -> str:
     head = "".join(f"<th>{c}</th>" for c in df.columns)
     body = "\n".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in df.iter_rows())
-    return f"<table id='{table_id}'><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>"
+    return (f"<div class='scroll'><table id='{table_id}'><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody>"
+            "</table></div>")
 
 
 def html_page(title: str, blocks: list) -> str:
@@ -143,7 +161,7 @@ def html_page(title: str, blocks: list) -> str:
             heading, df, table_id = b
             parts.append(f"<h4>{heading}</h4>" + html_table(df, table_id))
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title><style>{STYLE}</style>"
-            f"</head><body><h3>{title}</h3>{''.join(parts)}</body></html>")
+            f"</head><body><h3>{title}</h3>{''.join(parts)}{SORT_SCRIPT}</body></html>")
 
 
 def to_html(df: pl.DataFrame, title: str, note: str = "") -> str:

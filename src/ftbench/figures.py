@@ -9,21 +9,29 @@ import polars as pl
 def metric_vs_batch(df: pl.DataFrame, column: str, title: str, y_title: str) -> alt.Chart:
     """One line per variant against batch size; a row of panels per model, scale and GPU (runs merged from other
     machines get their own rows), a column per dataset; failed runs drop out."""
+    from .analysis import natural_key
+
     ok = df.filter((pl.col("status") == "ok") & pl.col(column).is_not_null())
+    order = ok.select(pl.col("variant").unique()).sort(natural_key(pl.col("variant")))["variant"].to_list()
+    # 20 distinct colours (variants beyond 20 repeat with a distinct point shape), names never cut
+    color = alt.Color("variant:N", sort=order, scale=alt.Scale(scheme="tableau20"),
+                      legend=alt.Legend(labelLimit=400, columns=1 + len(order) // 16))
     data = ok.select("dataset", "variant", "gpu", "batch_size", pl.col(column).alias("value"),
                      pl.format("{} ({}) on {}", "model", "scale", "gpu").alias("run on")).to_pandas()
     tooltip = ["run on", "dataset", "variant", "batch_size", alt.Tooltip("value:Q", format=".4g")]
     if data["batch_size"].nunique() == 1:  # one batch size: compare the variants side by side
         chart = alt.Chart(data).mark_bar().encode(
-            x=alt.X("variant:N", sort=None, axis=alt.Axis(labelAngle=-40)), y=alt.Y("value:Q", title=y_title),
-            color=alt.Color("variant:N", legend=None), tooltip=tooltip).properties(width=320, height=200)
+            x=alt.X("variant:N", sort=order, axis=alt.Axis(labelAngle=-40, labelLimit=300)),
+            y=alt.Y("value:Q", title=y_title), color=color.legend(None), tooltip=tooltip
+        ).properties(width=max(320, 22 * len(order)), height=200)
     else:
         chart = alt.Chart(data).mark_line(point=True).encode(
             x=alt.X("batch_size:O", title="batch size", axis=alt.Axis(labelAngle=0)),
-            y=alt.Y("value:Q", title=y_title), color=alt.Color("variant:N"), tooltip=tooltip,
-        ).properties(width=260, height=180)
-    return chart.facet(row=alt.Row("run on:N", title=None), column=alt.Column("dataset:N"), title=title
-                       ).resolve_scale(y="independent", x="independent")
+            y=alt.Y("value:Q", title=y_title), color=color, shape=alt.Shape("variant:N", sort=order, legend=None),
+            tooltip=tooltip).properties(width=260, height=180)
+    return chart.facet(row=alt.Row("run on:N", title=None, header=alt.Header(labelLimit=600, labelAngle=0,
+                                                                             labelAlign="left")),
+                       column=alt.Column("dataset:N"), title=title).resolve_scale(y="independent", x="independent")
 
 
 def token_histogram(rows: list[dict]) -> alt.Chart:
