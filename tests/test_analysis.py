@@ -117,3 +117,20 @@ def test_unsloth_against_peft_at_equal_and_at_largest_batch_with_the_limits_foun
     assert (top["Unsloth largest batch"], top["Unsloth limit"]) == (16, "oom at 32")
     assert (top["PEFT largest batch"], top["PEFT limit"]) == (2, "oom at 4")
     assert top["samples/hour ratio (Unsloth / PEFT)"] == pytest.approx((16 / 1.6) / (2 / 0.5))
+
+
+def test_decision_guide_counts_compilation_against_the_run_length_and_respects_memory():
+    recs = [record("lmm", "bf16", 1.0, first=2.0, gpu=H100, mem=30),
+            record("lmm", "fixed-compile", 0.5, first=102.0, gpu=H100, mem=26),
+            record("lmm", "qlora", 1.2, first=2.0, gpu=H100, mem=10)]
+    from ftbench.compare import decision_guide
+
+    df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
+    note, (_, table, _) = decision_guide(df, {}, memory_gib=(16, 32), run_samples=(100, 1000))
+    pick = {(r["memory budget GiB"], r["run length (samples)"]): r for r in table.iter_rows(named=True)}
+    # 100 steps: bf16 takes 2 + 99 s, fixed-compile 102 + 49.5 s; 1000 steps: compile repays its 100 s
+    assert pick[(32, 100)]["use"] == "bf16 @ batch 1" and pick[(32, 100)]["runner-up"] == "qlora @ batch 1"  # 120.8 s < 151.5 s
+    assert pick[(32, 1000)]["use"] == "fixed-compile @ batch 1"
+    assert pick[(32, 1000)]["hours"] == pytest.approx((102 + 999 * 0.5) / 3600)
+    assert pick[(16, 1000)]["use"] == "qlora @ batch 1"  # the only one within 16 GiB
+    assert "break-even" in note

@@ -34,6 +34,7 @@ def flatten(record: dict) -> dict:
     row["model.adapted_modules"] = ",".join(adapted.get("names", [])) or None
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
+    row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1
     return row
 
 

@@ -232,7 +232,50 @@ def lmm_vs_published(df: pl.DataFrame, published: dict, baseline="bf16", **_) ->
             ("Runs that did not complete", failed, "lmm_failed")]
 
 
-COMPARISONS = {"lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
+def decision_guide(df: pl.DataFrame, published: dict, memory_gib=(16, 24, 48, 80, 140),
+                   run_samples=(1_000, 10_000, 100_000), **_) -> list:
+    """Which variant (and batch size) to use, per GPU, model and dataset, for a memory budget and a run length:
+    the one that finishes the run soonest, counting its first step (compilation) once and its median step for
+    the rest, among the runs whose peak memory fits the budget. The runner-up and the margin say how close
+    the choice is; a margin inside the two runs' noise reads as a tie."""
+    ok = df.filter(pl.col("status") == "ok", pl.col("timing.step_time_s").is_not_null()).with_columns(
+        memory_gib=peak_memory())
+    keys = ["gpu", "model", "scale", "dataset"]
+    rows = []
+    for group in ok.partition_by(keys, maintain_order=True):
+        g = group.row(0, named=True)
+        for budget in memory_gib:
+            fits = group.filter(pl.col("memory_gib") <= budget)
+            for n in run_samples:
+                row = {**{k: g[k] for k in keys}, "memory budget GiB": budget, "run length (samples)": n}
+                if fits.height == 0:
+                    rows.append({**row, "use": "nothing measured fits"})
+                    continue
+                per_step = pl.col("batch_size") * pl.col("extra.gradient_accumulation_steps").fill_null(1)
+                steps = (n / per_step).ceil()
+                ranked = fits.with_columns(hours=(pl.col("timing.first_step_s").fill_null(pl.col("timing.step_time_s"))
+                                                  + (steps - 1) * pl.col("timing.step_time_s")) / 3600).sort("hours")
+                best = ranked.row(0, named=True)
+                row.update({"use": f"{best['variant']} @ batch {best['batch_size']}", "hours": best["hours"],
+                            "peak GiB": best["memory_gib"], "first step s": best["timing.first_step_s"],
+                            "s/step": best["timing.step_time_s"]})
+                if ranked.height > 1:
+                    second = ranked.row(1, named=True)
+                    margin = second["hours"] / best["hours"]
+                    row["runner-up"] = f"{second['variant']} @ batch {second['batch_size']}"
+                    row["runner-up takes"] = _verdict(margin, best["timing.noise_cv"], second["timing.noise_cv"])
+                rows.append(row)
+    note = ("A decision guide from the measured records of each GPU present: for a memory budget (peak reserved "
+            "device memory; host RSS on a CPU) and a run length in samples, the variant and batch size that finish "
+            "soonest. Time = first step (compilation, Unsloth's JIT, cuDNN plans) + (steps - 1) x median step, with "
+            "steps = samples / (batch size x gradient accumulation): a compiled variant wins only once the run is long enough to repay its "
+            "first step (its break-even). Model load and evaluation are left out; losses are not compared (random "
+            "weights). " + NOISE_NOTE)
+    table = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame({"result": ["no run completed"]})
+    return [note, ("What to use, by memory budget and run length", table, "decision_guide")]
+
+
+COMPARISONS = {"decision_guide": decision_guide, "lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
                "diffusion_vs_published": diffusion_vs_published}
 
 
