@@ -369,7 +369,8 @@ def run_config(config: dict, spec: RunSpec) -> dict:
         "dataset": config["datasets"][spec.dataset],
         "variant": variant_knobs(config, spec.study, spec.variant),
         "training": config["training"],
-        "study": {k: v for k, v in study.items() if k != "matrix"},
+        # what the study trains with, not how it is reported: a new comparison or title reruns nothing
+        "study": {k: v for k, v in study.items() if k not in ("matrix", "compare", "generate", "published", "title")},
         "seed": config["seed"],
     }
 
