@@ -66,3 +66,34 @@ def test_length_stats():
     assert s["mean"] == 1015 and s["mean_truncated"] == pytest.approx((60 + 2048) / 4)
     assert s["share_truncated"] == 0.25 and s["max"] == 4000
     assert np.isclose(s["median"], 25)
+
+
+def test_a_local_image_folder_is_verified_and_embedded_and_a_corrupt_image_is_named(tmp_path):
+    """Every image decodes at preparation or is named (file and row); images are stored as bytes, which
+    the runners read (an image folder alone gives paths)."""
+    import io
+
+    import pyarrow.parquet as pq
+    import pytest
+    from PIL import Image
+
+    from ftbench.data import prepare_dataset
+
+    folder = tmp_path / "pics"
+    folder.mkdir()
+    lines = ["file_name,text"]
+    for i in range(8):
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 48), (10 * i, 80, 40)).save(buf, format="JPEG")
+        data = buf.getvalue()
+        (folder / f"{i}.jpg").write_bytes(data[: len(data) // 2] if i == 5 else data)  # 5.jpg is truncated
+        lines.append(f"{i}.jpg,a drawing number {i}")
+    (folder / "metadata.csv").write_text("\n".join(lines) + "\n")
+    ddef = {"name": "pics", "kind": "image_caption", "source": str(folder), "num_samples": 6, "eval_samples": 2}
+    with pytest.raises(ValueError, match=r"dataset pics: row \d+ \(.*5\.jpg\): image does not decode"):
+        prepare_dataset(ddef, 0, tmp_path / "t.parquet", tmp_path / "e.parquet")
+    summary = prepare_dataset(dict(ddef, on_bad_image="skip"), 0, tmp_path / "t.parquet", tmp_path / "e.parquet")
+    assert summary["on_bad_image"] == "skip" and [b["file"].endswith("5.jpg") for b in summary["bad_images"]] == [True]
+    assert summary["train"] + summary["eval"] == 7
+    images = pq.read_table(tmp_path / "t.parquet").column("image").to_pylist()
+    assert all(im["bytes"] for im in images)  # embedded: the diffusion runner reads bytes

@@ -164,16 +164,48 @@ def load_dataset_split(ddef: dict, seed: int):
     return ds
 
 
+def verify_images(ds, ddef: dict):
+    """Decode every image of a local or hub dataset once, here, rather than mid-training: each is embedded
+    as bytes (a local image folder stores only paths, which the runners cannot read), and one that does not
+    decode stops preparation naming its file and row (`on_bad_image: error`, the default) or is dropped and
+    listed (`skip`). Returns the dataset and the bad images."""
+    import datasets
+    from PIL import Image
+
+    raw = ds.cast_column("image", datasets.Image(decode=False))
+    policy, images, keep, bad = ddef.get("on_bad_image", "error"), [], [], []
+    for i, item in enumerate(raw["image"]):
+        where = item.get("path") or f"row {i}"
+        try:
+            data = item.get("bytes") or Path(item["path"]).read_bytes()
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()  # decodes the whole file: a truncated JPEG fails here, not in the 500th step
+            images.append({"bytes": data, "path": None})
+            keep.append(i)
+        except Exception as e:  # noqa: BLE001 — any image that does not decode is named
+            if policy != "skip":
+                raise ValueError(f"dataset {ddef.get('name', ddef['source'])}: row {i} ({where}): image does not "
+                                 f"decode: {e} (set on_bad_image: skip to drop such images)") from e
+            bad.append({"row": i, "file": item.get("path"), "error": str(e)[:200]})
+    rest = ds.select(keep).remove_columns("image")
+    out = rest.add_column("image", images).cast_column("image", datasets.Image())
+    return out, bad
+
+
 def prepare_dataset(ddef: dict, seed: int, train_path, eval_path) -> dict:
     """Write the train and held-out splits as parquet (datasets' own format); return a summary."""
     ds = load_dataset_split(ddef, seed)
+    bad = []
+    if ddef["source"] != "synthetic" and "image" in ds.column_names:
+        ds, bad = verify_images(ds, ddef)
     n_eval = ddef.get("eval_samples", 0)
     train, held_out = ds.select(range(len(ds) - n_eval)), ds.select(range(len(ds) - n_eval, len(ds)))
     for split, path in ((train, train_path), (held_out, eval_path)):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         split.to_parquet(str(path))
     return {"source": ddef["source"], "kind": ddef["kind"], "train": len(train), "eval": len(held_out),
-            "columns": list(ds.column_names)}
+            "columns": list(ds.column_names), "on_bad_image": ddef.get("on_bad_image", "error"),
+            "bad_images": bad}
 
 
 def read_split(path):
