@@ -16,10 +16,7 @@ RUNS = ftc.expand_matrix(config)
 os.environ.update(ftc.offline_env(config))
 STUDIES = ftc.active_studies(config)
 PROFILED = ftc.profiled_runs(config)
-MODEL_FAMILY = {
-    m: ftc.load_yaml(ftc.architecture_path(config, m, BASE_DIR))["family"]
-    for m in config["models"]
-}
+MODEL_FAMILY = {m: ftc.model_family(config, m, BASE_DIR) for m in config["models"]}
 
 
 wildcard_constraints:
@@ -190,4 +187,7 @@ def model_def(wildcards):
 
 
 def architecture_file(wildcards):
+    """The architecture file, or "" for a local checkpoint (it brings its own config)."""
+    if ftc.local_checkpoint(config, wildcards.model) is not None:
+        return ""
     return str(ftc.architecture_path(config, wildcards.model, BASE_DIR))

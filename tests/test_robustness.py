@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -105,3 +106,24 @@ def test_a_default_training_job_opens_no_socket_in_a_network_namespace(tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert json.loads((tmp_path / "wd" / target).read_text())["status"] == "ok"
     assert log.is_file() is False or log.read_text() == "", log.read_text()[:2000]
+
+
+def test_a_local_checkpoint_trains_at_its_own_size_without_an_architecture_file(tmp_path, tiny_qwen):
+    cfg = one_run_config()
+    cfg["models"]["qwen3-8b"] = {"source": tiny_qwen["path"]}  # no architecture file, no scale
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    target = "results/runs/llm/qwen3-8b/full/japanese_alpaca/lora/bs2/metrics.json"
+    run = snakemake("--cores", "2", "--resources", "gpu=1", "--configfile", str(path), "-d", str(tmp_path / "wd"),
+                    "--", target, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rec = json.loads((tmp_path / "wd" / target).read_text())
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["provenance"]["weights_source"] == str(Path(tiny_qwen["path"]).resolve())
+    manifest = json.loads((tmp_path / "wd/results/models/qwen3-8b/full/model.json").read_text())
+    assert "local checkpoint" in manifest["architecture"] and "Qwen3ForCausalLM" in manifest["architecture"]
+    bad = copy.deepcopy(cfg)
+    bad["models"]["qwen3-8b"] = {"source": str(tmp_path / "no-such-checkpoint/")}
+    path.write_text(yaml.safe_dump(bad))
+    dry = snakemake("-n", "--configfile", str(path), "-d", str(tmp_path / "wd2"), cwd=tmp_path)
+    assert dry.returncode != 0 and "is not a checkpoint folder" in dry.stdout + dry.stderr

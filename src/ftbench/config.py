@@ -155,7 +155,34 @@ def all_variant_names(config: dict) -> list[str]:
     return list(names)
 
 
+def local_checkpoint(config: dict, model: str) -> Path | None:
+    """The folder of a model whose source is a local checkpoint (config.json or model_index.json), else None."""
+    source = config["models"][model]["source"]
+    if source == "random":
+        return None
+    path = Path(source).expanduser()
+    return path if path.is_dir() and ((path / "config.json").is_file() or (path / "model_index.json").is_file()) \
+        else None
+
+
+def checkpoint_family(path: Path) -> str:
+    """A local checkpoint's runner family, from its own files (a diffusers pipeline has model_index.json)."""
+    if (path / "model_index.json").is_file():
+        return "diffusion"
+    cfg = json.loads((path / "config.json").read_text())
+    names = " ".join(cfg.get("architectures") or []) + " " + cfg.get("model_type", "")
+    if "Llava" in names or "llava" in names:
+        return "lmm"
+    if "ForCausalLM" in names:
+        return "causal_lm"
+    raise ConfigError(f"{path}/config.json: architectures {cfg.get('architectures')} is not a causal LM, "
+                      "a LLaVA model or a diffusers pipeline")
+
+
 def model_scale(config: dict, model: str) -> str:
+    """A model's scale; a local checkpoint trains at its own size, which the run records as `full`."""
+    if local_checkpoint(config, model) is not None:
+        return "full"
     return config["models"][model].get("scale", config["scale"])
 
 
@@ -281,6 +308,14 @@ def check_config(config: dict, base_dir) -> None:
         if name not in config["studies"]:
             raise ConfigError(f"only_studies: unknown study '{name}' (defined: {sorted(config['studies'])})")
     for model, mdef in config["models"].items():
+        if local_checkpoint(config, model) is not None:
+            checkpoint_family(local_checkpoint(config, model))
+            continue
+        if local_path_like(mdef["source"]):
+            raise ConfigError(f"models.{model}.source: {Path(mdef['source']).expanduser()} is not a checkpoint "
+                              "folder (config.json or model_index.json)")
+        if not mdef.get("architecture"):
+            raise ConfigError(f"models.{model}.architecture: required unless the source is a local checkpoint folder")
         path = architecture_path(config, model, base_dir)
         if not path.is_file():
             raise ConfigError(f"models.{model}.architecture: file not found: {path}")
@@ -334,6 +369,9 @@ def offline_env(config: dict) -> dict:
 
 
 def model_family(config: dict, model: str, base_dir) -> str:
+    local = local_checkpoint(config, model)
+    if local is not None:
+        return checkpoint_family(local)
     return load_yaml(architecture_path(config, model, base_dir))["family"]
 
 

@@ -93,6 +93,19 @@ def _diffusion(arch, out, tok, device):
 BUILDERS = {"causal_lm": _causal_lm, "lmm": _lmm, "diffusion": _diffusion}
 
 
+def local_checkpoint_manifest(path, family: str, out_dir) -> dict:
+    """The manifest of a local checkpoint: trained as it is, at its own size, named by its folder."""
+    path = Path(path).expanduser().resolve()
+    cfg = path / ("model_index.json" if family == "diffusion" else "config.json")
+    info = json.loads(cfg.read_text())
+    name = info.get("_class_name") or " ".join(info.get("architectures") or []) or info.get("model_type")
+    manifest = {"family": family, "architecture": f"{name} (local checkpoint {path})", "scale": "full",
+                "weights_source": str(path), "path": str(path), "tokenizer": str(path), "seed": None}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "model.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
 def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str = "cpu") -> dict:
     """Write a loadable checkpoint (random weights) or, for a hub source, a manifest pointing at it.
 
