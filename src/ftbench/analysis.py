@@ -172,6 +172,9 @@ def to_html(df: pl.DataFrame, title: str, note: str = "") -> str:
 def token_table_html(stats: list[dict]) -> str:
     rows = []
     for s in stats:
+        if s.get("error"):
+            rows.append({"dataset": s["dataset"], "model": s["model"], "measure": f"not computed: {s['error']}",
+                         "data source": s["data_source"], "tokenizer": s["tokenizer"]})
         for measure in ("text_tokens", "image_tokens_anyres", "image_tokens_fixed"):
             if measure in s:
                 m = s[measure]
@@ -185,4 +188,5 @@ def token_table_html(stats: list[dict]) -> str:
             "processor expands under AnyRes and with every image resized to 336×336. Published: japanese_alpaca "
             "mean 117 and wikipedia_ja mean 861 after truncation (Qwen3 tokenizer); 2,928 image tokens for a "
             "500×500 image.")
-    return html_page("Token statistics", [note, ("Tokens per sample", pl.DataFrame(rows), "token_stats")])
+    return html_page("Token statistics", [note, ("Tokens per sample", pl.DataFrame(rows, infer_schema_length=None),
+                                                  "token_stats")])
