@@ -57,13 +57,8 @@ def diffusion_resolution(wildcards):
 
 def run_runtime_min(wildcards):
     """The job's runtime request (minutes; SLURM reads it): its time limit plus room for start-up and records."""
-    limit = (
-        ftc.run_params(config, ftc.find_run(config, **wildcards))["settings"][
-            "time_limit_s"
-        ]
-        or 3600
-    )
-    return int(limit // 60) + 10
+    limit, _ = ftc.run_limits(run_params(wildcards))
+    return int((limit or 3600) // 60) + 10
 
 
 def run_params(wildcards):

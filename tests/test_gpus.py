@@ -2,7 +2,6 @@
 its own (simulated here with FTBENCH_GPU_IDS: the locking is the same on a real host)."""
 
 import json
-import sys
 import threading
 import time
 

@@ -13,22 +13,22 @@ NOISE_NOTE = ("Noise: each run's relative uncertainty is its CV across repeated 
               "difference\".")
 
 
-def verdict(ratio: pl.Expr, noise_a: pl.Expr, noise_b: pl.Expr) -> pl.Expr:
+def _verdict(ratio, noise_a, noise_b) -> str | None:
     """A ratio as text: "no measurable difference" inside the combined noise, else the ratio (2 decimals);
     "(noise not recorded)" when neither run recorded its noise."""
-    combined = (noise_a.fill_null(0) ** 2 + noise_b.fill_null(0) ** 2).sqrt()
-    text = pl.format("{}x", ratio.round(2))
-    return (pl.when(ratio.is_null()).then(None)
-            .when(noise_a.is_null() & noise_b.is_null()).then(pl.format("{} (noise not recorded)", text))
-            .when((ratio - 1).abs() <= NOISE_SIGMAS * combined).then(pl.lit("no measurable difference"))
-            .otherwise(text))
+    if ratio is None:
+        return None
+    text = f"{round(ratio, 2)}x"
+    if noise_a is None and noise_b is None:
+        return f"{text} (noise not recorded)"
+    combined = ((noise_a or 0) ** 2 + (noise_b or 0) ** 2) ** 0.5
+    return "no measurable difference" if abs(ratio - 1) <= NOISE_SIGMAS * combined else text
 
 
-def _verdict(ratio, noise_a, noise_b) -> str | None:
-    """verdict() for one pair of plain numbers."""
-    frame = pl.DataFrame({"r": [ratio], "a": [noise_a], "b": [noise_b]}, schema={"r": pl.Float64, "a": pl.Float64,
-                                                                                  "b": pl.Float64})
-    return frame.select(verdict(pl.col("r"), pl.col("a"), pl.col("b"))).item()
+def verdict(ratio: pl.Expr, noise_a: pl.Expr, noise_b: pl.Expr) -> pl.Expr:
+    """_verdict over columns (comparison tables are a few dozen rows)."""
+    return pl.struct(r=ratio, a=noise_a, b=noise_b).map_elements(
+        lambda x: _verdict(x["r"], x["a"], x["b"]), return_dtype=pl.String)
 
 
 def samples_per_hour_vs_published(df: pl.DataFrame, published: dict, **_) -> list:

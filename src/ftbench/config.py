@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -157,7 +158,12 @@ def all_variant_names(config: dict) -> list[str]:
 
 def local_checkpoint(config: dict, model: str) -> Path | None:
     """The folder of a model whose source is a local checkpoint (config.json or model_index.json), else None."""
-    source = config["models"][model]["source"]
+    return _checkpoint_dir(config["models"][model]["source"])
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpoint_dir(source: str) -> Path | None:
+    """Looked up once per source: the matrix asks for every run's scale, and Snakemake expands it per job."""
     if source == "random":
         return None
     path = Path(source).expanduser()
@@ -165,6 +171,7 @@ def local_checkpoint(config: dict, model: str) -> Path | None:
         else None
 
 
+@functools.lru_cache(maxsize=None)
 def checkpoint_family(path: Path) -> str:
     """A local checkpoint's runner family, from its own files (a diffusers pipeline has model_index.json)."""
     if (path / "model_index.json").is_file():
@@ -372,7 +379,12 @@ def model_family(config: dict, model: str, base_dir) -> str:
     local = local_checkpoint(config, model)
     if local is not None:
         return checkpoint_family(local)
-    return load_yaml(architecture_path(config, model, base_dir))["family"]
+    return _architecture_family(str(architecture_path(config, model, base_dir)))
+
+
+@functools.lru_cache(maxsize=None)
+def _architecture_family(path: str) -> str:
+    return load_yaml(path)["family"]
 
 
 def check_knobs(config: dict, base_dir) -> None:
@@ -416,6 +428,13 @@ def run_config(config: dict, spec: RunSpec) -> dict:
 def config_hash(obj) -> str:
     blob = json.dumps(obj, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def run_limits(params: dict) -> tuple[float | None, float | None]:
+    """(time limit s, host memory limit GiB) of a run from its params: the variant's time limit over the study's."""
+    settings = params["settings"]
+    return (params["variant"].get("time_limit_s") or settings.get("time_limit_s"),
+            settings.get("host_memory_limit_gib"))
 
 
 def run_params(config: dict, spec: RunSpec) -> dict:

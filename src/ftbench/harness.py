@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import csv
 import datetime
 import importlib.metadata
@@ -22,7 +21,9 @@ from pathlib import Path
 import torch
 
 from .config import MeasureSettings
-from .records import RECORD_TEMPLATE, SCHEMA_VERSION, new_record_from_template  # noqa: F401  (the record's shape lives with its readers)
+from .flops import mfu
+from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, new_record_from_template,  # noqa: F401  (the record's
+                      write_json_atomic)  # shape and its writer live with its readers, torch-free)
 
 GIB = 1024**3
 PACKAGES = ["torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "torchao", "diffusers",
@@ -431,11 +432,11 @@ class Meter:
         f = record["flops"]
         f.update(peak_tflops=peak_tflops, peak_precision=peak_precision)
         if None not in model:
-            f.update(model_per_step=statistics.fmean(model), model_tflops=sum(model) / window_s / 1e12)
-            f["mfu"] = f["model_tflops"] / peak_tflops if peak_tflops else None
+            f.update(model_per_step=statistics.fmean(model), model_tflops=sum(model) / window_s / 1e12,
+                     mfu=mfu(sum(model) / window_s, peak_tflops))
         if None not in hardware:
-            f.update(hardware_per_step=statistics.fmean(hardware), hardware_tflops=sum(hardware) / window_s / 1e12)
-            f["hfu"] = f["hardware_tflops"] / peak_tflops if peak_tflops else None
+            f.update(hardware_per_step=statistics.fmean(hardware), hardware_tflops=sum(hardware) / window_s / 1e12,
+                     hfu=mfu(sum(hardware) / window_s, peak_tflops))  # the same ratio, of executed FLOPs
 
     def _outliers(self, record: dict, median: float, window_s: float) -> None:
         """Steps slower than `outlier_factor` medians, with why where known: graphs compiled during the step
@@ -506,15 +507,6 @@ def guarded(record: dict, device: torch.device):
     except Exception as e:  # noqa: BLE001 — any other failure is recorded with its exception
         record.update(status="error", reason=f"{type(e).__name__}: {e}"[:2000])
         record["extra"]["traceback"] = traceback.format_exc()[-4000:]
-
-
-def write_json_atomic(path, obj) -> None:
-    """Write to a temporary file beside `path`, then rename: a reader never sees half a record."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def write_record(path, record: dict):

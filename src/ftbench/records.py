@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -54,6 +55,15 @@ def new_record_from_template(run: dict, variant: dict) -> dict:
     rec["run"].update(run)
     rec["variant"] = dict(variant)
     return rec
+
+
+def write_json_atomic(path, obj) -> None:
+    """Write to a temporary file beside `path`, then rename: a reader never sees half a record."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
 
 
 class RecordError(ValueError):

@@ -21,17 +21,11 @@ import threading
 import time
 from pathlib import Path
 
+from .config import run_limits
 from .gpus import gpu_slots
-from .records import new_record_from_template
+from .records import new_record_from_template, write_json_atomic
 
 POLL_S = 0.5
-
-
-def limits(params: dict) -> tuple[float | None, float | None]:
-    """(time limit s, host memory limit GiB) of a run: the variant's time limit over the study's."""
-    settings = params["settings"]
-    return (params["variant"].get("time_limit_s") or settings.get("time_limit_s"),
-            settings.get("host_memory_limit_gib"))
 
 
 def _session_rss_bytes(sid: int) -> int:
@@ -68,7 +62,7 @@ def _kill(proc) -> None:
 def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int = 1) -> dict:
     """Run `kind` ("train" or "profile") in a child process under the run's limits; return its record (or
     the summary, for a profile) as written, a `crashed`/`timeout` one where the child could not write it."""
-    time_limit, mem_limit = limits(params)
+    time_limit, mem_limit = run_limits(params)
     out = Path(paths["metrics"] if kind == "train" else paths["summary"])
     out.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -119,7 +113,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int = 1) -> 
     if verdict is None and proc.returncode == 0 and out.is_file():
         result = json.loads(out.read_text())
         result.setdefault("extra", {})["supervision"] = supervision
-        _write_json(out, result)
+        write_json_atomic(out, result)
         return result
     if verdict is None:
         rc = proc.returncode
@@ -136,13 +130,6 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int = 1) -> 
     return _fallback(kind, params, paths, status, reason, supervision)
 
 
-def _write_json(path, obj) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
-
-
 def _fallback(kind, params, paths, status, reason, supervision) -> dict:
     """The record (and the job's other outputs) of a child that could not write them."""
     rec = new_record_from_template(params["run"], {"name": params["run"]["variant"], **params["variant"]})
@@ -152,7 +139,7 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
     rec["provenance"] = {"config_hash": params["config_hash"], "scale": params["run"]["scale"],
                          "data_source": params["dataset"].get("source")}
     if kind == "train":
-        _write_json(paths["metrics"], rec)
+        write_json_atomic(paths["metrics"], rec)
         for key in ("steps", "memory"):
             if not Path(paths[key]).is_file():
                 Path(paths[key]).write_text("step\n")
@@ -164,7 +151,7 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
                "supervision": supervision}
     with gzip.open(paths["trace"], "wt") as f:
         json.dump({"traceEvents": []}, f)
-    _write_json(paths["summary"], summary)
+    write_json_atomic(paths["summary"], summary)
     return summary
 
 

@@ -112,7 +112,6 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 def train(ctx, record, device, meter):
     """Load, add LoRA, loop (data, encode, noise, predict, loss, backward, clip, step); fill the record."""
     s, v = ctx.settings, ctx.variant
-    cuda = device.type == "cuda"
     dtype = DTYPES[v.precision]
     with meter.load():
         tokenizer, text_encoder, vae, unet, scheduler = load_components(ctx.manifest["path"], device, dtype)
