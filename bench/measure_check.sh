@@ -1,18 +1,32 @@
 #!/usr/bin/env bash
-# The measurement check on one GPU: Study C `pinned` and `sync-free` (SD 1.5, 512 px), Qwen3-8B `lora-efficient`
-# (japanese_alpaca, batch 4) and Study A `fixed-compile` (full LLaVA-NeXT-7B, batch 1), each with the full
-# configs' window (30 steps or more, at least 20 s, 3 repeats), then the harness's own overhead.
-# Usage, in the project root: bash bench/measure_check.sh [OUTDIR]   (records stay under results/runs/)
+# The measurement check on one GPU, in parts (all by default), each with the full configs' window (30 steps or
+# more, at least 20 s, 3 repeats):
+#   c         Study C `pinned` and `sync-free` (SD 1.5, 512 px, batch 1)
+#   b         Qwen3-8B `lora-efficient` (japanese_alpaca, batch 4)
+#   a         Study A `fixed-compile` (the whole LLaVA-NeXT-7B, batch 1; bench/study_a_full.yaml)
+#   a-limit   Study A `bf16` and `compile` at full scale, batch 1: `compile` (text length varying) is bounded
+#             at 5 minutes and ends as a `timeout` record with its recompile count; bf16 completes beside it
+#   overhead  the harness's own overhead (bench/meter_overhead.py)
+# Usage, in the project root: bash bench/measure_check.sh [OUTDIR [PART...]]   (records stay under results/runs/)
 set -u
 out=${1:-results/measure_check}
+shift || true
+parts=${*:-c b a a-limit overhead}
 mkdir -p "$out"
-sm() { ${SNAKEMAKE:-python3 -m snakemake} --cores 16 --resources gpu=1 "$@"; }
-sm --configfile config/study_c_random.yaml -- \
-   results/runs/diffusion/stable-diffusion-v1-5/full/naruto/{pinned,sync-free}/bs1/metrics.json > "$out/study_c.log" 2>&1
-sm --configfile config/study_b_random.yaml -- \
-   results/runs/llm/qwen3-8b/full/japanese_alpaca/lora-efficient/bs4/metrics.json > "$out/study_b.log" 2>&1
-sm --configfile config/study_a_random.yaml \
-   --config 'models={"llava-v1.6-mistral-7b": {"architecture": "llava-v1.6-mistral-7b.yaml", "source": "random", "scale": "full"}}' \
-   -- results/runs/lmm/llava-v1.6-mistral-7b/full/beans/fixed-compile/bs1/metrics.json > "$out/study_a.log" 2>&1
-python3 bench/meter_overhead.py > "$out/overhead.txt" 2>&1
-echo done > "$out/DONE"
+sm() { ${SNAKEMAKE:-python3 -m snakemake} --cores 16 --resources gpu=1 --keep-going "$@"; }
+lmm=results/runs/lmm/llava-v1.6-mistral-7b/full/beans
+for part in $parts; do
+  echo "== $part $(date -u +%FT%TZ)"
+  case $part in
+    c) sm --configfile config/study_c_random.yaml -- \
+         results/runs/diffusion/stable-diffusion-v1-5/full/naruto/{pinned,sync-free}/bs1/metrics.json ;;
+    b) sm --configfile config/study_b_random.yaml -- \
+         results/runs/llm/qwen3-8b/full/japanese_alpaca/lora-efficient/bs4/metrics.json ;;
+    a) sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- "$lmm/fixed-compile/bs1/metrics.json" ;;
+    a-limit) sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- \
+         "$lmm/bf16/bs1/metrics.json" "$lmm/compile/bs1/metrics.json" ;;
+    overhead) python3 bench/meter_overhead.py ;;
+    *) echo "unknown part: $part" >&2; exit 2 ;;
+  esac > "$out/$part.log" 2>&1
+  echo "   exit $? $(date -u +%FT%TZ)"
+done
