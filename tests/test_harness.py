@@ -152,3 +152,37 @@ def test_memory_and_provenance_on_cpu(tmp_path):
     prov = provenance(CPU, tmp_path, "abc", "random", "synthetic", "tiny")
     assert prov["versions"]["torch"] == "2.13.0+cpu" or torch.__version__.startswith(prov["versions"]["torch"])
     assert prov["device"]["type"] == "cpu" and prov["config_hash"] == "abc" and prov["scale"] == "tiny"
+
+
+def test_compile_accounting_keeps_training_apart_from_evaluation():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    f = torch.compile(lambda x: (x * 2).sum(), backend="eager")
+    meter = Meter(CPU, MeasureSettings(warmup_steps=1, steps=2), count_graphs=True)
+    meter.start()
+    for _ in range(3):
+        f(torch.ones(4))
+        meter.step(1)
+    meter.finish()
+    f(torch.ones(2, 3))  # evaluation meets a new shape: a graph compiled after training, not a recompile of it
+    rec = new_record({}, {})
+    meter.summarize(rec, peak_tflops=None, peak_precision=None)
+    c = rec["compile"]
+    assert c["unique_graphs"] == c["graphs_first_step"] == 1 and c["recompiles"] == 0
+    assert c["eval_graphs"] == 1 and c["eval_compile_s"] >= 0
+
+
+def test_progress_file_is_written_at_most_every_fifth_of_a_second(tmp_path, monkeypatch):
+    progress = tmp_path / "progress.json"
+    monkeypatch.setenv("FTBENCH_PROGRESS", str(progress))
+    writes = []
+    monkeypatch.setattr(Meter, "_write_progress", lambda self, row: writes.append(self.steps_taken))
+    meter = Meter(CPU, MeasureSettings(warmup_steps=0, steps=10**6, repeats=1))
+    meter.start()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.5:
+        meter.step(1)
+    assert writes[0] == 1 and 2 <= len(writes) <= 4 and meter.steps_taken > 100

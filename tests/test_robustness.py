@@ -53,6 +53,7 @@ def test_a_hung_run_past_its_time_limit_is_a_timeout_record(tmp_path, tiny_qwen,
     sup = rec["extra"]["supervision"]
     assert sup["time_limit_s"] == 20 and sup["last_step"] == 2 and 20 <= sup["elapsed_s"] < 60
     assert rec["run"]["variant"] == "lora" and rec["provenance"]["config_hash"]
+    assert rec["provenance"]["device"]["type"] == "cpu" and rec["provenance"]["device"]["name"]  # no GPU slot here
 
 
 def test_a_run_over_its_host_memory_budget_is_killed_and_recorded(tmp_path, tiny_qwen, instruction_data):

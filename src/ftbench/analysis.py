@@ -97,6 +97,7 @@ TABLE_COLUMNS = {
     "batch_size": "batch", "gpu": "GPU", "status": "status", "timing.step_time_s": "step s (median)",
     "timing.step_time_p10_s": "p10", "timing.step_time_p90_s": "p90", "timing.steps_measured": "steps",
     "timing.noise_cv": "noise CV", "timing.cv_within": "CV within", "timing.cv_across_repeats": "CV across repeats",
+    "timing.cv_median_across_repeats": "CV of window medians",
     "outliers.dominated": "outlier-dominated", "timing.first_step_s": "first step s", "compile.compile_s": "compile s",
     "timing.model_load_s": "load s",
     "throughput.samples_per_hour": "samples/h", "throughput.tokens_per_s": "tokens/s",

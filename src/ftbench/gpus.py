@@ -70,3 +70,27 @@ def gpu_slots(count: int, wait_s: float = 3600.0, poll_s: float = 0.5):
         for _, f in held:
             fcntl.flock(f, fcntl.LOCK_UN)
             f.close()
+
+
+def describe(slots: list[str]) -> dict:
+    """The device a job held, named the way the child's own record names it (harness.device_info), for a
+    record the supervisor writes in its place (crash, timeout): nvidia-smi on the job's first slot, else the
+    host's processor."""
+    import platform
+
+    try:
+        cpu = platform.processor() or platform.machine()  # `uname -p` in a subprocess
+    except Exception:
+        cpu = platform.machine()
+    info = {"type": "cpu", "name": cpu, "total_memory_gib": None,
+            "driver": None, "uuid": None, "cpu_count": os.cpu_count(), "visible_devices": ",".join(slots) or None}
+    if not slots:
+        return info
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={slots[0]}", "--query-gpu=name,uuid,memory.total,driver_version",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30).stdout
+        name, uuid, total_mib, driver = [x.strip() for x in out.strip().splitlines()[0].split(",")]
+        info.update(type="cuda", name=name, uuid=uuid, total_memory_gib=float(total_mib) / 1024, driver=driver)
+    except Exception:  # best effort: a record without its device's name is still a record
+        pass
+    return info

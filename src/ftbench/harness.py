@@ -26,6 +26,7 @@ from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, new_record_from_template,
                       write_json_atomic)  # shape and its writer live with its readers, torch-free)
 
 GIB = 1024**3
+PROGRESS_EVERY_S = 0.2  # the supervisor's view of the last step reached (ftbench.supervise) is at most this old
 PACKAGES = ["torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "torchao", "diffusers",
             "datasets", "unsloth", "transformer_engine", "snakemake", "liger_kernel"]
 
@@ -243,6 +244,8 @@ class Meter:
         # the supervisor reads the last step reached from here when the process dies (ftbench.supervise)
         progress = os.environ.get("FTBENCH_PROGRESS")
         self._progress = open(progress, "w") if progress else None
+        self._progress_at = float("-inf")
+        self._trained = None  # compile time and graph count when training finished
 
     def __enter__(self):
         self.sampler.__enter__()
@@ -301,11 +304,10 @@ class Meter:
         self._in_window += 1
         if self.profiler is not None:
             self.profiler.step()
-        if self._progress is not None:
-            self._progress.seek(0)
-            self._progress.write(json.dumps({"step": self._steps, "compiled_graphs": row.get("compiled_graphs")}))
-            self._progress.truncate()
-            self._progress.flush()
+        now = time.perf_counter()
+        if self._progress is not None and now - self._progress_at >= PROGRESS_EVERY_S:
+            self._write_progress(row)
+            self._progress_at = now
         self._fault()
         m = self.measure
         if self._phase == "warmup":
@@ -318,8 +320,18 @@ class Meter:
             self.memory_log.append(memory_log_row(self._steps, self.device, **(log_fields or {})))
         return self.done
 
+    def _write_progress(self, row: dict):
+        self._progress.seek(0)
+        self._progress.write(json.dumps({"step": self._steps, "compiled_graphs": row.get("compiled_graphs")}))
+        self._progress.truncate()
+        self._progress.flush()
+
     def _fault(self):
-        """Fault injection (tests): die by SIGKILL, or hang, at a given step, as a crashing run would."""
+        """Fault injection (tests): die by SIGKILL, or hang, at a given step, as a crashing run would (the
+        progress file is brought up to date first, so the test can check the step the supervisor reads)."""
+        if self._progress is not None and self._steps in (self.inject.get("kill_at_step"),
+                                                          self.inject.get("hang_at_step")):
+            self._write_progress(self._pending[-1]["row"])
         if self.inject.get("kill_at_step") == self._steps:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.inject.get("hang_at_step") == self._steps:
@@ -364,6 +376,10 @@ class Meter:
             self._close(truncated=self._phase != "warmup")
         if self._steps and (not self.memory_log or self.memory_log[-1]["step"] != self._steps):
             self.memory_log.append(memory_log_row(self._steps, self.device))
+        if self.count_graphs and self._trained is None:  # training's own compilation, before any evaluation
+            from torch._dynamo.utils import calculate_time_spent
+
+            self._trained = (dict(calculate_time_spent()), compiled_graphs())
 
     @property
     def steps_taken(self) -> int:
@@ -402,6 +418,7 @@ class Meter:
         within = _cv(times)
         t.update(step_time_s=median, step_time_p10_s=q[0], step_time_p90_s=q[-1],
                  step_time_mean_s=statistics.fmean(times), cv_within=within, cv_across_repeats=across,
+                 cv_median_across_repeats=_cv([w["median_step_s"] for w in windows]),
                  noise_cv=across if across is not None else (within / len(times) ** 0.5 if within is not None
                                                              else None),
                  steps_measured=len(rows), window_s=window_s, host_window_s=sum(w["host_s"] for w in windows))
@@ -468,12 +485,14 @@ class Meter:
             return
         from torch._dynamo.utils import calculate_time_spent, counters
 
-        spent = calculate_time_spent()
-        graphs = compiled_graphs()
+        now, graphs_now = calculate_time_spent(), compiled_graphs()
+        spent, graphs = self._trained or (now, graphs_now)
         first = self.rows[0].get("compiled_graphs") or 0
         record["compile"].update(compile_s=spent.get("total_wall_time"), frame_compile_s=spent.get(
             "entire_frame_compile"), backward_compile_s=spent.get("entire_backward_compile"), unique_graphs=graphs,
-            graphs_first_step=first, recompiles=graphs - first, graph_breaks=sum(counters["graph_break"].values()))
+            graphs_first_step=first, recompiles=graphs - first, graph_breaks=sum(counters["graph_break"].values()),
+            eval_graphs=graphs_now - graphs,
+            eval_compile_s=(now.get("total_wall_time") or 0) - (spent.get("total_wall_time") or 0))
 
     def write_steps(self, path):
         write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "t_end_s", "samples",

@@ -29,7 +29,7 @@ RECORD_TEMPLATE = {
                 "truncated": None, "windows": []},
     "timing": {"model_load_s": None, "first_step_s": None, "first_step_overhead_s": None, "step_time_s": None,
                "step_time_p10_s": None, "step_time_p90_s": None, "step_time_mean_s": None, "cv_within": None,
-               "cv_across_repeats": None, "noise_cv": None, "steps_measured": None, "window_s": None,
+               "cv_across_repeats": None, "cv_median_across_repeats": None, "noise_cv": None, "steps_measured": None, "window_s": None,
                "host_window_s": None, "train_s": None, "eval_s": None},
     "outliers": {"factor": None, "count": None, "time_s": None, "time_share": None, "dominated": None, "steps": []},
     "throughput": {"samples_per_s": None, "samples_per_hour": None, "samples_per_hour_median_step": None,
@@ -41,7 +41,8 @@ RECORD_TEMPLATE = {
     "flops": {"model_per_step": None, "hardware_per_step": None, "model_tflops": None, "hardware_tflops": None,
               "peak_tflops": None, "peak_precision": None, "mfu": None, "hfu": None},
     "compile": {"compile_s": None, "frame_compile_s": None, "backward_compile_s": None, "unique_graphs": None,
-                "graphs_first_step": None, "recompiles": None, "graph_breaks": None},
+                "graphs_first_step": None, "recompiles": None, "graph_breaks": None, "eval_graphs": None,
+                "eval_compile_s": None},
     "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},
     "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
     "loss": {"first": None, "last": None, "eval": None},
@@ -77,6 +78,14 @@ def read_record(path) -> dict:
     except (OSError, json.JSONDecodeError) as e:
         raise RecordError(f"{path}: not a readable run record ({type(e).__name__}: {e})") from e
     if record.get("schema_version") == SCHEMA_VERSION:
+        for group, keys in RECORD_TEMPLATE.items():  # keys added to schema 2 since the record was written
+            if isinstance(keys, dict) and isinstance(record.get(group), dict):
+                for key, default in keys.items():
+                    record[group].setdefault(key, copy.deepcopy(default))
+        medians = [w.get("median_step_s") for w in record["measure"].get("windows") or []]
+        if record["timing"]["cv_median_across_repeats"] is None and len(medians) > 1 and None not in medians:
+            mean = statistics.fmean(medians)
+            record["timing"]["cv_median_across_repeats"] = statistics.stdev(medians) / mean if mean else None
         return record
     if record.get("schema_version") == 1:
         steps = path.with_name("steps.csv")

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from .config import run_limits
-from .gpus import gpu_slots
+from .gpus import describe, gpu_slots
 from .records import new_record_from_template, write_json_atomic
 
 POLL_S = 0.5
@@ -137,7 +137,8 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
     rec["extra"]["supervision"] = supervision
     rec["compile"]["unique_graphs"] = supervision.get("compiled_graphs_at_last_step")
     rec["provenance"] = {"config_hash": params["config_hash"], "scale": params["run"]["scale"],
-                         "data_source": params["dataset"].get("source")}
+                         "data_source": params["dataset"].get("source"),
+                         "device": describe(supervision.get("gpu_slots") or [])}
     if kind == "train":
         write_json_atomic(paths["metrics"], rec)
         for key in ("steps", "memory"):

@@ -140,7 +140,8 @@ def train(ctx, record, device, meter):
                            shape_policy=v.shape_policy, pad_multiple=pad_multiple(v, s),
                            gradient_checkpointing_active=v.gradient_checkpointing)
     with meter.eval():
-        record["loss"]["eval"] = evaluate(step_fn, read_split(ctx.eval_path), collate, ctx.spec.batch_size, device,
+        # the eager module: evaluating through the compiled one recompiles for no_grad (90 s at full scale)
+        record["loss"]["eval"] = evaluate(model, read_split(ctx.eval_path), collate, ctx.spec.batch_size, device,
                                           autocast, fp8_ctx)
 
 
