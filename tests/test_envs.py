@@ -115,3 +115,25 @@ def test_each_rule_imports_only_what_its_env_provides(rule, env, script):
     proc = subprocess.run([sys.executable, "-c", BLOCKER, ",".join(denied), str(ROOT / "src"), ";".join(imports)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, f"rule {rule} ({env.name}): {proc.stderr.strip().splitlines()[-1]}"
+
+
+@pytest.mark.parametrize("env", sorted(p.stem for p in (ROOT / "envs").glob("*.yaml")))
+def test_each_env_has_a_lock_file_that_agrees_with_its_pins(env):
+    """envs/<env>.lock.txt (envs/lock.py) holds the env's whole pip closure at the env file's own pins; an env
+    pip cannot resolve here says why in its lock file instead."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lock", ROOT / "envs/lock.py")
+    lock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lock)
+    lock_file = ROOT / f"envs/{env}.lock.txt"
+    assert lock_file.is_file(), f"run: python envs/lock.py {env}"
+    pins = lock.read_lock(lock_file)
+    if not pins:
+        assert "not resolvable" in lock_file.read_text()
+        return
+    for req in lock.pip_requirements(ROOT / f"envs/{env}.yaml"):
+        name, version = req.split("#")[0].strip().split("==")
+        name = lock.canonical(name.split("[")[0])
+        assert pins.get(name) == version, f"{env}: {name} is {version} in the env file, {pins.get(name)} in the lock"
+    assert len(pins) > len(lock.pip_requirements(ROOT / f"envs/{env}.yaml"))  # the closure, not just the pins
