@@ -24,8 +24,10 @@ report: run
 	$(BIN)/snakemake --report report.html
 	@echo "report: $(CURDIR)/report.html"
 
+# two workers, one test file each at a time: the end-to-end pipeline (tests/test_pipeline.py, scheduled first)
+# runs beside the rest of the suite
 test: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(CORES) --dist loadfile
 
 lint: install
 	$(BIN)/snakemake --lint

@@ -38,3 +38,9 @@ def instruction_data(tmp_path_factory):
     ddef = {"kind": "instruction", "source": "synthetic", "num_samples": 24, "eval_samples": 4}
     prepare_dataset(ddef, 42, out / "train.parquet", out / "eval.parquet")
     return ddef, out / "train.parquet", out / "eval.parquet"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The end-to-end pipeline (minutes) first, so that under `pytest -n 2 --dist loadfile` (make test) one
+    worker starts it at once while the other takes the rest of the suite."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)

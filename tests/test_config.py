@@ -138,3 +138,16 @@ def test_profile_selector_must_match_a_run():
     cfg["profile"] = [{"study": "llm", "batch_size": 64}]
     with pytest.raises(ftc.ConfigError, match="profile"):
         ftc.check_config(cfg, ROOT)
+
+
+@pytest.mark.parametrize("extra, length", [([], 512), (["study_b.yaml"], 2048), (["study_b_random.yaml"], 2048)])
+def test_tiny_default_keeps_sequences_short_and_the_study_b_configs_publish_length(extra, length):
+    """Config files merge recursively, so a value the tiny default sets inside a study would leak into a full
+    config that does not set it again: Study B's configs set the published 2048 themselves."""
+    from snakemake.utils import update_config
+
+    config = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    for name in extra:
+        update_config(config, yaml.safe_load((ROOT / "config" / name).read_text()))
+    spec = ftc.RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", "lora", 4)
+    assert ftc.train_settings(config, spec).max_seq_length == length
