@@ -8,7 +8,7 @@ import yaml
 
 from conftest import ROOT
 from ftbench.analysis import aggregate, flatten
-from ftbench.compare import diffusion_vs_published, lmm_vs_published, unsloth_vs_peft
+from ftbench.compare import diffusion_vs_published, ladder, lmm_vs_published, unsloth_vs_peft
 from ftbench.harness import new_record
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -134,3 +134,30 @@ def test_decision_guide_counts_compilation_against_the_run_length_and_respects_m
     assert pick[(32, 1000)]["hours"] == pytest.approx((102 + 999 * 0.5) / 3600)
     assert pick[(16, 1000)]["use"] == "qlora @ batch 1"  # the only one within 16 GiB
     assert "break-even" in note
+
+
+def test_ladder_rungs_against_previous_and_baseline_with_loss_and_the_fastest_configuration():
+    def run(variant, tps, batch=2, status="ok", loss=2.0, steps=8, noise=0.01, mem=30.0):
+        rec = record("llm", variant, 1.0, gpu=H100, batch=batch, mem=mem, noise=noise)
+        rec["status"], rec["reason"] = status, None if status == "ok" else "Liger Kernel is not installed"
+        rec["throughput"]["tokens_per_s"] = tps
+        rec["loss"].update(mean_first_steps=loss, first_steps=steps)
+        return rec
+
+    recs = [run("lora", 1000), run("lora-efficient", 1010), run("lora-pf", 1500, loss=2.0001),
+            run("lora-pf-liger", None, status="unsupported"), run("lora-pf-liger-compile", 2000, loss=2.5),
+            run("lora-pf-liger-compile", 2600, batch=8, mem=70.0), run("unsloth-lora", 1800)]
+    df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
+    lead, _, (_, table, _) = ladder(df, {}, rungs=["lora", "lora-efficient", "lora-pf", "lora-pf-liger",
+                                                    "lora-pf-liger-compile"], beside=["unsloth-lora"])
+    rows = {(r["variant"], r["batch"]): r for r in table.iter_rows(named=True)}
+    assert rows[("lora", 2)]["rung"] == "0" and rows[("unsloth-lora", 2)]["rung"] == "beside"
+    assert rows[("lora-efficient", 2)]["x previous"] == "no measurable difference"  # 1 % against 1.4 % noise
+    assert rows[("lora-pf", 2)]["x previous"] == "1.49x" and rows[("lora-pf", 2)]["x baseline"] == "1.5x"
+    assert rows[("lora-pf-liger", 2)]["status"] == "unsupported" and rows[("lora-pf-liger", 2)]["x previous"] is None
+    # the rung after an unsupported one is compared with the last rung that ran
+    assert rows[("lora-pf-liger-compile", 2)]["x previous"] == "1.33x"
+    assert rows[("lora-pf-liger-compile", 2)]["loss vs baseline"] == pytest.approx(0.5)  # a different model
+    assert rows[("lora-pf", 2)]["loss vs baseline"] == pytest.approx(0.0001)
+    assert ("lora-pf-liger-compile", 8) in rows and ("lora", 8) not in rows
+    assert "lora-pf-liger-compile</b> at batch 8" in lead and "2,600 real tokens/s" in lead and "70.0 GiB" in lead

@@ -134,6 +134,13 @@ def test_generations_and_comparisons_in_the_report(pipeline):
     assert {r["source"] for r in sph} == {"published", "ftbench"}
     assert any(r["source"] == "published" and r["samples/hour"] == "27,000" for r in sph)
     assert "no batch size where both ran" in page  # Unsloth cannot run on this CPU
+    # the page leads with the technique ladder: rung 0 and padding-free ran here, the CUDA-only rungs say why not
+    assert page.index("ladder") < page.index("samples_per_hour")
+    rungs = {r["variant"]: r for r in table(page, "ladder")}
+    assert rungs["lora"]["rung"] == "0" and num(rungs["lora"]["tokens/s (real)"]) > 0
+    assert rungs["lora-padding-free"]["rung"] == "beside" and rungs["lora-padding-free"]["status"] == "ok"
+    assert rungs["lora-pf-liger"]["status"] == "unsupported" and "CUDA" in rungs["lora-pf-liger"]["reason"]
+    assert "Fastest configuration measured" in page
 
 
 def test_report_has_figures_token_stats_and_profile(pipeline):

@@ -133,3 +133,59 @@ def test_diffusion_trains_in_the_precision_it_records(tmp_path, precision, weigh
     assert rec["status"] == "ok", rec["reason"]
     assert rec["precision"]["frozen_weights"] == weights and rec["precision"]["gemm"] == gemm
     assert rec["precision"]["trainable_weights"] == "fp32"  # the recipe keeps LoRA weights in fp32
+
+
+def test_padding_free_batches_compute_the_same_loss_as_padded_ones(tiny_qwen):
+    """The ladder's padding-free rung: TRL's collator concatenates a batch into one row whose position ids
+    restart at each sequence; with the runner's block-diagonal causal mask the loss over the same tokens
+    equals the padded batch's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from ftbench.runners.causal_lm import document_mask
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.float32, attn_implementation="sdpa")
+    model.eval()
+    vocab = model.config.vocab_size
+    features = [{"input_ids": torch.randint(5, vocab, (n,)).tolist()} for n in (7, 12, 4)]
+    padded = DataCollatorForLanguageModeling(pad_token_id=0)(features)
+    packed = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(features)
+    assert packed["input_ids"].shape == (1, 23) and "attention_mask" not in packed
+    pos = packed["position_ids"]
+    with torch.no_grad():
+        a = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], labels=padded["labels"]).loss
+        b = model(input_ids=packed["input_ids"], position_ids=pos, attention_mask=document_mask(pos),
+                  labels=packed["labels"]).loss
+        # position ids alone do not keep the sequences apart in transformers' SDPA: why the runner adds the mask
+        c = model(input_ids=packed["input_ids"], position_ids=pos, labels=packed["labels"]).loss
+    assert torch.allclose(a, b, rtol=1e-5), (a, b)
+    assert not torch.allclose(a, c, rtol=1e-4)
+
+
+def test_padding_free_variant_trains_and_counts_real_tokens(tmp_path, tiny_qwen, instruction_data):
+    rec = run(tmp_path, tiny_qwen, instruction_data, Variant("lora-padding-free", padding_free=True))
+    assert rec["status"] == "ok", rec["reason"]
+    steps = list(csv.DictReader(open(tmp_path / "steps.csv")))
+    # one row of concatenated sequences: nothing padded, every token real, two samples a step
+    assert all(r["tokens"] == r["padded_tokens"] and r["shape"].startswith("1x") for r in steps)
+    assert all(int(r["samples"]) == 2 for r in steps)
+    assert rec["loss"]["first_steps"] == 5 and math.isfinite(rec["loss"]["mean_first_steps"])
+
+
+def test_liger_is_unsupported_without_a_gpu(tmp_path, tiny_qwen, instruction_data):
+    rec = run(tmp_path, tiny_qwen, instruction_data, Variant("lora-liger", liger=True))
+    assert rec["status"] == "unsupported" and "Liger" in rec["reason"]
+
+
+def test_padding_free_keeps_the_sequence_length_limit(tmp_path, tiny_qwen, instruction_data):
+    ddef, train, eval_ = instruction_data
+    variant = Variant("lora-padding-free", padding_free=True)
+    settings = TrainSettings(measure=MeasureSettings(warmup_steps=1, steps=2), lora=LORA, max_seq_length=16)
+    ctx = RunContext(RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", variant.name, 2), variant, settings,
+                     tiny_qwen, ddef, str(train), str(eval_), str(tmp_path), "cafe")
+    rec = execute(ctx, tmp_path / "metrics.json", tmp_path / "steps.csv", tmp_path / "memory.csv")
+    assert rec["status"] == "ok", rec["reason"]
+    steps = list(csv.DictReader(open(tmp_path / "steps.csv")))
+    assert all(int(r["tokens"]) <= 2 * 16 for r in steps) and any(int(r["tokens"]) == 32 for r in steps)

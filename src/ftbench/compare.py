@@ -275,7 +275,63 @@ def decision_guide(df: pl.DataFrame, published: dict, memory_gib=(16, 24, 48, 80
     return [note, ("What to use, by memory budget and run length", table, "decision_guide")]
 
 
-COMPARISONS = {"decision_guide": decision_guide, "lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
+def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
+    """The technique ladder: each rung a variant that adds one technique to the rung before, measured at the
+    same model, dataset, GPU and batch size; real (unpadded) tokens/s, MFU, peak memory, the loss over the first
+    steps (the same samples for every rung: a faster rung that trains a different model shows here), x previous
+    and x baseline with their noise verdicts. Variants `beside` the ladder (Unsloth) are rows of their own. Ends
+    with the fastest configuration per GPU among everything in the table, at any batch size, and its memory."""
+    names = list(rungs) + [b for b in beside if b not in rungs]
+    df = df.filter(pl.col("variant").is_in(names)).with_columns(memory_gib=peak_memory())
+    keys = ["model", "dataset", "gpu", "batch_size"]
+    rows = []
+    for group in df.partition_by(keys, maintain_order=True):
+        by = {r["variant"]: r for r in group.iter_rows(named=True)}
+        base, prev = by.get(rungs[0]) if rungs else None, None
+        for i, name in enumerate(names):
+            r = by.get(name)
+            if r is None:
+                continue
+            ok = r["status"] == "ok"
+            tps = r["throughput.tokens_per_s"] if ok else None
+
+            def times(other):
+                if not ok or other is None or other["status"] != "ok" or not other["throughput.tokens_per_s"]:
+                    return None
+                return _verdict(tps / other["throughput.tokens_per_s"], r["timing.noise_cv"], other["timing.noise_cv"])
+
+            loss, base_loss = r.get("loss.mean_first_steps"), (base or {}).get("loss.mean_first_steps")
+            same_steps = base is not None and r.get("loss.first_steps") == base.get("loss.first_steps")
+            rows.append({"model": r["model"], "dataset": r["dataset"], "gpu": r["gpu"], "batch": r["batch_size"],
+                         "rung": str(i) if name in rungs else "beside", "variant": name, "status": r["status"],
+                         "tokens/s (real)": tps, "MFU": r["flops.mfu"] if ok else None,
+                         "peak memory GiB": r["memory_gib"] if ok else None,
+                         "loss, first steps (mean)": loss if ok else None,
+                         "loss vs baseline": (loss - base_loss) if ok and same_steps and loss is not None
+                         and base_loss is not None else None,
+                         "x previous": times(prev) if name in rungs else None, "x baseline": times(base),
+                         "reason": r["reason"] if not ok else None})
+            if name in rungs and ok:
+                prev = r
+    note = ("Each rung adds one technique to the rung above it (Study B, same data and batch size). Tokens/s counts "
+            "real tokens (padding excluded); MFU counts them against the GPU's dense peak for the GEMM dtype that ran. "
+            "The loss is the mean over the first warm-up + window steps, which see the same samples in every rung; "
+            "'loss vs baseline' is its difference from rung 0 (random weights: equal losses mean the same "
+            "computation, not a good model). " + NOISE_NOTE)
+    if not rows:
+        return [note, ("Ladder", pl.DataFrame({"result": ["no rung ran"]}), "ladder")]
+    table = pl.DataFrame(rows, infer_schema_length=None)
+    best = []
+    for group in table.filter(pl.col("tokens/s (real)").is_not_null()).partition_by("gpu", maintain_order=True):
+        top = group.sort("tokens/s (real)", descending=True).row(0, named=True)
+        best.append(f"On {top['gpu']}: <b>{top['variant']}</b> at batch {top['batch']} ({top['model']}, "
+                    f"{top['dataset']}), {top['tokens/s (real)']:,.0f} real tokens/s, "
+                    f"{top['peak memory GiB']:.1f} GiB peak.")
+    lead = "Fastest configuration measured: " + (" ".join(best) if best else "none ran.")
+    return [lead, note, ("Ladder", table, "ladder")]
+
+
+COMPARISONS = {"ladder": ladder, "decision_guide": decision_guide, "lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
                "diffusion_vs_published": diffusion_vs_published}
 
 

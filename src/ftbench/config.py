@@ -38,6 +38,8 @@ class Variant:
     sdpa_backend: str | None = None  # None (PyTorch picks) | flash | efficient | cudnn | math
     framework: str = "hf"  # hf | unsloth
     gradient_checkpointing: bool = False
+    padding_free: bool = False  # causal LM: a batch is one row of concatenated sequences (position ids restart)
+    liger: bool = False  # causal LM: Liger Kernel's fused RMSNorm, SwiGLU and RoPE (Triton, CUDA only)
     dataloader_workers: int = 0
     pin_memory: bool = False
     cached_latents: bool = False  # diffusion: train from pre-encoded latents

@@ -408,6 +408,11 @@ class Meter:
         if self.sampler.process_peak_bytes is not None:
             record["memory"]["process_peak_used_gib"] = self.sampler.process_peak_bytes / GIB
         self._compile(record)
+        losses = [r["loss"] for r in self.rows if r.get("loss") is not None]
+        if losses:  # the first steps see the same samples in every variant of a study (same seed and batch)
+            n = min(len(losses), m.warmup_steps + m.steps)
+            record["loss"].update(first=losses[0], last=losses[-1], first_steps=n,
+                                  mean_first_steps=statistics.fmean(losses[:n]))
         if not rows:
             return
         times = [r["step_time_s"] for r in rows]

@@ -20,7 +20,7 @@ HONOURED = {
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4"}, "compile": ANY,
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
-                  "pin_memory": ANY},
+                  "pin_memory": ANY, "padding_free": ANY, "liger": ANY},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "nf4", "fp8"}, "fp8_backend": ANY,
             "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,

@@ -45,7 +45,7 @@ RECORD_TEMPLATE = {
                 "eval_compile_s": None},
     "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},
     "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
-    "loss": {"first": None, "last": None, "eval": None},
+    "loss": {"first": None, "last": None, "eval": None, "first_steps": None, "mean_first_steps": None},
     "extra": {},
     "provenance": {},
 }

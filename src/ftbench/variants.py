@@ -34,6 +34,11 @@ def check_supported(variant: Variant, device: torch.device) -> None:
         raise Unsupported("NF4 needs bitsandbytes, which is not installed")
     if variant.sdpa_backend in ("cudnn", "efficient") and not cuda:
         raise Unsupported(f"the {variant.sdpa_backend} attention backend needs a CUDA GPU; this machine has none")
+    if variant.liger:
+        if not cuda:
+            raise Unsupported("Liger Kernel is Triton code for CUDA GPUs; this machine has none")
+        if importlib.util.find_spec("liger_kernel") is None:
+            raise Unsupported("Liger Kernel is not installed (pip install '.[gpu]')")
     if variant.pin_memory and not cuda:
         raise Unsupported("pin_memory pins host memory for copies to a CUDA GPU; this machine has none")
 

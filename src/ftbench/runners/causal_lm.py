@@ -45,6 +45,25 @@ def batch_sequences(input_ids, attention_mask, position_ids) -> tuple[list[int],
     return padded, [int(r) for r in real]
 
 
+def document_mask(position_ids):
+    """The attention mask of a padding-free row: token i sees token j when both lie in the same sequence
+    (position ids restart at 0 at each) and j <= i, as (batch, 1, T, T) booleans. transformers' SDPA and eager
+    attention do not derive it from the position ids themselves: without it the sequences of a row attend to
+    each other (tests/test_runner.py)."""
+    import torch
+
+    doc = (position_ids == 0).cumsum(-1)
+    t = position_ids.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=position_ids.device).tril()
+    return ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
+
+
+def truncate(ds, length: int):
+    """A tokenized dataset with every per-token column cut to `length` tokens."""
+    return ds.map(lambda ex: {k: x[:length] for k, x in ex.items()
+                              if isinstance(x, list) and len(x) == len(ex["input_ids"])})
+
+
 def pad_multiple(variant, settings) -> int | None:
     """What each batch's length is padded up to a multiple of: nothing (dynamic padding), a bucket size
     (bucketed: few distinct shapes, for compilers and per-shape kernel plans), or the fixed length."""
@@ -86,7 +105,8 @@ def train(ctx, record, device, meter):
         per_device_train_batch_size=ctx.spec.batch_size, per_device_eval_batch_size=ctx.spec.batch_size,
         gradient_accumulation_steps=s.gradient_accumulation_steps, learning_rate=s.learning_rate,
         optim=s.optim, max_grad_norm=s.max_grad_norm, bf16=compute == "bf16", fp16=compute == "fp16",
-        max_length=s.max_seq_length, logging_steps=s.logging_steps,
+        # padding-free: TRL refuses a max_length it would not enforce; the datasets are truncated below instead
+        max_length=None if v.padding_free else s.max_seq_length, logging_steps=s.logging_steps,
         save_strategy="no", eval_strategy="no", report_to="none", seed=s.seed, data_seed=s.seed,
         dataloader_num_workers=v.dataloader_workers, dataloader_pin_memory=v.pin_memory,
         dataloader_persistent_workers=v.dataloader_workers > 0,
@@ -95,6 +115,9 @@ def train(ctx, record, device, meter):
         gradient_checkpointing=v.gradient_checkpointing and v.framework != "unsloth",
         gradient_checkpointing_kwargs={"use_reentrant": False},
         pad_to_multiple_of=pad_multiple(v, s), use_cpu=device.type == "cpu", disable_tqdm=True,
+        # padding-free: TRL's collator concatenates a batch into one row with position ids restarting at each
+        # sequence; the trainer below adds the block-diagonal mask that keeps them apart (document_mask)
+        padding_free=v.padding_free, use_liger_kernel=v.liger,
         torch_compile=v.compile is not None, torch_compile_mode=v.compile, lr_scheduler_type="linear",
         warmup_steps=0)
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
@@ -109,6 +132,12 @@ def train(ctx, record, device, meter):
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             # TRL's fused LM head is a Triton kernel; without Triton (CPU-only machines) use the model's loss
             return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+        def _prepare_inputs(self, inputs):
+            inputs = super()._prepare_inputs(inputs)
+            if v.padding_free and inputs.get("position_ids") is not None and inputs.get("attention_mask") is None:
+                inputs = {**inputs, "attention_mask": document_mask(inputs["position_ids"])}
+            return inputs
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             loss = super().training_step(model, inputs, num_items_in_batch)
@@ -141,12 +170,13 @@ def train(ctx, record, device, meter):
 
     trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                                  processing_class=tokenizer, callbacks=[HarnessCallback()])
+    if v.padding_free:  # the truncation TRL applies with max_length otherwise (the first tokens kept)
+        trainer.train_dataset, trainer.eval_dataset = (truncate(ds, s.max_seq_length)
+                                                       for ds in (trainer.train_dataset, trainer.eval_dataset))
     trainer.train()
     meter.finish()
     record["extra"]["gradient_checkpointing_active"] = bool(getattr(trainer.model, "is_gradient_checkpointing", False)
                                                             or getattr(model, "is_gradient_checkpointing", False))
-    losses = [r["loss"] for r in meter.rows]
-    record["loss"].update(first=losses[0] if losses else None, last=losses[-1] if losses else None)
     record["extra"]["loss_path"] = "trl_fused_lm_head" if fused_head_available() else "model_cross_entropy"
     n_train = len(train_ds)
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size

@@ -177,7 +177,6 @@ def train(ctx, record, device, meter):
         optimizer.zero_grad(set_to_none=not cuda_graphs)
         meter.step(ctx.spec.batch_size * accum, loss=torch.stack(losses).mean(), data_wait_s=data_wait)
     meter.finish()
-    record["loss"].update(first=meter.rows[0]["loss"], last=meter.rows[-1]["loss"])
     median = statistics.median(r["step_time_s"] for r in meter.measured) if meter.measured else None
     record["extra"].update(gradient_accumulation_steps=accum, micro_step_time_s=median / accum if median else None,
                            train_samples=len(ds))

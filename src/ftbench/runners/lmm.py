@@ -135,7 +135,6 @@ def train(ctx, record, device, meter):
         meter.step(b, tokens=sum(real), padded_tokens=b * t, loss=loss.detach(), data_wait_s=wait,
                    shape=f"{b}x{t}", **step_flops(real, [t] * b, shape, trainable, v.gradient_checkpointing))
     meter.finish()
-    record["loss"].update(first=meter.rows[0]["loss"], last=meter.rows[-1]["loss"])
     record["extra"].update(image_tokens_per_sample=sum(image_tokens) / len(image_tokens),
                            shape_policy=v.shape_policy, pad_multiple=pad_multiple(v, s),
                            gradient_checkpointing_active=v.gradient_checkpointing)
