@@ -151,3 +151,18 @@ def test_tiny_default_keeps_sequences_short_and_the_study_b_configs_publish_leng
         update_config(config, yaml.safe_load((ROOT / "config" / name).read_text()))
     spec = ftc.RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", "lora", 4)
     assert ftc.train_settings(config, spec).max_seq_length == length
+
+
+def test_config_check_names_a_yaml_syntax_error_by_file_and_line(tmp_path, capsys):
+    """Snakemake's own message for a --configfile with a syntax error names neither file nor line; the
+    pre-flight check (python -m ftbench.config FILE) does, and runs the same checks as a run on a good file."""
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("studies:\n  llm:\n    training: {measure: [1, 2}\n")
+    assert ftc.main([str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"{bad}:3:") and "mine.yaml" in out
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("only_studies: [nope]\n")
+    assert ftc.main([str(unknown)]) == 1 and "only_studies: unknown study 'nope'" in capsys.readouterr().out
+    assert ftc.main([str(ROOT / "config/study_b_random.yaml")]) == 0
+    assert capsys.readouterr().out.startswith("ok:")

@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -453,3 +454,48 @@ def train_settings(config: dict, spec: RunSpec) -> TrainSettings:
     merged["measure"] = {**config["training"].get("measure", {}), **study.get("training", {}).get("measure", {})}
     known = {f.name for f in dataclasses.fields(TrainSettings)}
     return TrainSettings(seed=config["seed"], **{k: v for k, v in merged.items() if k in known})
+
+
+def yaml_errors(paths) -> list[str]:
+    """Each file's YAML syntax error as `file:line:column: problem` (Snakemake's own message for a bad
+    --configfile names neither the file nor the line)."""
+    out = []
+    for path in paths:
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+            out.append(f"{where}: {e.problem or e.context}" + (f" ({e.context})" if e.context and e.problem else ""))
+        except OSError as e:
+            out.append(f"{path}: {e.strerror}")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """`python -m ftbench.config [FILE ...]`: the checks a run makes before any job, for config files merged over
+    config/config.yaml as `--configfile` would, with YAML syntax errors named by file and line."""
+    from snakemake.utils import update_config
+
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "config/config.yaml", *argv]
+    errors = yaml_errors(files)
+    if errors:
+        print("\n".join(errors))
+        return 1
+    config = {}
+    for path in files:
+        update_config(config, load_yaml(path) or {})
+    try:
+        validate_config(config, root / "config/schema/config.schema.yaml")
+        check_config(config, root)
+        expand_matrix(config)
+    except ConfigError as e:
+        print(e)
+        return 1
+    print(f"ok: {', '.join(map(str, argv)) or 'config/config.yaml'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
