@@ -38,9 +38,19 @@ def flatten(record: dict) -> dict:
     return row
 
 
+# the names published tables use for what a device reports: the SXM5 H100 reports "H100 80GB HBM3" (the PCIe
+# card "H100 PCIe", the NVL "H100 NVL"), the workstation Blackwell "RTX PRO 6000 Blackwell Max-Q Workstation Edition"
+GPU_KEYS = {"H100 80GB HBM3": "H100 SXM5",
+            "RTX PRO 6000 Blackwell Max-Q Workstation Edition": "RTX PRO 6000 Blackwell Max-Q"}
+
+
 def gpu_name(name: str | None) -> str | None:
-    """One key per GPU model: NVIDIA's marketing prefix dropped ("NVIDIA H100 80GB HBM3" -> "H100 80GB HBM3")."""
-    return name.removeprefix("NVIDIA ").strip() if name else name
+    """One key per GPU model, as published tables name it: NVIDIA's prefix dropped, then GPU_KEYS
+    ("NVIDIA H100 80GB HBM3" -> "H100 SXM5"), so our runs and the published rows of one GPU share a key."""
+    if not name:
+        return name
+    short = name.removeprefix("NVIDIA ").strip()
+    return GPU_KEYS.get(short, short)
 
 
 def peak_memory() -> pl.Expr:

@@ -77,20 +77,20 @@ def read_record(path) -> dict:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise RecordError(f"{path}: not a readable run record ({type(e).__name__}: {e})") from e
-    if record.get("schema_version") == SCHEMA_VERSION:
-        for group, keys in RECORD_TEMPLATE.items():  # keys added to schema 2 since the record was written
-            if isinstance(keys, dict) and isinstance(record.get(group), dict):
-                for key, default in keys.items():
-                    record[group].setdefault(key, copy.deepcopy(default))
-        medians = [w.get("median_step_s") for w in record["measure"].get("windows") or []]
-        if record["timing"]["cv_median_across_repeats"] is None and len(medians) > 1 and None not in medians:
-            mean = statistics.fmean(medians)
-            record["timing"]["cv_median_across_repeats"] = statistics.stdev(medians) / mean if mean else None
-        return record
     if record.get("schema_version") == 1:
         steps = path.with_name("steps.csv")
-        return upgrade_v1(record, list(csv.DictReader(open(steps))) if steps.is_file() else None)
-    raise RecordError(f"{path}: unknown schema_version {record.get('schema_version')!r}")
+        record = upgrade_v1(record, list(csv.DictReader(open(steps))) if steps.is_file() else None)
+    elif record.get("schema_version") != SCHEMA_VERSION:
+        raise RecordError(f"{path}: unknown schema_version {record.get('schema_version')!r}")
+    for group, keys in RECORD_TEMPLATE.items():  # keys added to schema 2 since the record was written
+        if isinstance(keys, dict) and isinstance(record.get(group), dict):
+            for key, default in keys.items():
+                record[group].setdefault(key, copy.deepcopy(default))
+    medians = [w.get("median_step_s") for w in record["measure"].get("windows") or []]
+    if record["timing"]["cv_median_across_repeats"] is None and len(medians) > 1 and None not in medians:
+        mean = statistics.fmean(medians)
+        record["timing"]["cv_median_across_repeats"] = statistics.stdev(medians) / mean if mean else None
+    return record
 
 
 def _num(v):
