@@ -11,6 +11,7 @@ import yaml
 
 from conftest import ROOT, snakemake
 from ftbench.config import expand_matrix
+from ftbench.profiling import SCHEDULE
 
 CONFIG = ROOT / "config/config.yaml"
 pytestmark = pytest.mark.e2e
@@ -82,8 +83,11 @@ def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
     rows = table(embedded(report, "results/studies/llm/runs.html"), "runs")
     assert {(r["model"], r["dataset"], r["variant"], r["batch"]) for r in rows} == expected
     assert {r["variant"] for r in rows} >= {"lora", "lora-gc", "qlora", "unsloth-qlora", "unsloth-lora"}
+    cuda_only = {v for v, knobs in cfg["variants"].items()
+                 if knobs.get("framework") == "unsloth" or knobs.get("liger") or knobs.get("sdpa_backend")}
+    assert {"unsloth-lora", "lora-efficient", "lora-pf-liger"} <= cuda_only
     for r in rows:
-        if r["variant"].startswith("unsloth"):  # Unsloth needs CUDA: a record, not a crash
+        if r["variant"] in cuda_only:  # Unsloth, Liger, the efficient attention backend need CUDA: a record
             assert r["status"] == "unsupported" and "CUDA" in r["reason"], r
             continue
         assert r["status"] == "ok", r
@@ -159,7 +163,7 @@ def test_report_has_figures_token_stats_and_profile(pipeline):
             if k.startswith("results/profiles/")]
     assert {p.split("/")[2] for p in prof} == {"llm", "diffusion"}
     steps = table(embedded(report, next(p for p in prof if "/llm/" in p)), "per_step")
-    assert len(steps) == 5 and all(0 < num(s["busy_share"]) <= 1 for s in steps)
+    assert len(steps) == SCHEDULE["active"] and all(0 < num(s["busy_share"]) <= 1 for s in steps)
 
 
 def test_report_works_offline(pipeline):
