@@ -152,6 +152,7 @@ def test_ladder_rungs_against_previous_and_baseline_with_loss_and_the_fastest_co
                                                     "lora-pf-liger-compile"], beside=["unsloth-lora"])
     rows = {(r["variant"], r["batch"]): r for r in table.iter_rows(named=True)}
     assert rows[("lora", 2)]["rung"] == "0" and rows[("unsloth-lora", 2)]["rung"] == "beside"
+    assert rows[("lora", 2)]["x baseline"] is None and rows[("unsloth-lora", 2)]["x baseline"] == "1.8x"
     assert rows[("lora-efficient", 2)]["x previous"] == "no measurable difference"  # 1 % against 1.4 % noise
     assert rows[("lora-pf", 2)]["x previous"] == "1.49x" and rows[("lora-pf", 2)]["x baseline"] == "1.5x"
     assert rows[("lora-pf-liger", 2)]["status"] == "unsupported" and rows[("lora-pf-liger", 2)]["x previous"] is None

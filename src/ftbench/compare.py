@@ -309,7 +309,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
                          "loss, first steps (mean)": loss if ok else None,
                          "loss vs baseline": (loss - base_loss) if ok and same_steps and loss is not None
                          and base_loss is not None else None,
-                         "x previous": times(prev) if name in rungs else None, "x baseline": times(base),
+                         "x previous": times(prev) if name in rungs else None,
+                         "x baseline": times(base) if r is not base else None,
                          "reason": r["reason"] if not ok else None})
             if name in rungs and ok:
                 prev = r
