@@ -7,6 +7,8 @@
 #   a-limit   Study A `bf16` and `compile` at full scale, batch 1: `compile` (text length varying) is bounded
 #             at 5 minutes and ends as a `timeout` record with its recompile count; bf16 completes beside it
 #   overhead  the harness's own overhead (bench/meter_overhead.py)
+#   ladder    Study B's technique ladder on Qwen3-8B, wikipedia_ja (<= 2048 tokens), batch 2, then the top rung at
+#             4 and 8 (not in the default parts; Liger Kernel must be installed: pip install liger-kernel==0.8.5)
 # Usage, in the project root: bash bench/measure_check.sh [OUTDIR [PART...]]   (records stay under results/runs/)
 set -u
 out=${1:-results/measure_check}
@@ -26,6 +28,10 @@ for part in $parts; do
     a-limit) sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- \
          "$lmm/bf16/bs1/metrics.json" "$lmm/compile/bs1/metrics.json" ;;
     overhead) python3 bench/meter_overhead.py ;;
+    ladder) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
+       sm --configfile config/study_b_random.yaml -- \
+         $llm/{lora,lora-efficient,lora-pf,lora-pf-liger,lora-pf-liger-compile,lora-padding-free}/bs2/metrics.json \
+         $llm/lora-pf-liger-compile/bs{4,8}/metrics.json ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac > "$out/$part.log" 2>&1
   echo "   exit $? $(date -u +%FT%TZ)"
