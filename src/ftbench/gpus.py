@@ -72,17 +72,21 @@ def gpu_slots(count: int, wait_s: float = 3600.0, poll_s: float = 0.5):
             f.close()
 
 
+def cpu_name() -> str:
+    """The host processor's name as records give it for a CPU run (`uname -p`, else the machine type)."""
+    import platform
+
+    try:
+        return platform.processor() or platform.machine()  # `uname -p` runs in a subprocess
+    except Exception:
+        return platform.machine()
+
+
 def describe(slots: list[str]) -> dict:
     """The device a job held, named the way the child's own record names it (harness.device_info), for a
     record the supervisor writes in its place (crash, timeout): nvidia-smi on the job's first slot, else the
     host's processor."""
-    import platform
-
-    try:
-        cpu = platform.processor() or platform.machine()  # `uname -p` in a subprocess
-    except Exception:
-        cpu = platform.machine()
-    info = {"type": "cpu", "name": cpu, "total_memory_gib": None,
+    info = {"type": "cpu", "name": cpu_name(), "total_memory_gib": None,
             "driver": None, "uuid": None, "cpu_count": os.cpu_count(), "visible_devices": ",".join(slots) or None}
     if not slots:
         return info

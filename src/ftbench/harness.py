@@ -22,7 +22,8 @@ import torch
 
 from .config import MeasureSettings
 from .flops import mfu
-from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, new_record_from_template,  # noqa: F401  (the record's
+from .gpus import cpu_name
+from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_record_from_template,  # noqa: F401  (the record's
                       write_json_atomic)  # shape and its writer live with its readers, torch-free)
 
 GIB = 1024**3
@@ -77,7 +78,7 @@ def _nvml(fn, *args):
 
 
 def device_info(device: torch.device) -> dict:
-    info = {"type": device.type, "name": platform.processor() or platform.machine(), "capability": None,
+    info = {"type": device.type, "name": cpu_name(), "capability": None,
             "total_memory_gib": None, "driver": None, "cuda": torch.version.cuda, "cpu_count": os.cpu_count(),
             "uuid": None, "sm_clock_max_mhz": None, "mem_clock_max_mhz": None, "sm_clock_at_start_mhz": None,
             "power_limit_w": None, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -201,13 +202,6 @@ def memory_now(device: torch.device) -> dict:
     else:
         out.update(allocated_gib=None, reserved_gib=None, peak_allocated_gib=None, peak_reserved_gib=None)
     return out
-
-
-def _cv(values) -> float | None:
-    values = [v for v in values if v is not None]
-    if len(values) < 2 or statistics.fmean(values) == 0:
-        return None
-    return statistics.stdev(values) / statistics.fmean(values)
 
 
 def _scalar(v):
@@ -419,11 +413,11 @@ class Meter:
         window_s = sum(times)
         median = statistics.median(times)
         q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
-        across = _cv([w["samples_per_s"] for w in windows])
-        within = _cv(times)
+        across = cv([w["samples_per_s"] for w in windows])
+        within = cv(times)
         t.update(step_time_s=median, step_time_p10_s=q[0], step_time_p90_s=q[-1],
                  step_time_mean_s=statistics.fmean(times), cv_within=within, cv_across_repeats=across,
-                 cv_median_across_repeats=_cv([w["median_step_s"] for w in windows]),
+                 cv_median_across_repeats=cv([w["median_step_s"] for w in windows]),
                  noise_cv=across if across is not None else (within / len(times) ** 0.5 if within is not None
                                                              else None),
                  steps_measured=len(rows), window_s=window_s, host_window_s=sum(w["host_s"] for w in windows))

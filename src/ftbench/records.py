@@ -86,11 +86,19 @@ def read_record(path) -> dict:
         if isinstance(keys, dict) and isinstance(record.get(group), dict):
             for key, default in keys.items():
                 record[group].setdefault(key, copy.deepcopy(default))
-    medians = [w.get("median_step_s") for w in record["measure"].get("windows") or []]
-    if record["timing"]["cv_median_across_repeats"] is None and len(medians) > 1 and None not in medians:
-        mean = statistics.fmean(medians)
-        record["timing"]["cv_median_across_repeats"] = statistics.stdev(medians) / mean if mean else None
+    if record["timing"]["cv_median_across_repeats"] is None:  # records written before the field
+        record["timing"]["cv_median_across_repeats"] = cv([w.get("median_step_s")
+                                                           for w in record["measure"].get("windows") or []])
     return record
+
+
+def cv(values) -> float | None:
+    """Coefficient of variation (sample stdev / mean) of the values given (None ignored); None for fewer than
+    two or a zero mean. The one definition the Meter and the record readers use."""
+    values = [v for v in values if v is not None]
+    if len(values) < 2 or statistics.fmean(values) == 0:
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
 
 
 def _num(v):
@@ -135,15 +143,15 @@ def upgrade_v1(old: dict, steps: list[dict] | None = None) -> dict:
     rec["extra"]["converted_from_schema"] = 1
     if not steps and t["step_time_s"] and t["step_time_p10_s"] is not None and (t["steps_measured"] or 0) > 1:
         # no per-step times kept: the CV a normal distribution with this p10-p90 spread would have
-        cv = (t["step_time_p90_s"] - t["step_time_p10_s"]) / (2 * 1.2816 * t["step_time_s"])
-        t.update(cv_within=cv, noise_cv=cv / t["steps_measured"] ** 0.5)
+        estimate = (t["step_time_p90_s"] - t["step_time_p10_s"]) / (2 * 1.2816 * t["step_time_s"])
+        t.update(cv_within=estimate, noise_cv=estimate / t["steps_measured"] ** 0.5)
         rec["extra"]["cv_estimated_from"] = "p10-p90 (normal approximation)"
     if steps:
         warm = t_old.get("warmup_steps") or 0
         times = [_num(r["step_time_s"]) for r in steps[warm:] if _num(r.get("step_time_s")) is not None]
         if len(times) > 1:
-            cv = statistics.stdev(times) / statistics.fmean(times)
-            t.update(cv_within=cv, noise_cv=cv / len(times) ** 0.5, step_time_mean_s=statistics.fmean(times),
+            within = cv(times)
+            t.update(cv_within=within, noise_cv=within / len(times) ** 0.5, step_time_mean_s=statistics.fmean(times),
                      window_s=sum(times))
             median = statistics.median(times)
             out = [{"step": warm + i + 1, "time_s": x, "x_median": x / median, "reasons": ["unknown"]}
