@@ -6,6 +6,8 @@
 #   a         Study A `fixed-compile` (the whole LLaVA-NeXT-7B, batch 1; bench/study_a_full.yaml)
 #   a-limit   Study A `bf16` and `compile` at full scale, batch 1: `compile` (text length varying) is bounded
 #             at 5 minutes and ends as a `timeout` record with its recompile count; bf16 completes beside it
+#   a-workers Study A at full scale, batch 1, with the AnyRes preprocessing in 4 loader workers (pinned):
+#             `fixed-compile-workers`, `bucketed-regional-workers` (regional compilation), `bf16-workers`
 #   overhead  the harness's own overhead (bench/meter_overhead.py)
 #   ladder    Study B's technique ladder on Qwen3-8B, wikipedia_ja (<= 2048 tokens), batch 2, then the top rung at
 #             4 and 8 (not in the default parts; Liger Kernel must be installed: pip install liger-kernel==0.8.5)
@@ -27,6 +29,8 @@ for part in $parts; do
     a) sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- "$lmm/fixed-compile/bs1/metrics.json" ;;
     a-limit) sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- \
          "$lmm/bf16/bs1/metrics.json" "$lmm/compile/bs1/metrics.json" ;;
+    a-workers) sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- \
+         $lmm/{fixed-compile-workers,bucketed-regional-workers,bf16-workers}/bs1/metrics.json ;;
     overhead) python3 bench/meter_overhead.py ;;
     ladder) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        sm --configfile config/study_b_random.yaml -- \

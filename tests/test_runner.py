@@ -189,3 +189,32 @@ def test_padding_free_keeps_the_sequence_length_limit(tmp_path, tiny_qwen, instr
     assert rec["status"] == "ok", rec["reason"]
     steps = list(csv.DictReader(open(tmp_path / "steps.csv")))
     assert all(int(r["tokens"]) <= 2 * 16 for r in steps) and any(int(r["tokens"]) == 32 for r in steps)
+
+
+def test_regional_compile_shares_one_graph_across_layers(tmp_path):
+    """compile_scope: layers compiles each repeated block in place (LLaVA: CLIP encoder and Mistral decoder
+    layers); the decoder layers share one graph and compute what the eager ones do."""
+    import torch
+    from transformers import LlavaNextForConditionalGeneration
+
+    from conftest import ROOT
+    from ftbench.architectures import load_architecture
+    from ftbench.harness import compiled_graphs
+    from ftbench.models import materialize_model
+    from ftbench.variants import compile_model, repeated_blocks
+
+    manifest = materialize_model(load_architecture(ROOT / "config/architectures/llava-v1.6-mistral-7b.yaml", "tiny"),
+                                 "random", tmp_path, 0)
+    model = LlavaNextForConditionalGeneration.from_pretrained(manifest["path"]).float()
+    blocks = repeated_blocks(model)
+    layers = model.model.language_model.layers
+    assert {type(b).__name__ for b in blocks} == {"CLIPEncoderLayer", "MistralDecoderLayer"} and len(layers) > 1
+    ids = torch.randint(5, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+    eager = model.model.language_model(input_ids=ids, use_cache=False).last_hidden_state
+    assert compile_model(model, Variant("x")) is model  # no compile: the model itself
+    before = compiled_graphs()
+    assert compile_model(model, Variant("x", compile="default", compile_scope="layers")) is model
+    assert all(b._compiled_call_impl is not None for b in blocks)
+    compiled = model.model.language_model(input_ids=ids, use_cache=False).last_hidden_state
+    assert compiled_graphs() - before == 1  # one graph for all decoder layers
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)

@@ -35,6 +35,7 @@ class Variant:
     fp8_recipe: str = "delayed"  # delayed | current (Transformer Engine)
     fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
     compile: str | None = None  # None | default | reduce-overhead | max-autotune
+    compile_scope: str = "model"  # model (one torch.compile of the whole model) | layers (each repeated block)
     shape_policy: str = "dynamic"  # dynamic (AnyRes, dynamic padding) | fixed | bucketed
     sdpa_backend: str | None = None  # None (PyTorch picks) | flash | efficient | cudnn | math
     framework: str = "hf"  # hf | unsloth

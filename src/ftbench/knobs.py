@@ -24,7 +24,7 @@ HONOURED = {
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "nf4", "fp8"}, "fp8_backend": ANY,
             "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
-            "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY, "gradient_checkpointing": ANY,
+            "compile_scope": {"model", "layers"}, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY, "gradient_checkpointing": ANY,
             "dataloader_workers": ANY, "pin_memory": ANY},
     # diffusers' LoRA recipe (ftbench.runners.diffusion)
     "diffusion": {"peft": {"lora"}, "precision": {"fp16", "bf16", "fp32"}, "compile": ANY, "sdpa_backend": ANY,

@@ -55,6 +55,30 @@ def attention_backend(variant: Variant):
                         "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[variant.sdpa_backend])
 
 
+def compile_model(model, variant: Variant):
+    """The callable a loop steps through: the model itself (no compile), one torch.compile of the whole
+    model, or the model with each repeated block compiled in place (`compile_scope: layers`, regional
+    compilation): the blocks of one class share one graph (parameters are graph inputs), so compile time is
+    one layer's, and the code between blocks (LLaVA's image-feature packing, which breaks graphs) runs eager."""
+    if not variant.compile:
+        return model
+    if variant.compile_scope == "model":
+        return torch.compile(model, mode=variant.compile)
+    for block in repeated_blocks(model):
+        block.compile(mode=variant.compile)
+    return model
+
+
+def repeated_blocks(model) -> list[torch.nn.Module]:
+    """The model's repeated transformer blocks: modules of a class that occurs more than once and whose name
+    ends in DecoderLayer or EncoderLayer (Mistral's, CLIP's)."""
+    blocks = [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "EncoderLayer"))]
+    counts = {}
+    for m in blocks:
+        counts[type(m)] = counts.get(type(m), 0) + 1
+    return [m for m in blocks if counts[type(m)] > 1]
+
+
 def torch_dtype(variant: Variant) -> torch.dtype:
     return {"fp32": torch.float32, "fp16": torch.float16}.get(variant.precision, torch.bfloat16)
 

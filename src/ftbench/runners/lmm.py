@@ -18,7 +18,7 @@ from ..data import BEAN_LABELS, read_split
 from ..flops import causal_lm_shape, step_flops
 from ..harness import TimedBatches
 from ..tokens import FIXED_IMAGE_SIZE
-from ..variants import adapted_modules, apply_lora, load_pretrained, parameter_counts, precision_ran
+from ..variants import adapted_modules, apply_lora, compile_model, load_pretrained, parameter_counts, precision_ran
 
 PROMPT = "Describe"
 LM_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
@@ -106,7 +106,7 @@ def train(ctx, record, device, meter):
     shape = causal_lm_shape(model.config.text_config.to_dict())
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=s.learning_rate)
-    step_fn = torch.compile(model, mode=v.compile) if v.compile else model
+    step_fn = compile_model(model, v)
     collate = Collator(processor, v.shape_policy, s.fixed_length, pad_multiple(v, s))
     g = torch.Generator().manual_seed(s.seed)
     train_ds = read_split(ctx.train_path)
@@ -127,7 +127,7 @@ def train(ctx, record, device, meter):
         batch = {k: x.to(device, non_blocking=v.pin_memory) for k, x in batch.items()}
         batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
         with autocast, fp8_ctx():
-            loss = step_fn(**batch).loss
+            loss = step_fn(**batch, use_cache=False).loss  # no KV cache in training (and no per-layer guards)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm)
         optimizer.step()
@@ -139,7 +139,8 @@ def train(ctx, record, device, meter):
                            shape_policy=v.shape_policy, pad_multiple=pad_multiple(v, s),
                            gradient_checkpointing_active=v.gradient_checkpointing)
     with meter.eval():
-        # the eager module: evaluating through the compiled one recompiles for no_grad (90 s at full scale)
+        # the eager module: evaluating through the compiled one recompiles for no_grad (90 s at full scale);
+        # with compile_scope layers the blocks stay compiled (a no_grad graph per block class: seconds)
         record["loss"]["eval"] = evaluate(model, read_split(ctx.eval_path), collate, ctx.spec.batch_size, device,
                                           autocast, fp8_ctx)
 
@@ -152,5 +153,5 @@ def evaluate(model, ds, collate, batch_size, device, autocast, fp8_ctx) -> float
         batch = {k: x.to(device) for k, x in collate([ds[j] for j in range(i, min(i + batch_size, len(ds)))]).items()}
         batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
         with autocast, fp8_ctx():
-            losses.append(model(**batch).loss.float())
+            losses.append(model(**batch, use_cache=False).loss.float())
     return float(torch.stack(losses).mean()) if losses else None
