@@ -18,6 +18,7 @@ ANY = None  # any value of the knob's type
 HONOURED = {
     # TRL SFTTrainer (ftbench.runners.causal_lm)
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4"}, "compile": ANY,
+                  "compile_scope": {"model", "layers"},
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY},

@@ -7,7 +7,7 @@ import time
 import torch
 
 from ..flops import causal_lm_shape, step_flops
-from ..variants import adapted_modules, apply_lora, load_pretrained, parameter_counts, precision_ran
+from ..variants import adapted_modules, apply_lora, compile_model, load_pretrained, parameter_counts, precision_ran
 
 
 def load_model(ctx, device):
@@ -99,6 +99,9 @@ def train(ctx, record, device, meter):
     shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
     compute = {"bf16": "bf16", "nf4": "bf16", "fp16": "fp16"}.get(v.precision, "fp32")
     record["precision"].update(precision_ran(model, compute))
+    model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
+    if v.compile_scope == "layers":  # the decoder layers compiled in place; the LM head and loss stay eager
+        compile_model(model, v)
 
     args = SFTConfig(
         output_dir=str(ctx.spec.run_dir) + "/trainer", max_steps=s.max_steps,
@@ -118,7 +121,7 @@ def train(ctx, record, device, meter):
         # padding-free: TRL's collator concatenates a batch into one row with position ids restarting at each
         # sequence; the trainer below adds the block-diagonal mask that keeps them apart (document_mask)
         padding_free=v.padding_free, use_liger_kernel=v.liger,
-        torch_compile=v.compile is not None, torch_compile_mode=v.compile, lr_scheduler_type="linear",
+        torch_compile=v.compile is not None and v.compile_scope == "model", torch_compile_mode=v.compile, lr_scheduler_type="linear",
         warmup_steps=0)
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
