@@ -34,7 +34,7 @@ for part in $parts; do
     overhead) python3 bench/meter_overhead.py ;;
     ladder) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        sm --configfile config/study_b_random.yaml -- \
-         $llm/{lora,lora-efficient,lora-pf,lora-pf-liger,lora-pf-liger-compile,lora-padding-free}/bs2/metrics.json \
+         $llm/{lora,lora-efficient,lora-pf,lora-pf-liger,lora-pf-liger-compile,lora-pf-compile,lora-padding-free}/bs2/metrics.json \
          $llm/lora-pf-liger-compile/bs{4,8}/metrics.json ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac > "$out/$part.log" 2>&1
