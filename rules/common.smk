@@ -61,6 +61,11 @@ def run_runtime_min(wildcards):
     return int((limit or 3600) // 60) + 10
 
 
+def run_gpus(wildcards):
+    """The GPUs a training job asks Snakemake (and SLURM) for: its variant's `gpus` (the job launches its ranks)."""
+    return int(run_params(wildcards)["variant"].get("gpus") or 1)
+
+
 def run_params(wildcards):
     """What one training job needs from config (its hash among it: a changed knob, dataset or model reruns it)."""
     return ftc.run_params(config, ftc.find_run(config, **wildcards))

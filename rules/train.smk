@@ -15,7 +15,7 @@ rule train:
     conda:
         run_env
     resources:
-        gpu=1,
+        gpu=run_gpus,
         mem_mb=16000,
         runtime=run_runtime_min,
     params:

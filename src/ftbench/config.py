@@ -47,6 +47,8 @@ class Variant:
     cached_latents: bool = False  # diffusion: train from pre-encoded latents
     clip_grad_sync_free: bool = False  # diffusion: clip gradients without a host sync
     time_limit_s: float | None = None  # the job's time budget, over the study's (ftbench.supervise)
+    gpus: int = 1  # GPUs (ranks) the job trains on; more than 1 needs `parallel`
+    parallel: str | None = None  # None | ddp (data parallel) | fsdp2 (fully sharded, FSDP2): causal LM only
 
     @classmethod
     def from_config(cls, name: str, knobs: dict) -> "Variant":

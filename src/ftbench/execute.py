@@ -10,6 +10,7 @@ from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import ranks
 from .config import RunSpec, TrainSettings, Variant
 from .flops import peak_precision, peak_tflops
 from .harness import (Meter, Unsupported, guarded, new_record, pick_device, provenance, write_csv,
@@ -54,6 +55,8 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     meter = Meter(device, ctx.settings.measure, profiler=ctx.profiler,
                   memory_log_every=ctx.settings.memory_log_every, count_graphs=v.compile is not None,
                   inject=ctx.settings.inject)
+    if ranks.world_size() > 1:  # launched by the supervisor with torchrun (variant knob gpus > 1)
+        meter.agree = ranks.agree_max(device)
     with guarded(record, device):
         problems = knob_problems(family, v)
         if problems:
@@ -70,6 +73,10 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     gemm = record["precision"]["gemm"]
     peak = peak_tflops(record["provenance"]["device"]["name"] if device.type == "cuda" else None, gemm)
     meter.summarize(record, peak, peak_precision(gemm) if peak else None)
+    if ranks.world_size() > 1:
+        record = ranks.gather(record, v.parallel)
+        if ranks.rank() != 0:  # rank 0 writes the job's record, with every rank's figures in it
+            return record
     write_record(metrics_path, record)
     meter.write_steps(steps_path)
     write_csv(memory_path, meter.memory_log)

@@ -6,6 +6,7 @@ import csv
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import resource
@@ -41,8 +42,11 @@ def new_record(run: dict, variant: dict) -> dict:
 
 
 def pick_device() -> torch.device:
-    """The current CUDA device if any (honours CUDA_VISIBLE_DEVICES; never assumes GPU 0), else CPU."""
+    """The current CUDA device if any (honours CUDA_VISIBLE_DEVICES; never assumes GPU 0; a rank launched by
+    torchrun takes the GPU of its LOCAL_RANK among those visible), else CPU."""
     if torch.cuda.is_available():
+        if "LOCAL_RANK" in os.environ:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -240,6 +244,11 @@ class Meter:
         self._progress = open(progress, "w") if progress else None
         self._progress_at = float("-inf")
         self._trained = None  # compile time and graph count when training finished
+        # several ranks: a function that returns the maximum of an int over the ranks (one collective). The
+        # window length in steps is agreed with it once, at the end of warm-up, so that every rank closes its
+        # windows and stops at the same step (a rank that stopped alone would leave the others waiting)
+        self.agree = None
+        self._window_steps = None
 
     def __enter__(self):
         self.sampler.__enter__()
@@ -307,6 +316,9 @@ class Meter:
         if self._phase == "warmup":
             if self._in_window >= m.warmup_steps:
                 self._close()
+        elif self.agree is not None:  # several ranks: windows by steps only (agreed after warm-up)
+            if self._in_window >= (self._window_steps or m.steps):
+                self._close()
         elif (self._in_window >= m.steps and time.perf_counter() - self._host_start >= m.min_seconds) \
                 or self._in_window >= m.window_cap:
             self._close()
@@ -359,10 +371,22 @@ class Meter:
                 "energy_j": (energy_end - self._energy_start) / 1e3 if None not in (energy_end, self._energy_start)
                 else None, "truncated": truncated})
         self._pending = []
+        if self.agree is not None and self._window_steps is None:
+            self._agree_window(rows_closed=self.rows)
         nxt = 0 if self._phase == "warmup" else self._phase + 1
         if nxt >= self.measure.repeats:
             self.done = True
         self._open(prev_mark, host_end, nxt)
+
+    def _agree_window(self, rows_closed: list[dict]) -> None:
+        """Several ranks: the steps each window takes, the same on every rank: the window's minimum steps, or
+        more where the median step so far (warm-up) says `min_seconds` needs more; the maximum over ranks."""
+        m = self.measure
+        times = [r["step_time_s"] for r in rows_closed[1:]] or [r["step_time_s"] for r in rows_closed]
+        need = m.steps
+        if m.min_seconds and times and statistics.median(times) > 0:
+            need = max(need, math.ceil(m.min_seconds / statistics.median(times)))
+        self._window_steps = min(self.agree(need), m.window_cap)
 
     def finish(self):
         """Close what is open when training ended early (data or step budget exhausted: truncated)."""

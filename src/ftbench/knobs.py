@@ -18,7 +18,7 @@ ANY = None  # any value of the knob's type
 HONOURED = {
     # TRL SFTTrainer (ftbench.runners.causal_lm)
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4"}, "compile": ANY,
-                  "compile_scope": {"model", "layers"},
+                  "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY},
@@ -48,6 +48,14 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
                 problems.append(f"{knob}={value!r} (the {family} runner does not act on {knob})")
         elif honoured[knob] is not ANY and value not in honoured[knob]:
             problems.append(f"{knob}={value!r} (the {family} runner honours {sorted(honoured[knob])})")
+    if variant.gpus > 1 and variant.parallel is None:
+        problems.append(f"gpus={variant.gpus} without parallel (ddp or fsdp2)")
+    if variant.parallel is not None and variant.gpus < 2:
+        problems.append(f"parallel={variant.parallel!r} with gpus={variant.gpus} (needs 2 or more)")
+    if variant.parallel is not None and variant.framework == "unsloth":
+        problems.append("parallel with framework='unsloth' (Unsloth trains on one GPU)")
+    if variant.parallel == "fsdp2" and variant.precision == "nf4":
+        problems.append("parallel='fsdp2' with precision='nf4' (sharding 4-bit weights is not wired; use ddp)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:
         problems.append("precision='fp8' without fp8_backend (te or torchao)")
     return problems

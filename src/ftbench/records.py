@@ -46,6 +46,9 @@ RECORD_TEMPLATE = {
     "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},
     "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
     "loss": {"first": None, "last": None, "eval": None, "first_steps": None, "mean_first_steps": None},
+    # several GPUs (variant knob gpus > 1): the totals above count every rank; per_rank has each rank's own
+    "parallel": {"strategy": None, "world_size": None, "backend": None, "samples_per_s_per_gpu": None,
+                 "tokens_per_s_per_gpu": None, "peak_allocated_gib_max": None, "per_rank": []},
     "extra": {},
     "provenance": {},
 }
@@ -82,7 +85,9 @@ def read_record(path) -> dict:
         record = upgrade_v1(record, list(csv.DictReader(open(steps))) if steps.is_file() else None)
     elif record.get("schema_version") != SCHEMA_VERSION:
         raise RecordError(f"{path}: unknown schema_version {record.get('schema_version')!r}")
-    for group, keys in RECORD_TEMPLATE.items():  # keys added to schema 2 since the record was written
+    for group, keys in RECORD_TEMPLATE.items():  # groups and keys added to schema 2 since the record was written
+        if isinstance(keys, dict) and group not in record:
+            record[group] = copy.deepcopy(keys)
         if isinstance(keys, dict) and isinstance(record.get(group), dict):
             for key, default in keys.items():
                 record[group].setdefault(key, copy.deepcopy(default))

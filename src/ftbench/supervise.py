@@ -59,10 +59,13 @@ def _kill(proc) -> None:
     proc.wait()
 
 
-def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int = 1) -> dict:
-    """Run `kind` ("train" or "profile") in a child process under the run's limits; return its record (or
-    the summary, for a profile) as written, a `crashed`/`timeout` one where the child could not write it."""
+def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None = None) -> dict:
+    """Run `kind` ("train" or "profile") in a child process under the run's limits, on the variant's number of
+    GPUs (`gpus`: a lower count from the caller, e.g. a profile of a multi-GPU run, wins); return its record
+    (or the summary, for a profile) as written, a `crashed`/`timeout` one where the child could not write it,
+    an `unsupported` one where this host has too few GPUs."""
     time_limit, mem_limit = run_limits(params)
+    gpus = gpus or int(params["variant"].get("gpus") or 1)
     out = Path(paths["metrics"] if kind == "train" else paths["summary"])
     out.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -72,13 +75,21 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int = 1) -> 
         env = dict(os.environ, FTBENCH_PROGRESS=str(progress),
                    PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        slots = stack.enter_context(gpu_slots(gpus))
+        try:
+            slots = stack.enter_context(gpu_slots(gpus))
+        except RuntimeError as e:  # the variant asks for more GPUs than this host has
+            with open(log_path, "a") as log:
+                print(f"unsupported: {e}", file=log)
+            return _fallback(kind, params, paths, "unsupported", str(e), {"gpu_slots": [], "gpus": gpus})
         if slots:  # the child sees only the GPUs this job holds
             env["CUDA_VISIBLE_DEVICES"] = ",".join(slots)
+        cmd = [sys.executable, "-m", "ftbench.supervise", str(job)]
+        if gpus > 1:  # one process per GPU (on a CPU machine: per rank, gloo), started by torchrun
+            cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", "-m",
+                        "ftbench.supervise"]
         with open(log_path, "a") as log:
             log.flush()
-            proc = subprocess.Popen([sys.executable, "-m", "ftbench.supervise", str(job)], stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         previous = {}  # a job cancelled by Snakemake takes its child with it (handlers live in the main thread)
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, lambda *_: (_kill(proc), sys.exit(1))) for s in (signal.SIGTERM,
@@ -162,6 +173,9 @@ def _child(job_path) -> None:
 
     job = json.loads(Path(job_path).read_text())
     p = job["paths"]
+    if int(os.environ.get("RANK", "0")) != 0:  # several ranks: rank 0 keeps the records, progress and adapter
+        os.environ.pop("FTBENCH_PROGRESS", None)
+        p = {**p, "adapter": None}
     ctx = context_from_params(job["params"], p["model"], p["train"], p["eval"], p["base_dir"],
                               adapter_dir=p.get("adapter"), cache_path=p.get("cache"))
     if job["kind"] == "train":

@@ -39,6 +39,9 @@ def check_supported(variant: Variant, device: torch.device) -> None:
             raise Unsupported("Liger Kernel is Triton code for CUDA GPUs; this machine has none")
         if importlib.util.find_spec("liger_kernel") is None:
             raise Unsupported("Liger Kernel is not installed (pip install '.[gpu]')")
+    if variant.parallel == "fsdp2" and not cuda:
+        raise Unsupported("FSDP2 through accelerate shards over GPUs only (accelerate has no FSDP for CPU ranks); "
+                          "data parallel (ddp) runs on CPU ranks")
     if variant.pin_memory and not cuda:
         raise Unsupported("pin_memory pins host memory for copies to a CUDA GPU; this machine has none")
 

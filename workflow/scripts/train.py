@@ -9,5 +9,5 @@ i, o = snakemake.input, snakemake.output
 record = supervise("train", snakemake.params.run,
                    {"model": i.model, "train": i.train, "eval": i.eval, "cache": i.get("cache"),
                     "base_dir": snakemake.params.base_dir, "metrics": o.metrics, "steps": o.steps, "memory": o.memory,
-                    "adapter": o.adapter}, snakemake.log[0], gpus=int(snakemake.resources.get("gpu", 1)))
+                    "adapter": o.adapter}, snakemake.log[0])
 print(record["status"], record["reason"] or "")

@@ -7,7 +7,8 @@ import time
 import torch
 
 from ..flops import causal_lm_shape, step_flops
-from ..variants import adapted_modules, apply_lora, compile_model, load_pretrained, parameter_counts, precision_ran
+from ..variants import (adapted_modules, apply_lora, compile_model, load_pretrained, parameter_counts, precision_ran,
+                        repeated_blocks)
 
 
 def load_model(ctx, device):
@@ -28,7 +29,21 @@ def load_model(ctx, device):
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
-    return apply_lora(load_pretrained(AutoModelForCausalLM, path, v, device), v, lora), tokenizer
+    # FSDP2: each rank loads on the host and the trainer shards the model onto its GPU (it need not fit one)
+    place = torch.device("cpu") if v.parallel == "fsdp2" else device
+    return apply_lora(load_pretrained(AutoModelForCausalLM, path, v, place), v, lora), tokenizer
+
+
+def parallel_args(variant, model) -> dict:
+    """The trainer's settings for the variant's `parallel` (its ranks come from torchrun): DDP without the
+    search for unused parameters (LoRA leaves none unused), or FSDP2 wrapping each decoder layer."""
+    if variant.parallel == "ddp":
+        return {"ddp_find_unused_parameters": False}
+    if variant.parallel == "fsdp2":
+        layers = sorted({type(m).__name__ for m in repeated_blocks(model)})
+        return {"fsdp": True, "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": layers,
+                                              "reshard_after_forward": True}}
+    return {}
 
 
 def batch_sequences(input_ids, attention_mask, position_ids) -> tuple[list[int], list[int]]:
@@ -122,7 +137,7 @@ def train(ctx, record, device, meter):
         # sequence; the trainer below adds the block-diagonal mask that keeps them apart (document_mask)
         padding_free=v.padding_free, use_liger_kernel=v.liger,
         torch_compile=v.compile is not None and v.compile_scope == "model", torch_compile_mode=v.compile, lr_scheduler_type="linear",
-        warmup_steps=0)
+        warmup_steps=0, **parallel_args(v, model))
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
     class MeasuredSFTTrainer(SFTTrainer):
@@ -173,6 +188,8 @@ def train(ctx, record, device, meter):
 
     trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                                  processing_class=tokenizer, callbacks=[HarnessCallback()])
+    if v.parallel == "fsdp2" and not trainer.is_fsdp_enabled:  # never train DDP under an FSDP2 name
+        raise RuntimeError("parallel='fsdp2' but the trainer did not enable FSDP")
     if v.padding_free:  # the truncation TRL applies with max_length otherwise (the first tokens kept)
         trainer.train_dataset, trainer.eval_dataset = (truncate(ds, s.max_seq_length)
                                                        for ds in (trainer.train_dataset, trainer.eval_dataset))
@@ -180,6 +197,8 @@ def train(ctx, record, device, meter):
     meter.finish()
     record["extra"]["gradient_checkpointing_active"] = bool(getattr(trainer.model, "is_gradient_checkpointing", False)
                                                             or getattr(model, "is_gradient_checkpointing", False))
+    if v.parallel:  # what the trainer wrapped the model in: DistributedDataParallel, or FSDP2's FSDP<class>
+        record["extra"]["parallel_wrapper"] = type(trainer.model_wrapped).__name__
     record["extra"]["loss_path"] = "trl_fused_lm_head" if fused_head_available() else "model_cross_entropy"
     n_train = len(train_ds)
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size

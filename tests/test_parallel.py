@@ -1,0 +1,75 @@
+"""Several GPUs in one job (variant knobs gpus, parallel): the supervisor launches the ranks with torchrun, every
+rank trains, rank 0 writes the record with the totals and each rank's figures. On a CPU the ranks use gloo."""
+
+import copy
+import json
+
+import pytest
+
+from ftbench import config as ftc
+from ftbench.config import Variant
+from ftbench.knobs import knob_problems
+from ftbench.supervise import supervise
+from test_robustness import one_run_config
+
+
+def ranked_run(tmp_path, tiny_qwen, instruction_data, name, knobs, batch_size=2):
+    cfg = one_run_config(measure={"warmup_steps": 2, "steps": 3, "min_seconds": 0.5, "repeats": 2})
+    cfg["variants"][name] = knobs
+    cfg["studies"]["llm"]["matrix"][0]["variants"] = [name]
+    cfg["studies"]["llm"]["matrix"][0]["batch_sizes"] = [batch_size]
+    manifest = tmp_path / "model.json"
+    manifest.write_text(json.dumps(tiny_qwen))
+    _, train, eval_ = instruction_data
+    out = tmp_path / "run"
+    paths = {"model": str(manifest), "train": str(train), "eval": str(eval_), "base_dir": str(tmp_path),
+             "metrics": str(out / "metrics.json"), "steps": str(out / "steps.csv"), "memory": str(out / "memory.csv"),
+             "adapter": str(out / "adapter")}
+    spec = ftc.RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", name, batch_size)
+    rec = supervise("train", ftc.run_params(cfg, spec), paths, tmp_path / "job.log")
+    assert json.loads((out / "metrics.json").read_text())["status"] == rec["status"]
+    return rec, (tmp_path / "job.log").read_text()
+
+
+def test_two_data_parallel_ranks_train_and_rank_0_records_both(tmp_path, tiny_qwen, instruction_data):
+    strategy = "ddp"
+    rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2",
+                          {"peft": "lora", "precision": "bf16", "gpus": 2, "parallel": "ddp"})
+    assert rec["status"] == "ok", (rec["reason"], log[-3000:])
+    par = rec["parallel"]
+    assert par["strategy"] == strategy and par["world_size"] == 2 and par["backend"] == "gloo"
+    assert [r["rank"] for r in par["per_rank"]] == [0, 1] and all(r["status"] == "ok" for r in par["per_rank"])
+    # the totals count both ranks: each rank trained batch 2 per step over its own window
+    per_rank = [r["samples_per_s"] for r in par["per_rank"]]
+    assert rec["throughput"]["samples_per_s"] == pytest.approx(sum(per_rank))
+    assert par["samples_per_s_per_gpu"] == pytest.approx(sum(per_rank) / 2)
+    # both ranks closed the same windows at the same steps (agreed after warm-up), so neither waited alone
+    steps = [w["steps"] for w in rec["measure"]["windows"]]
+    assert len(steps) == 2 and steps[0] == steps[1] >= 3
+    assert rec["extra"]["supervision"]["exit_code"] == 0
+    assert rec["extra"]["parallel_wrapper"] == "DistributedDataParallel"
+
+
+def test_gpus_and_parallel_knobs_are_checked_before_any_job():
+    assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp")) == []
+    assert "without parallel" in knob_problems("causal_lm", Variant("x", gpus=2))[0]
+    assert "needs 2 or more" in knob_problems("causal_lm", Variant("x", parallel="ddp"))[0]
+    assert any("nf4" in p for p in knob_problems("causal_lm", Variant("x", gpus=2, parallel="fsdp2", precision="nf4")))
+    assert any("unsloth" in p for p in knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp",
+                                                                          framework="unsloth")))
+    assert any("gpus" in p for p in knob_problems("lmm", Variant("x", gpus=2, parallel="ddp")))
+
+
+def test_a_host_with_too_few_gpus_records_unsupported(tmp_path, tiny_qwen, instruction_data, monkeypatch):
+    monkeypatch.setenv("FTBENCH_GPU_IDS", "0")  # a host that shows one GPU
+    monkeypatch.setenv("FTBENCH_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    rec, _ = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp4",
+                        {"peft": "lora", "precision": "bf16", "gpus": 4, "parallel": "ddp"})
+    assert rec["status"] == "unsupported" and "asks for 4 GPUs" in rec["reason"]
+
+
+def test_fsdp2_on_cpu_ranks_is_unsupported_not_data_parallel(tmp_path, tiny_qwen, instruction_data):
+    """accelerate applies FSDP to GPU ranks only: on a CPU the FSDP2 variant says so instead of training DDP."""
+    rec, _ = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-fsdp2",
+                        {"peft": "lora", "precision": "bf16", "gpus": 2, "parallel": "fsdp2"})
+    assert rec["status"] == "unsupported" and "FSDP2" in rec["reason"], rec["reason"]
