@@ -8,6 +8,10 @@
 #             at 5 minutes and ends as a `timeout` record with its recompile count; bf16 completes beside it
 #   a-workers Study A at full scale, batch 1, with the AnyRes preprocessing in 4 loader workers (pinned):
 #             `fixed-compile-workers`, `bucketed-regional-workers` (regional compilation), `bf16-workers`
+#   scale     several GPUs (2 or more; bench/scale_out.yaml): Qwen3-8B lora/qlora on one GPU, data parallel
+#             over two (lora-ddp2, qlora-ddp2) and FSDP2 (lora-fsdp2) at the same per-GPU batch; Qwen3-32B at
+#             full scale, lora on one GPU against lora-fsdp2 on two
+#   slots     two single-GPU jobs at once on a host with 2 GPUs: each must record its own GPU's UUID
 #   overhead  the harness's own overhead (bench/meter_overhead.py)
 #   ladder    Study B's technique ladder on Qwen3-8B, wikipedia_ja (<= 2048 tokens), batch 2, then the top rung at
 #             4 and 8 (not in the default parts; Liger Kernel must be installed: pip install liger-kernel==0.8.5)
@@ -31,6 +35,18 @@ for part in $parts; do
          "$lmm/bf16/bs1/metrics.json" "$lmm/compile/bs1/metrics.json" ;;
     a-workers) sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- \
          $lmm/{fixed-compile-workers,bucketed-regional-workers,bf16-workers}/bs1/metrics.json ;;
+    scale) llm=results/runs/llm/qwen3-8b/full
+       ${SNAKEMAKE:-python3 -m snakemake} --cores 32 --resources gpu=2 --keep-going \
+         --configfile config/study_b_random.yaml bench/scale_out.yaml -- \
+         $llm/japanese_alpaca/{lora,qlora,lora-ddp2,qlora-ddp2,lora-fsdp2}/bs4/metrics.json \
+         $llm/wikipedia_ja/{lora,lora-ddp2}/bs2/metrics.json \
+         results/runs/llm/qwen3-32b/full/wikipedia_ja/{lora,lora-fsdp2}/bs2/metrics.json ;;
+    slots) llm=results/runs/llm/qwen3-8b/full/japanese_alpaca
+       ${SNAKEMAKE:-python3 -m snakemake} --cores 32 --resources gpu=2 --keep-going \
+         --configfile config/study_b_random.yaml -- $llm/{lora-gc,qlora}/bs4/metrics.json
+       for f in $llm/{lora-gc,qlora}/bs4/metrics.json; do
+         python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['provenance']['device']; print(sys.argv[1], d['uuid'])" "$f"
+       done ;;
     overhead) python3 bench/meter_overhead.py ;;
     ladder) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        sm --configfile config/study_b_random.yaml -- \

@@ -145,6 +145,11 @@ def test_generations_and_comparisons_in_the_report(pipeline):
     assert rungs["lora-padding-free"]["rung"] == "beside" and rungs["lora-padding-free"]["status"] == "ok"
     assert rungs["lora-pf-liger"]["status"] == "unsupported" and "CUDA" in rungs["lora-pf-liger"]["reason"]
     assert "Fastest configuration measured" in page
+    # several GPUs: two gloo ranks ran data parallel beside one-rank lora; FSDP2 says why not on CPU ranks
+    scale = {r["variant"]: r for r in table(page, "scaling")}
+    ddp = scale["lora-ddp2"]
+    assert ddp["status"] == "ok" and ddp["GPUs"] == "2" and ddp["one GPU"] == "lora" and num(ddp["scaling efficiency"]) > 0
+    assert scale["lora-fsdp2"]["status"] == "unsupported" and "FSDP2" in scale["lora-fsdp2"]["reason"]
 
 
 def test_report_has_figures_token_stats_and_profile(pipeline):

@@ -32,6 +32,10 @@ def flatten(record: dict) -> dict:
     row["model.parameters"] = model["parameters"]
     adapted = model.get("adapted_modules") or {}
     row["model.adapted_modules"] = ",".join(adapted.get("names", [])) or None
+    par = record.get("parallel") or {}
+    row.update({"parallel.strategy": par.get("strategy"), "parallel.world_size": par.get("world_size") or 1,
+                "parallel.samples_per_s_per_gpu": par.get("samples_per_s_per_gpu"),
+                "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
     row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1

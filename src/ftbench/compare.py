@@ -332,7 +332,38 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
     return [lead, note, ("Ladder", table, "ladder")]
 
 
-COMPARISONS = {"ladder": ladder, "decision_guide": decision_guide, "lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
+def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
+    """Several GPUs against one: each multi-GPU variant beside the one-GPU variant it scales (`pairs`: [multi,
+    single]), same model, dataset, GPU kind and per-GPU batch size. Scaling efficiency = total samples/s over
+    N x the one-GPU samples/s; the speedup carries its noise verdict; peak memory is the largest rank's."""
+    rows = []
+    for multi, single in pairs:
+        a = df.filter(pl.col("variant") == multi)
+        b = df.filter((pl.col("variant") == single) & (pl.col("status") == "ok"))
+        for r in a.join(b, on=["model", "dataset", "gpu", "batch_size"], how="left", suffix="_1").iter_rows(named=True):
+            ok, n = r["status"] == "ok", r["parallel.world_size"] or 1
+            base = r.get("throughput.samples_per_s_1")
+            speedup = r["throughput.samples_per_s"] / base if ok and base else None
+            rows.append({"model": r["model"], "dataset": r["dataset"], "gpu": r["gpu"], "variant": multi,
+                         "strategy": r["parallel.strategy"], "GPUs": n, "batch per GPU": r["batch_size"],
+                         "status": r["status"], "samples/s (all GPUs)": r["throughput.samples_per_s"] if ok else None,
+                         "samples/s per GPU": r["parallel.samples_per_s_per_gpu"] if ok else None,
+                         "one GPU": single, "one-GPU samples/s": base,
+                         "speedup": _verdict(speedup, r["timing.noise_cv"], r.get("timing.noise_cv_1")),
+                         "scaling efficiency": speedup / n if speedup else None,
+                         "peak GiB (largest rank)": r["parallel.peak_allocated_gib_max"] if ok else None,
+                         "one-GPU peak GiB": r.get("memory.peak_allocated_gib_1"),
+                         "reason": r["reason"] if not ok else None})
+    note = ("Scaling efficiency = samples/s over all N GPUs / (N x samples/s of the same variant on one GPU at the same "
+            "per-GPU batch). 1.0 is perfect data parallelism; what is missing went to gradient communication, "
+            "waiting for the slowest rank, and (FSDP) gathering parameters. On a CPU the ranks share the same cores, so "
+            "efficiency there says nothing about GPUs. " + NOISE_NOTE)
+    if not rows:
+        return [note, ("Scaling", pl.DataFrame({"result": ["no multi-GPU run"]}), "scaling")]
+    return [note, ("Scaling", pl.DataFrame(rows, infer_schema_length=None), "scaling")]
+
+
+COMPARISONS = {"scaling": scaling, "ladder": ladder, "decision_guide": decision_guide, "lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
                "diffusion_vs_published": diffusion_vs_published}
 
 
