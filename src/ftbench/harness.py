@@ -129,7 +129,7 @@ def provenance(device: torch.device, base_dir, config_hash: str, weights_source:
                scale: str) -> dict:
     return {"versions": _versions(), "device": device_info(device), "git_commit": git_commit(base_dir),
             "config_hash": config_hash, "weights_source": weights_source, "data_source": data_source,
-            "scale": scale, "host": platform.node(),
+            "scale": scale, "host": platform.node(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
