@@ -128,3 +128,39 @@ def test_a_local_checkpoint_trains_at_its_own_size_without_an_architecture_file(
     path.write_text(yaml.safe_dump(bad))
     dry = snakemake("-n", "--configfile", str(path), "-d", str(tmp_path / "wd2"), cwd=tmp_path)
     assert dry.returncode != 0 and "is not a checkpoint folder" in dry.stdout + dry.stderr
+
+
+def test_a_killed_materialize_job_leaves_a_crashed_manifest_and_its_runs_say_why(tmp_path, instruction_data):
+    params = {"model": {"architecture": "qwen3-8b.yaml", "source": "random"},
+              "architecture": str(ROOT / "config/architectures/qwen3-8b.yaml"), "scale": "tiny", "seed": 0,
+              "inject": {"kill_at_start": True}}
+    manifest_path = tmp_path / "models/qwen3-8b/tiny/model.json"
+    manifest = supervise("materialize", params, {"manifest": str(manifest_path)}, tmp_path / "m.log", gpus=1)
+    assert manifest["status"] == "crashed" and "SIGKILL" in manifest["reason"]
+    assert json.loads(manifest_path.read_text())["status"] == "crashed"
+    # the training job on that model is an error record naming the materialization, not a crash
+    _, train, eval_ = instruction_data
+    out = tmp_path / "run"
+    paths = {"model": str(manifest_path), "train": str(train), "eval": str(eval_), "base_dir": str(ROOT),
+             "metrics": str(out / "metrics.json"), "steps": str(out / "steps.csv"), "memory": str(out / "memory.csv"),
+             "adapter": str(out / "adapter")}
+    rec = supervise("train", ftc.run_params(one_run_config(), SPEC), paths, tmp_path / "job.log")
+    assert rec["status"] == "error" and "not materialized: crashed" in rec["reason"]
+    # and without the fault the same job writes a loadable manifest
+    params.pop("inject")
+    ok = supervise("materialize", params, {"manifest": str(manifest_path)}, tmp_path / "m.log", gpus=1)
+    assert ok["family"] == "causal_lm" and Path(ok["path"]).is_dir() and ok["extra"]["supervision"]["exit_code"] == 0
+
+
+def test_a_killed_generate_job_leaves_answers_that_say_so(tmp_path, tiny_qwen):
+    manifest = tmp_path / "model.json"
+    manifest.write_text(json.dumps(tiny_qwen))
+    gen = DEFAULT["studies"]["llm"]["generate"]
+    params = {"manifest": str(manifest), "adapter": str(tmp_path / "adapter"), "variant_name": "lora",
+              "variant": {"peft": "lora", "precision": "bf16"}, "generation": gen, "seed": 0, "title": "answers",
+              "inject": {"kill_at_start": True}}
+    paths = {"json": str(tmp_path / "answers.json"), "html": str(tmp_path / "answers.html")}
+    result = supervise("generate", params, paths, tmp_path / "g.log", gpus=1)
+    assert result["status"] == "crashed" and "SIGKILL" in result["reason"]
+    assert json.loads((tmp_path / "answers.json").read_text())["after"] is None
+    assert "No answers: the generation job crashed" in (tmp_path / "answers.html").read_text()

@@ -46,18 +46,20 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     device = pick_device()
     v = ctx.variant
     record = new_record(dataclasses.asdict(ctx.spec), dataclasses.asdict(v))
-    record["provenance"] = provenance(device, ctx.base_dir, ctx.config_hash, ctx.manifest["weights_source"],
+    record["provenance"] = provenance(device, ctx.base_dir, ctx.config_hash, ctx.manifest.get("weights_source"),
                                       ctx.dataset["source"], ctx.spec.scale)
     record["precision"]["requested"] = v.precision
     record["data"].update(workers=v.dataloader_workers, persistent_workers=v.dataloader_workers > 0,
                           pin_memory=v.pin_memory)
-    family = ctx.manifest["family"]
+    family = ctx.manifest.get("family")
     meter = Meter(device, ctx.settings.measure, profiler=ctx.profiler,
                   memory_log_every=ctx.settings.memory_log_every, count_graphs=v.compile is not None,
                   inject=ctx.settings.inject)
     if ranks.world_size() > 1:  # launched by the supervisor with torchrun (variant knob gpus > 1)
         meter.agree = ranks.agree_max(device)
     with guarded(record, device):
+        if ctx.manifest.get("status") not in (None, "ok"):  # its materialize job crashed or ran out of time
+            raise RuntimeError(f"the model was not materialized: {ctx.manifest['status']}: {ctx.manifest.get('reason')}")
         problems = knob_problems(family, v)
         if problems:
             raise Unsupported(f"the {family} runner does not honour " + "; ".join(problems))

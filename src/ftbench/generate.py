@@ -61,3 +61,27 @@ def to_html(result: dict, title: str) -> str:
 def write(result: dict, json_path, html_path, title: str) -> None:
     Path(json_path).write_text(json.dumps(result, indent=2, ensure_ascii=False))
     Path(html_path).write_text(to_html(result, title))
+
+
+def generate_job(params: dict, json_path, html_path) -> dict:
+    """The generate job (run by its supervisor's child): answers before and after the run's adapter."""
+    from .config import Variant
+    from .harness import pick_device
+
+    manifest = json.loads(Path(params["manifest"]).read_text())
+    gen = {k: v for k, v in params["generation"].items() if k not in ("prompts", "runs")}
+    result = before_after(manifest, Variant.from_config(params["variant_name"], params["variant"]), params["adapter"],
+                          params["generation"]["prompts"], gen, params["seed"], pick_device())
+    write(result, json_path, html_path, params["title"])
+    return result
+
+
+def write_failed(json_path, html_path, params: dict, status: str, reason: str, supervision: dict) -> dict:
+    """What a generate job whose process died (or ran out of time) leaves: its status and why, no answers."""
+    from .analysis import html_page
+
+    result = {"status": status, "reason": reason, "prompts": params["generation"]["prompts"], "before": None,
+              "after": None, "supervision": supervision}
+    Path(json_path).write_text(json.dumps(result, indent=2, ensure_ascii=False))
+    Path(html_path).write_text(html_page(params["title"], [f"No answers: the generation job {status}: {reason}."]))
+    return result

@@ -130,3 +130,18 @@ def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str =
         manifest.update(path=source, tokenizer=source)
     (out / "model.json").write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def materialize(params: dict, manifest_path) -> dict:
+    """The materialize_model job (run by its supervisor's child): a local checkpoint's manifest, or a model
+    materialized from its architecture file, into the folder of `manifest_path`."""
+    from .architectures import load_architecture
+    from .config import checkpoint_family
+    from .harness import pick_device
+
+    out = Path(manifest_path).parent
+    if not params["architecture"]:  # a local checkpoint folder: its own config, its own size
+        source = Path(params["model"]["source"]).expanduser()
+        return local_checkpoint_manifest(source, checkpoint_family(source), out)
+    arch = load_architecture(params["architecture"], params["scale"])
+    return materialize_model(arch, params["model"]["source"], out, params["seed"], device=str(pick_device()))

@@ -59,14 +59,22 @@ def _kill(proc) -> None:
     proc.wait()
 
 
+# the output each kind of job is judged by (its child writes it; the supervisor writes it where the child could not)
+OUTPUT = {"train": "metrics", "profile": "summary", "generate": "json", "materialize": "manifest"}
+
+
 def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None = None) -> dict:
-    """Run `kind` ("train" or "profile") in a child process under the run's limits, on the variant's number of
-    GPUs (`gpus`: a lower count from the caller, e.g. a profile of a multi-GPU run, wins); return its record
-    (or the summary, for a profile) as written, a `crashed`/`timeout` one where the child could not write it,
-    an `unsupported` one where this host has too few GPUs."""
-    time_limit, mem_limit = run_limits(params)
-    gpus = gpus or int(params["variant"].get("gpus") or 1)
-    out = Path(paths["metrics"] if kind == "train" else paths["summary"])
+    """Run `kind` ("train", "profile", "generate" or "materialize") in a child process under its limits (a
+    run's: its variant's over its study's; generate and materialize: `time_limit_s` in params), on the
+    variant's number of GPUs (`gpus`: a lower count from the caller wins); return its record (a profile's
+    summary, generate's answers, materialize's manifest) as written, a `crashed`/`timeout` one where the child
+    could not write it, an `unsupported` one where this host has too few GPUs."""
+    if kind in ("train", "profile"):
+        time_limit, mem_limit = run_limits(params)
+    else:
+        time_limit, mem_limit = params.get("time_limit_s"), params.get("host_memory_limit_gib")
+    gpus = gpus or int((params.get("variant") or {}).get("gpus") or 1)
+    out = Path(paths[OUTPUT[kind]])
     out.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ftbench-"))
@@ -143,6 +151,14 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
 
 def _fallback(kind, params, paths, status, reason, supervision) -> dict:
     """The record (and the job's other outputs) of a child that could not write them."""
+    if kind == "materialize":  # training jobs on this model record an error naming this
+        manifest = {"status": status, "reason": reason, "family": None, "supervision": supervision}
+        write_json_atomic(paths["manifest"], manifest)
+        return manifest
+    if kind == "generate":
+        from .generate import write_failed
+
+        return write_failed(paths["json"], paths["html"], params, status, reason, supervision)
     rec = new_record_from_template(params["run"], {"name": params["run"]["variant"], **params["variant"]})
     rec.update(status=status, reason=reason)
     rec["extra"]["supervision"] = supervision
@@ -172,11 +188,23 @@ def _child(job_path) -> None:
     from .execute import context_from_params, execute
 
     job = json.loads(Path(job_path).read_text())
-    p = job["paths"]
+    p, params = job["paths"], job["params"]
+    if (params.get("inject") or {}).get("kill_at_start"):  # fault injection (tests): die as a segfault would
+        os.kill(os.getpid(), signal.SIGKILL)
+    if job["kind"] == "materialize":
+        from .models import materialize
+
+        print(materialize(params, p["manifest"]), flush=True)
+        return
+    if job["kind"] == "generate":
+        from .generate import generate_job
+
+        generate_job(params, p["json"], p["html"])
+        return
     if int(os.environ.get("RANK", "0")) != 0:  # several ranks: rank 0 keeps the records, progress and adapter
         os.environ.pop("FTBENCH_PROGRESS", None)
         p = {**p, "adapter": None}
-    ctx = context_from_params(job["params"], p["model"], p["train"], p["eval"], p["base_dir"],
+    ctx = context_from_params(params, p["model"], p["train"], p["eval"], p["base_dir"],
                               adapter_dir=p.get("adapter"), cache_path=p.get("cache"))
     if job["kind"] == "train":
         record = execute(ctx, p["metrics"], p["steps"], p["memory"])

@@ -2,16 +2,15 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench import generate  # noqa: E402
-from ftbench.config import Variant, variant_knobs  # noqa: E402
-from ftbench.harness import pick_device  # noqa: E402
-from ftbench.execute import read_manifest  # noqa: E402
+from ftbench.config import variant_knobs  # noqa: E402
+from ftbench.supervise import supervise  # noqa: E402
 
+# generation runs in a child process: a crash or a hang past its time limit leaves answers that say so
 w = snakemake.wildcards
-gen = {k: v for k, v in snakemake.params.generation.items() if k not in ("prompts", "runs")}
-result = generate.before_after(read_manifest(snakemake.input.model),
-                               Variant.from_config(w.variant, variant_knobs(snakemake.config, w.study, w.variant)),
-                               snakemake.input.adapter, snakemake.params.generation["prompts"], gen,
-                               snakemake.params.seed, pick_device())
-generate.write(result, snakemake.output.json, snakemake.output.html,
-               f"Answers before and after fine-tuning: {w.model} / {w.dataset} / {w.variant} / batch {w.batch_size}")
+params = {"manifest": snakemake.input.model, "adapter": snakemake.input.adapter, "variant_name": w.variant,
+          "variant": variant_knobs(snakemake.config, w.study, w.variant), "generation": snakemake.params.generation,
+          "seed": snakemake.params.seed, "time_limit_s": snakemake.params.generation.get("time_limit_s"),
+          "title": f"Answers before and after fine-tuning: {w.model} / {w.dataset} / {w.variant} / batch {w.batch_size}"}
+result = supervise("generate", params, {"json": snakemake.output.json, "html": snakemake.output.html}, snakemake.log[0],
+                   gpus=1)
+print(result.get("status", "ok"), result.get("reason") or "")
