@@ -162,3 +162,23 @@ def test_ladder_rungs_against_previous_and_baseline_with_loss_and_the_fastest_co
     assert rows[("lora-pf", 2)]["loss vs baseline"] == pytest.approx(0.0001)
     assert ("lora-pf-liger-compile", 8) in rows and ("lora", 8) not in rows
     assert "lora-pf-liger-compile</b> at batch 8" in lead and "2,600 real tokens/s" in lead and "70.0 GiB" in lead
+
+
+def test_scaling_pairs_a_multi_gpu_run_with_its_one_gpu_run_and_the_guide_leaves_it_out():
+    from ftbench.compare import decision_guide, scaling
+
+    one = {"model": "m", "dataset": "d", "gpu": "H100 SXM5", "batch_size": 4, "variant": "lora", "status": "ok",
+           "reason": None, "scale": "full", "throughput.samples_per_s": 10.0, "timing.noise_cv": 0.01,
+           "parallel.world_size": 1, "parallel.strategy": None, "parallel.samples_per_s_per_gpu": None,
+           "parallel.peak_allocated_gib_max": None, "memory.peak_allocated_gib": 30.0,
+           "memory.peak_reserved_gib": 31.0, "memory.host_peak_rss_gib": 2.0, "device_type": "cuda",
+           "timing.step_time_s": 0.4, "timing.first_step_s": 1.0, "extra.gradient_accumulation_steps": 1}
+    two = {**one, "variant": "lora-ddp2", "throughput.samples_per_s": 18.0, "parallel.world_size": 2,
+           "parallel.strategy": "ddp", "parallel.samples_per_s_per_gpu": 9.0, "parallel.peak_allocated_gib_max": 31.0,
+           "timing.step_time_s": 0.1}
+    df = pl.DataFrame([one, two])
+    (_, (_, table, _)) = scaling(df, {}, pairs=[["lora-ddp2", "lora"]])
+    row = table.row(0, named=True)
+    assert row["GPUs"] == 2 and row["speedup"] == "1.8x" and row["scaling efficiency"] == pytest.approx(0.9)
+    guide = decision_guide(df, {}, memory_gib=(80,), run_samples=(1000,))[-1][1]
+    assert set(guide["use"]) == {"lora @ batch 4"}  # the two-GPU run is not a one-GPU choice

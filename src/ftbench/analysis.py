@@ -33,7 +33,8 @@ def flatten(record: dict) -> dict:
     adapted = model.get("adapted_modules") or {}
     row["model.adapted_modules"] = ",".join(adapted.get("names", [])) or None
     par = record.get("parallel") or {}
-    row.update({"parallel.strategy": par.get("strategy"), "parallel.world_size": par.get("world_size") or 1,
+    row.update({"parallel.strategy": par.get("strategy") or record["variant"].get("parallel"),
+                "parallel.world_size": par.get("world_size") or record["variant"].get("gpus") or 1,
                 "parallel.samples_per_s_per_gpu": par.get("samples_per_s_per_gpu"),
                 "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
