@@ -317,7 +317,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
                          "reason": r["reason"] if not ok else None})
             if name in rungs and ok:
                 prev = r
-    note = ("Each rung adds one technique to the rung above it (Study B, same data and batch size). Tokens/s counts "
+    note = ("Each rung adds one technique to the rung above it (same model, data and batch size). Tokens/s counts "
             "real tokens (padding excluded); MFU counts them against the GPU's dense peak for the GEMM dtype that ran. "
             "The loss is the mean over the first warm-up + window steps, which see the same samples in every rung; "
             "'loss vs baseline' is its difference from rung 0 (random weights: equal losses mean the same "
