@@ -63,7 +63,7 @@ def run_runtime_min(wildcards):
 
 def run_gpus(wildcards):
     """The GPUs a training job asks Snakemake (and SLURM) for: its variant's `gpus` (the job launches its ranks)."""
-    return int(run_params(wildcards)["variant"].get("gpus") or 1)
+    return ftc.run_gpus(run_params(wildcards))
 
 
 def run_params(wildcards):

@@ -1,16 +1,12 @@
 """Several GPUs in one job (variant knobs gpus, parallel): the supervisor launches the ranks with torchrun, every
 rank trains, rank 0 writes the record with the totals and each rank's figures. On a CPU the ranks use gloo."""
 
-import copy
-import json
-
 import pytest
 
 from ftbench import config as ftc
 from ftbench.config import Variant
 from ftbench.knobs import knob_problems
-from ftbench.supervise import supervise
-from test_robustness import one_run_config
+from test_robustness import one_run_config, supervise_training
 
 
 def ranked_run(tmp_path, tiny_qwen, instruction_data, name, knobs, batch_size=2):
@@ -18,16 +14,8 @@ def ranked_run(tmp_path, tiny_qwen, instruction_data, name, knobs, batch_size=2)
     cfg["variants"][name] = knobs
     cfg["studies"]["llm"]["matrix"][0]["variants"] = [name]
     cfg["studies"]["llm"]["matrix"][0]["batch_sizes"] = [batch_size]
-    manifest = tmp_path / "model.json"
-    manifest.write_text(json.dumps(tiny_qwen))
-    _, train, eval_ = instruction_data
-    out = tmp_path / "run"
-    paths = {"model": str(manifest), "train": str(train), "eval": str(eval_), "base_dir": str(tmp_path),
-             "metrics": str(out / "metrics.json"), "steps": str(out / "steps.csv"), "memory": str(out / "memory.csv"),
-             "adapter": str(out / "adapter")}
     spec = ftc.RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", name, batch_size)
-    rec = supervise("train", ftc.run_params(cfg, spec), paths, tmp_path / "job.log")
-    assert json.loads((out / "metrics.json").read_text())["status"] == rec["status"]
+    rec = supervise_training(tmp_path, tiny_qwen, instruction_data, cfg, spec)
     return rec, (tmp_path / "job.log").read_text()
 
 

@@ -33,16 +33,25 @@ def one_run_config(**training) -> dict:
     return cfg
 
 
-def supervised(tmp_path, tiny_qwen, instruction_data, **training):
-    manifest = tmp_path / "model.json"
-    manifest.write_text(json.dumps(tiny_qwen))
+def supervise_training(tmp_path, model, instruction_data, cfg, spec=SPEC) -> dict:
+    """One training job of `cfg` under the supervisor, outputs in tmp_path/run; `model` is a manifest (written
+    to tmp_path/model.json) or the path of one. Returns the record, checked to be the one on disk."""
+    if isinstance(model, dict):
+        (tmp_path / "model.json").write_text(json.dumps(model))
+        model = tmp_path / "model.json"
     _, train, eval_ = instruction_data
     out = tmp_path / "run"
-    paths = {"model": str(manifest), "train": str(train), "eval": str(eval_), "base_dir": str(ROOT),
+    paths = {"model": str(model), "train": str(train), "eval": str(eval_), "base_dir": str(ROOT),
              "metrics": str(out / "metrics.json"), "steps": str(out / "steps.csv"), "memory": str(out / "memory.csv"),
              "adapter": str(out / "adapter")}
-    rec = supervise("train", ftc.run_params(one_run_config(**training), SPEC), paths, tmp_path / "job.log")
+    rec = supervise("train", ftc.run_params(cfg, spec), paths, tmp_path / "job.log")
     assert json.loads((out / "metrics.json").read_text())["status"] == rec["status"]
+    return rec
+
+
+def supervised(tmp_path, tiny_qwen, instruction_data, **training):
+    rec = supervise_training(tmp_path, tiny_qwen, instruction_data, one_run_config(**training))
+    out = tmp_path / "run"
     assert (out / "steps.csv").is_file() and (out / "memory.csv").is_file() and (out / "adapter").is_dir()
     return rec
 
@@ -139,12 +148,7 @@ def test_a_killed_materialize_job_leaves_a_crashed_manifest_and_its_runs_say_why
     assert manifest["status"] == "crashed" and "SIGKILL" in manifest["reason"]
     assert json.loads(manifest_path.read_text())["status"] == "crashed"
     # the training job on that model is an error record naming the materialization, not a crash
-    _, train, eval_ = instruction_data
-    out = tmp_path / "run"
-    paths = {"model": str(manifest_path), "train": str(train), "eval": str(eval_), "base_dir": str(ROOT),
-             "metrics": str(out / "metrics.json"), "steps": str(out / "steps.csv"), "memory": str(out / "memory.csv"),
-             "adapter": str(out / "adapter")}
-    rec = supervise("train", ftc.run_params(one_run_config(), SPEC), paths, tmp_path / "job.log")
+    rec = supervise_training(tmp_path, manifest_path, instruction_data, one_run_config())
     assert rec["status"] == "error" and "not materialized: crashed" in rec["reason"]
     # and without the fault the same job writes a loadable manifest
     params.pop("inject")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import polars as pl
 
-from .records import read_record
+from .records import new_record_from_template, read_record
 
 KEY = ["study", "model", "scale", "dataset", "variant", "batch_size", "gpu"]
 
@@ -69,7 +69,8 @@ def median_step_samples_per_hour() -> pl.Expr:
 
 
 NUMERIC_GROUPS = ("timing.", "throughput.", "memory.", "device_usage.", "energy.", "flops.", "loss.", "data.",
-                  "compile.", "model.parameters", "model.trainable_parameters", "outliers.count", "outliers.time")
+                  "compile.", "model.parameters", "model.trainable_parameters", "outliers.count", "outliers.time",
+                  "parallel.world_size", "parallel.samples_per_s_per_gpu", "parallel.peak_allocated_gib_max")
 
 
 def typed(df: pl.DataFrame) -> pl.DataFrame:
@@ -98,8 +99,13 @@ def aggregate(paths, extra_tables=(), study: str | None = None) -> pl.DataFrame:
         if study is not None and len(other):
             other = other.filter(pl.col("study") == study)
         df = pl.concat([other, df], how="diagonal_relaxed")
+    # tables merged from older versions lack the columns added since: every column a record gives is there
+    df = typed(df.with_columns(pl.lit(None).alias(c) for c in RECORD_COLUMNS if c not in df.columns))
     df = df.unique(subset=KEY, keep="last", maintain_order=True)
     return df.sort([natural_key(pl.col(k)) if df.schema[k] == pl.String else pl.col(k) for k in KEY])
+
+
+RECORD_COLUMNS = tuple(flatten(new_record_from_template({}, {})))
 
 
 def natural_key(col: pl.Expr) -> pl.Expr:

@@ -239,8 +239,6 @@ def decision_guide(df: pl.DataFrame, published: dict, memory_gib=(16, 24, 48, 80
     the rest, among the runs whose peak memory fits the budget. The runner-up and the margin say how close
     the choice is; a margin inside the two runs' noise reads as a tie. One GPU: multi-GPU runs are the
     scaling table's."""
-    if "parallel.world_size" not in df.columns:  # tables merged from machines before several-GPU runs
-        df = df.with_columns(pl.lit(1).alias("parallel.world_size"))
     ok = df.filter(pl.col("status") == "ok", pl.col("timing.step_time_s").is_not_null(),
                    pl.col("parallel.world_size").fill_null(1) == 1).with_columns(memory_gib=peak_memory())
     keys = ["gpu", "model", "scale", "dataset"]
@@ -340,8 +338,6 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
     single]), same model, dataset, GPU kind and per-GPU batch size. Scaling efficiency = total samples/s over
     N x the one-GPU samples/s; the speedup carries its noise verdict; peak memory is the largest rank's."""
     rows = []
-    if "parallel.world_size" not in df.columns:
-        return [("Scaling", pl.DataFrame({"result": ["no multi-GPU run"]}), "scaling")]
     for multi, single in pairs:
         a = df.filter(pl.col("variant") == multi)
         b = df.filter((pl.col("variant") == single) & (pl.col("status") == "ok"))

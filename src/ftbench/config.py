@@ -443,6 +443,12 @@ def run_limits(params: dict) -> tuple[float | None, float | None]:
             settings.get("host_memory_limit_gib"))
 
 
+def run_gpus(params: dict) -> int:
+    """The GPUs a run trains on (its variant's `gpus`): what its job asks Snakemake and SLURM for, and the
+    ranks its supervisor starts."""
+    return int((params.get("variant") or {}).get("gpus") or 1)
+
+
 def run_params(config: dict, spec: RunSpec) -> dict:
     """What one job needs from config, as plain data for its rule's params (the job expands no matrix)."""
     settings = dataclasses.asdict(train_settings(config, spec))

@@ -372,17 +372,18 @@ class Meter:
                 else None, "truncated": truncated})
         self._pending = []
         if self.agree is not None and self._window_steps is None:
-            self._agree_window(rows_closed=self.rows)
+            self._agree_window()
         nxt = 0 if self._phase == "warmup" else self._phase + 1
         if nxt >= self.measure.repeats:
             self.done = True
         self._open(prev_mark, host_end, nxt)
 
-    def _agree_window(self, rows_closed: list[dict]) -> None:
+    def _agree_window(self) -> None:
         """Several ranks: the steps each window takes, the same on every rank: the window's minimum steps, or
-        more where the median step so far (warm-up) says `min_seconds` needs more; the maximum over ranks."""
+        more where the median step so far (warm-up, its first step left out) says `min_seconds` needs more;
+        the maximum over ranks."""
         m = self.measure
-        times = [r["step_time_s"] for r in rows_closed[1:]] or [r["step_time_s"] for r in rows_closed]
+        times = [r["step_time_s"] for r in self.rows[1:] or self.rows]
         need = m.steps
         if m.min_seconds and times and statistics.median(times) > 0:
             need = max(need, math.ceil(m.min_seconds / statistics.median(times)))

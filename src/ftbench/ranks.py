@@ -49,9 +49,8 @@ def gather(record: dict, strategy: str | None) -> dict:
     if dist is None or dist.get_world_size() < 2:
         return record
     thr, fl, en = record["throughput"], record["flops"], record["energy"]
-    mine = {"rank": dist.get_rank(), "status": record["status"],
-            "device": (record.get("provenance", {}).get("device") or {}).get("uuid")
-            or (record.get("provenance", {}).get("device") or {}).get("name"),
+    device = record["provenance"].get("device") or {}
+    mine = {"rank": dist.get_rank(), "status": record["status"], "device": device.get("uuid") or device.get("name"),
             "step_time_s": record["timing"]["step_time_s"], "window_s": record["timing"]["window_s"],
             "samples_per_s": thr["samples_per_s"], "tokens_per_s": thr["tokens_per_s"],
             "padded_tokens_per_s": thr["padded_tokens_per_s"], "model_tflops": fl["model_tflops"],

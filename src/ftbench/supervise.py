@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from .config import run_limits
+from .config import run_gpus, run_limits
 from .gpus import describe, gpu_slots
 from .records import new_record_from_template, write_json_atomic
 
@@ -73,7 +73,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         time_limit, mem_limit = run_limits(params)
     else:
         time_limit, mem_limit = params.get("time_limit_s"), params.get("host_memory_limit_gib")
-    gpus = gpus or int((params.get("variant") or {}).get("gpus") or 1)
+    gpus = gpus or run_gpus(params)
     out = Path(paths[OUTPUT[kind]])
     out.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
