@@ -11,11 +11,11 @@ from ftbench.config import MeasureSettings, RunSpec, TrainSettings, Variant
 from ftbench.execute import RunContext, execute
 
 
-def run(tmp_path, manifest, data, variant, batch_size=2, max_steps=5):
+def run(tmp_path, manifest, data, variant, batch_size=2, max_steps=5, cpu_precision=None):
     ddef, train, eval_ = data
     measure = MeasureSettings(warmup_steps=2, steps=max_steps - 2)
     ctx = RunContext(RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", variant.name, batch_size), variant,
-                     TrainSettings(measure=measure, lora=LORA, memory_log_every=2),
+                     TrainSettings(measure=measure, lora=LORA, memory_log_every=2, cpu_precision=cpu_precision),
                      manifest, ddef, str(train), str(eval_), str(tmp_path), "cafe")
     rec = execute(ctx, tmp_path / "metrics.json", tmp_path / "steps.csv", tmp_path / "memory.csv")
     assert json.loads((tmp_path / "metrics.json").read_text())["status"] == rec["status"]
@@ -35,7 +35,7 @@ def test_lora_run_is_measured(tmp_path, tiny_qwen, instruction_data):
     assert 0 < f["model_per_step"] < f["hardware_per_step"]  # padding is executed, not counted as model FLOPs
     assert f["mfu"] is None and f["hfu"] is None and f["peak_tflops"] is None  # no peak for a CPU
     assert rec["precision"] == {"requested": "bf16", "frozen_weights": "bf16", "trainable_weights": "fp32",
-                                "gemm": "bf16", "fp8_layers": None}
+                                "gemm": "bf16", "fp8_layers": None, "substituted": None}
     assert rec["measure"]["timer"] == "host_clock" and len(rec["measure"]["windows"]) == 1
     assert rec["timing"]["cv_within"] is not None and rec["timing"]["noise_cv"] is not None
     assert rec["extra"]["gradient_checkpointing_active"] is False  # TRL would turn it on by default
@@ -56,6 +56,22 @@ def test_qlora_and_gradient_checkpointing_run_on_cpu(tmp_path, tiny_qwen, instru
     assert gc["status"] == "ok", gc["reason"]
     assert gc["extra"]["gradient_checkpointing_active"] is True
     assert q["extra"]["gradient_checkpointing_active"] is False
+
+
+def test_cpu_precision_computes_in_fp32_and_the_record_says_so(tmp_path, tiny_qwen, instruction_data):
+    """training.cpu_precision: on a host with no CUDA GPU bf16 computes in fp32 and nf4 dequantizes to fp32;
+    the record keeps the request (variant and precision.requested) and names the substitution."""
+    lora = run(tmp_path / "l", tiny_qwen, instruction_data, Variant("lora"), max_steps=3, cpu_precision="fp32")
+    assert lora["status"] == "ok", lora["reason"]
+    assert lora["precision"]["requested"] == lora["variant"]["precision"] == "bf16"
+    assert lora["precision"]["frozen_weights"] == lora["precision"]["gemm"] == "fp32"
+    assert lora["precision"]["substituted"].startswith("bf16 -> fp32 (training.cpu_precision")
+    q = run(tmp_path / "q", tiny_qwen, instruction_data, Variant("qlora", precision="nf4"), max_steps=3,
+            cpu_precision="fp32")
+    assert q["status"] == "ok", q["reason"]
+    assert q["precision"]["gemm"] == "fp32"  # (tiny: the fp32 embeddings outnumber the 4-bit weights)
+    assert q["precision"]["substituted"].startswith("nf4 compute bf16 -> fp32")
+    assert q["variant"]["nf4_compute"] == "bf16"  # the record's variant is the one asked for
 
 
 @pytest.mark.parametrize("variant, words", [

@@ -31,6 +31,7 @@ class Variant:
     name: str
     peft: str = "lora"  # lora | none
     precision: str = "bf16"  # bf16 | fp16 | fp32 | nf4 | fp8
+    nf4_compute: str = "bf16"  # nf4: the dtype 4-bit weights dequantize to for each GEMM (bf16 | fp32)
     fp8_backend: str | None = None  # te | torchao (precision fp8 only)
     fp8_recipe: str = "delayed"  # delayed | current (Transformer Engine)
     fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
@@ -127,6 +128,7 @@ class TrainSettings:
     optim: str = "adamw_torch"
     time_limit_s: float | None = None  # a run still going after this long is killed: a `timeout` record
     host_memory_limit_gib: float | None = None  # a run whose processes hold more is killed: a `crashed` record
+    cpu_precision: str | None = None  # no CUDA GPU: bf16/fp16 compute (and nf4's dequantization) in this instead
     inject: dict = field(default_factory=dict)  # fault injection for tests: {kill_at_step: N} or {hang_at_step: N}
 
     def __post_init__(self):

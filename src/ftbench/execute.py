@@ -41,7 +41,7 @@ class RunContext:
 def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     """Run one job in this process and write its record, whatever happens: ok, oom, unsupported, error."""
     from .knobs import knob_problems
-    from .variants import attention_backend, check_supported
+    from .variants import attention_backend, check_supported, host_variant
 
     device = pick_device()
     v = ctx.variant
@@ -64,6 +64,7 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
         if problems:
             raise Unsupported(f"the {family} runner does not honour " + "; ".join(problems))
         check_supported(v, device)
+        ctx.variant, record["precision"]["substituted"] = host_variant(v, ctx.settings.cpu_precision, device)
         runner = importlib.import_module(RUNNERS[family])
         with meter, (ctx.profiler or nullcontext()), attention_backend(v):
             runner.train(ctx, record, device, meter)

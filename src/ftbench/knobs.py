@@ -17,13 +17,15 @@ ANY = None  # any value of the knob's type
 # its default (the dataclass default in ftbench.config.Variant).
 HONOURED = {
     # TRL SFTTrainer (ftbench.runners.causal_lm)
-    "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4"}, "compile": ANY,
+    "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4"}, "nf4_compute": ANY,
+                  "compile": ANY,
                   "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
-    "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "nf4", "fp8"}, "fp8_backend": ANY,
+    "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
+            "fp8_backend": ANY,
             "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
             "compile_scope": {"model", "layers"}, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY, "gradient_checkpointing": ANY,
             "dataloader_workers": ANY, "pin_memory": ANY},
@@ -56,6 +58,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("parallel with framework='unsloth' (Unsloth trains on one GPU)")
     if variant.parallel == "fsdp2" and variant.precision == "nf4":
         problems.append("parallel='fsdp2' with precision='nf4' (sharding 4-bit weights is not wired; use ddp)")
+    if variant.nf4_compute != DEFAULTS["nf4_compute"] and variant.precision != "nf4":
+        problems.append(f"nf4_compute={variant.nf4_compute!r} with precision={variant.precision!r} (nf4 only)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:
         problems.append("precision='fp8' without fp8_backend (te or torchao)")
     return problems

@@ -21,9 +21,10 @@ RECORD_TEMPLATE = {
     "reason": None,
     "run": {"study": None, "model": None, "scale": None, "dataset": None, "variant": None, "batch_size": None},
     "variant": {},
-    # what actually ran: storage dtype of the frozen and trainable weights, the dtype of the GEMMs
+    # what actually ran: storage dtype of the frozen and trainable weights, the dtype of the GEMMs, and what
+    # the host changed from the request (training.cpu_precision), if anything
     "precision": {"requested": None, "frozen_weights": None, "trainable_weights": None, "gemm": None,
-                  "fp8_layers": None},
+                  "fp8_layers": None, "substituted": None},
     # the measurement itself: timer, window rule, repeats, and each window as it closed
     "measure": {"timer": None, "warmup_steps": None, "min_steps": None, "min_seconds": None, "repeats": None,
                 "truncated": None, "windows": []},

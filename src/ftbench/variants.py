@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 
 import torch
@@ -82,25 +83,45 @@ def repeated_blocks(model) -> list[torch.nn.Module]:
     return [m for m in blocks if counts[type(m)] > 1]
 
 
-def torch_dtype(variant: Variant) -> torch.dtype:
-    return {"fp32": torch.float32, "fp16": torch.float16}.get(variant.precision, torch.bfloat16)
+def host_variant(variant: Variant, cpu_precision: str | None, device: torch.device) -> tuple[Variant, str | None]:
+    """The variant as this host runs it, and what changed (None: as asked). With `training.cpu_precision` set
+    and no CUDA GPU, bf16/fp16 compute in that dtype and nf4 dequantizes to it: a CPU without AVX512-BF16 or
+    AMX runs bf16 matrix products ~50x slower than fp32, which made tiny CPU runs minutes long."""
+    if device.type == "cuda" or cpu_precision is None:
+        return variant, None
+    if variant.precision in ("bf16", "fp16") and variant.precision != cpu_precision:
+        note = f"{variant.precision} -> {cpu_precision} (training.cpu_precision: this host has no CUDA GPU)"
+        return dataclasses.replace(variant, precision=cpu_precision), note
+    if variant.precision == "nf4" and variant.nf4_compute != cpu_precision:
+        note = f"nf4 compute {variant.nf4_compute} -> {cpu_precision} (training.cpu_precision: no CUDA GPU)"
+        return dataclasses.replace(variant, nf4_compute=cpu_precision), note
+    return variant, None
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def compute_dtype(variant: Variant) -> torch.dtype:
+    """The dtype the variant's GEMMs run in and its unquantized weights load in (fp8: bf16, the dtype of the
+    layers not converted and of autocast)."""
+    return DTYPES[variant.nf4_compute] if variant.precision == "nf4" else DTYPES.get(variant.precision, torch.bfloat16)
 
 
 def quantization_config(variant: Variant):
-    """The published QLoRA setting: NF4, double quantization, bf16 compute."""
+    """The published QLoRA setting: NF4, double quantization, bf16 compute (`nf4_compute`)."""
     if variant.precision != "nf4":
         return None
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=torch.bfloat16)
+                              bnb_4bit_compute_dtype=compute_dtype(variant))
 
 
 def load_pretrained(model_cls, path, variant: Variant, device):
     """`model_cls.from_pretrained` with the variant's dtype and quantization, on `device` (a quantized model is
     placed by its device map, a plain one moved after loading)."""
     quant = quantization_config(variant)
-    model = model_cls.from_pretrained(path, dtype=torch_dtype(variant), quantization_config=quant,
+    model = model_cls.from_pretrained(path, dtype=compute_dtype(variant), quantization_config=quant,
                                       device_map={"": device} if quant is not None else None)
     return model if quant is not None else model.to(device)
 

@@ -7,8 +7,8 @@ import time
 import torch
 
 from ..flops import causal_lm_shape, step_flops
-from ..variants import (adapted_modules, apply_lora, compile_model, load_pretrained, parameter_counts, precision_ran,
-                        repeated_blocks)
+from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_model, compute_dtype, load_pretrained,
+                        parameter_counts, precision_ran, repeated_blocks)
 
 
 def load_model(ctx, device):
@@ -18,7 +18,7 @@ def load_model(ctx, device):
         from unsloth import FastLanguageModel  # imported first: Unsloth patches transformers
 
         model, tokenizer = FastLanguageModel.from_pretrained(
-            path, max_seq_length=ctx.settings.max_seq_length, dtype=torch.bfloat16,
+            path, max_seq_length=ctx.settings.max_seq_length, dtype=compute_dtype(v),
             load_in_4bit=v.precision == "nf4")
         model = FastLanguageModel.get_peft_model(
             model, r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
@@ -112,7 +112,7 @@ def train(ctx, record, device, meter):
     total, trainable = parameter_counts(model)
     record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model))
     shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
-    compute = {"bf16": "bf16", "nf4": "bf16", "fp16": "fp16"}.get(v.precision, "fp32")
+    compute = DTYPE_NAMES[compute_dtype(v)]
     record["precision"].update(precision_ran(model, compute))
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.compile_scope == "layers":  # the decoder layers compiled in place; the LM head and loss stay eager

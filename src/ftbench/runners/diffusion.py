@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..harness import TimedBatches
-from ..variants import DTYPE_NAMES, parameter_counts, precision_ran
+from ..variants import DTYPE_NAMES, DTYPES, parameter_counts, precision_ran
 
 
 class CaptionImages(torch.utils.data.Dataset):
@@ -104,9 +104,6 @@ def encode_cache(path, data_path, resolution: int, seed: int, device) -> dict:
         latents.append((vae.encode(px).latent_dist.sample() * vae.config.scaling_factor)[0].cpu())
         embeddings.append(text_encoder(item["input_ids"][None].to(device))[0][0].cpu())
     return {"latents": torch.stack(latents), "encoder_hidden_states": torch.stack(embeddings)}
-
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def train(ctx, record, device, meter):

@@ -18,7 +18,8 @@ from ..data import BEAN_LABELS, read_split
 from ..flops import causal_lm_shape, step_flops
 from ..harness import TimedBatches
 from ..tokens import FIXED_IMAGE_SIZE
-from ..variants import adapted_modules, apply_lora, compile_model, load_pretrained, parameter_counts, precision_ran
+from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_model, compute_dtype, load_pretrained,
+                        parameter_counts, precision_ran)
 
 PROMPT = "Describe"
 LM_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
@@ -102,7 +103,8 @@ def train(ctx, record, device, meter):
     total, trainable = parameter_counts(model)
     record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model))
     record["extra"]["fp8"] = fp8_info or None
-    record["precision"].update(precision_ran(model, "bf16", (fp8_info or {}).get("converted")))
+    dtype = compute_dtype(v)
+    record["precision"].update(precision_ran(model, DTYPE_NAMES[dtype], (fp8_info or {}).get("converted")))
     shape = causal_lm_shape(model.config.text_config.to_dict())
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=s.learning_rate)
@@ -114,7 +116,7 @@ def train(ctx, record, device, meter):
                                          collate_fn=collate, num_workers=v.dataloader_workers, drop_last=True,
                                          pin_memory=v.pin_memory, persistent_workers=v.dataloader_workers > 0)
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.tokenizer.image_token)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     fp8_ctx = fp8_context(v)
     batches, image_tokens = TimedBatches(loader), []
     model.train()
@@ -125,7 +127,7 @@ def train(ctx, record, device, meter):
         real = batch["attention_mask"].sum(1).tolist()  # the loader's CPU tensors: no device sync
         b, t = batch["input_ids"].shape
         batch = {k: x.to(device, non_blocking=v.pin_memory) for k, x in batch.items()}
-        batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
+        batch["pixel_values"] = batch["pixel_values"].to(dtype)
         with autocast, fp8_ctx():
             loss = step_fn(**batch, use_cache=False).loss  # no KV cache in training (and no per-layer guards)
         loss.backward()
@@ -142,16 +144,16 @@ def train(ctx, record, device, meter):
         # the eager module: evaluating through the compiled one recompiles for no_grad (90 s at full scale);
         # with compile_scope layers the blocks stay compiled (a no_grad graph per block class: seconds)
         record["loss"]["eval"] = evaluate(model, read_split(ctx.eval_path), collate, ctx.spec.batch_size, device,
-                                          autocast, fp8_ctx)
+                                          dtype, autocast, fp8_ctx)
 
 
 @torch.no_grad()
-def evaluate(model, ds, collate, batch_size, device, autocast, fp8_ctx) -> float:
+def evaluate(model, ds, collate, batch_size, device, dtype, autocast, fp8_ctx) -> float:
     """Mean loss over the held-out split."""
     losses = []
     for i in range(0, len(ds), batch_size):
         batch = {k: x.to(device) for k, x in collate([ds[j] for j in range(i, min(i + batch_size, len(ds)))]).items()}
-        batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
+        batch["pixel_values"] = batch["pixel_values"].to(dtype)
         with autocast, fp8_ctx():
             losses.append(model(**batch, use_cache=False).loss.float())
     return float(torch.stack(losses).mean()) if losses else None
