@@ -11,11 +11,11 @@ from ftbench.config import MeasureSettings, RunSpec, TrainSettings, Variant
 from ftbench.execute import RunContext, execute
 
 
-def run(tmp_path, manifest, data, variant, batch_size=2, max_steps=5, cpu_precision=None):
+def run(tmp_path, manifest, data, variant, batch_size=2, max_steps=5, **host):
     ddef, train, eval_ = data
     measure = MeasureSettings(warmup_steps=2, steps=max_steps - 2)
     ctx = RunContext(RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", variant.name, batch_size), variant,
-                     TrainSettings(measure=measure, lora=LORA, memory_log_every=2, cpu_precision=cpu_precision),
+                     TrainSettings(measure=measure, lora=LORA, memory_log_every=2, **host),
                      manifest, ddef, str(train), str(eval_), str(tmp_path), "cafe")
     rec = execute(ctx, tmp_path / "metrics.json", tmp_path / "steps.csv", tmp_path / "memory.csv")
     assert json.loads((tmp_path / "metrics.json").read_text())["status"] == rec["status"]
@@ -35,7 +35,8 @@ def test_lora_run_is_measured(tmp_path, tiny_qwen, instruction_data):
     assert 0 < f["model_per_step"] < f["hardware_per_step"]  # padding is executed, not counted as model FLOPs
     assert f["mfu"] is None and f["hfu"] is None and f["peak_tflops"] is None  # no peak for a CPU
     assert rec["precision"] == {"requested": "bf16", "frozen_weights": "bf16", "trainable_weights": "fp32",
-                                "gemm": "bf16", "fp8_layers": None, "substituted": None}
+                                "gemm": "bf16", "fp8_layers": None}
+    assert rec["extra"]["host_changes"] is None and rec["compile"]["backend"] is None
     assert rec["measure"]["timer"] == "host_clock" and len(rec["measure"]["windows"]) == 1
     assert rec["timing"]["cv_within"] is not None and rec["timing"]["noise_cv"] is not None
     assert rec["extra"]["gradient_checkpointing_active"] is False  # TRL would turn it on by default
@@ -65,13 +66,39 @@ def test_cpu_precision_computes_in_fp32_and_the_record_says_so(tmp_path, tiny_qw
     assert lora["status"] == "ok", lora["reason"]
     assert lora["precision"]["requested"] == lora["variant"]["precision"] == "bf16"
     assert lora["precision"]["frozen_weights"] == lora["precision"]["gemm"] == "fp32"
-    assert lora["precision"]["substituted"].startswith("bf16 -> fp32 (training.cpu_precision")
+    assert lora["extra"]["host_changes"] == ["precision bf16 -> fp32 (training.cpu_precision: no CUDA GPU)"]
     q = run(tmp_path / "q", tiny_qwen, instruction_data, Variant("qlora", precision="nf4"), max_steps=3,
             cpu_precision="fp32")
     assert q["status"] == "ok", q["reason"]
     assert q["precision"]["gemm"] == "fp32"  # (tiny: the fp32 embeddings outnumber the 4-bit weights)
-    assert q["precision"]["substituted"].startswith("nf4 compute bf16 -> fp32")
+    assert q["extra"]["host_changes"][0].startswith("nf4 compute bf16 -> fp32")
     assert q["variant"]["nf4_compute"] == "bf16"  # the record's variant is the one asked for
+
+
+def test_cpu_compile_backend_captures_graphs_without_inductor(tmp_path, tiny_qwen, instruction_data):
+    """training.cpu_compile_backend: a compiled variant on a host with no CUDA GPU runs through aot_eager
+    (graphs captured and counted, no code generated); the record names the backend and the change."""
+    rec = run(tmp_path, tiny_qwen, instruction_data, Variant("compile", compile="default"), max_steps=3,
+              cpu_compile_backend="aot_eager")
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["compile"]["backend"] == "aot_eager" and rec["compile"]["unique_graphs"] >= 1
+    assert rec["extra"]["host_changes"] == ["compile backend inductor -> aot_eager "
+                                            "(training.cpu_compile_backend: no CUDA GPU)"]
+    assert rec["variant"]["compile_backend"] == "inductor"
+
+
+def test_the_trainer_compiles_the_whole_model_only_for_model_scope():
+    """TrainingArguments turns torch_compile on whenever a mode or backend is given: a layers-scope variant
+    passes neither (its blocks are compiled in place), or the trainer would compile the whole model on top."""
+    from transformers import TrainingArguments
+
+    from ftbench.runners.causal_lm import trainer_compile_args
+
+    layers = trainer_compile_args(Variant("l", compile="default", compile_scope="layers"))
+    assert layers == {} and not TrainingArguments(output_dir=".", use_cpu=True, **layers).torch_compile
+    whole = trainer_compile_args(Variant("m", compile="max-autotune"))
+    assert whole == {"torch_compile": True, "torch_compile_backend": "inductor", "torch_compile_mode": "max-autotune"}
+    assert trainer_compile_args(Variant("a", compile="default", compile_backend="aot_eager"))["torch_compile_mode"] is None
 
 
 @pytest.mark.parametrize("variant, words", [

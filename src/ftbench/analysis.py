@@ -39,6 +39,7 @@ def flatten(record: dict) -> dict:
                 "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
+    row["extra.host_changes"] = "; ".join(record.get("extra", {}).get("host_changes") or []) or None
     row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1
     return row
 
@@ -127,8 +128,9 @@ TABLE_COLUMNS = {
     "memory.host_peak_rss_gib": "host RSS GiB",
     "device_usage.gpu_util_mean_pct": "GPU util %", "energy.per_step_j": "J/step", "energy.per_sample_j": "J/sample",
     "data.wait_share": "data wait share", "precision.gemm": "GEMM dtype",
+    "extra.host_changes": "changed by host",
     "flops.mfu": "MFU", "flops.hfu": "HFU", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
-    "compile.recompiles": "recompiles", "compile.graph_breaks": "graph breaks",
+    "compile.recompiles": "recompiles", "compile.backend": "compile backend", "compile.graph_breaks": "graph breaks",
     "extra.image_tokens_per_sample": "image tokens/sample", "weights_source": "weights", "reason": "reason",
 }
 

@@ -36,6 +36,7 @@ class Variant:
     fp8_recipe: str = "delayed"  # delayed | current (Transformer Engine)
     fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
     compile: str | None = None  # None | default | reduce-overhead | max-autotune
+    compile_backend: str = "inductor"  # torch.compile's backend: inductor | aot_eager (graphs captured, no codegen)
     compile_scope: str = "model"  # model (one torch.compile of the whole model) | layers (each repeated block)
     shape_policy: str = "dynamic"  # dynamic (AnyRes, dynamic padding) | fixed | bucketed
     sdpa_backend: str | None = None  # None (PyTorch picks) | flash | efficient | cudnn | math
@@ -129,6 +130,7 @@ class TrainSettings:
     time_limit_s: float | None = None  # a run still going after this long is killed: a `timeout` record
     host_memory_limit_gib: float | None = None  # a run whose processes hold more is killed: a `crashed` record
     cpu_precision: str | None = None  # no CUDA GPU: bf16/fp16 compute (and nf4's dequantization) in this instead
+    cpu_compile_backend: str | None = None  # no CUDA GPU: compiled variants use this torch.compile backend instead
     inject: dict = field(default_factory=dict)  # fault injection for tests: {kill_at_step: N} or {hang_at_step: N}
 
     def __post_init__(self):

@@ -64,7 +64,9 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
         if problems:
             raise Unsupported(f"the {family} runner does not honour " + "; ".join(problems))
         check_supported(v, device)
-        ctx.variant, record["precision"]["substituted"] = host_variant(v, ctx.settings.cpu_precision, device)
+        ctx.variant, changes = host_variant(v, ctx.settings, device)  # the record's `variant` stays as asked
+        record["extra"]["host_changes"] = changes or None
+        record["compile"]["backend"] = ctx.variant.compile_backend if v.compile else None
         runner = importlib.import_module(RUNNERS[family])
         with meter, (ctx.profiler or nullcontext()), attention_backend(v):
             runner.train(ctx, record, device, meter)

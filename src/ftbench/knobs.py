@@ -36,6 +36,7 @@ HONOURED = {
 }
 for _family in HONOURED.values():  # the supervisor, not the runner, honours the time limit
     _family["time_limit_s"] = ANY
+    _family["compile_backend"] = ANY  # every runner compiles through torch.compile (ftbench.variants.compile_kwargs)
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Variant) if f.name != "name"}
 
 
@@ -58,6 +59,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("parallel with framework='unsloth' (Unsloth trains on one GPU)")
     if variant.parallel == "fsdp2" and variant.precision == "nf4":
         problems.append("parallel='fsdp2' with precision='nf4' (sharding 4-bit weights is not wired; use ddp)")
+    if variant.compile_backend != DEFAULTS["compile_backend"] and not variant.compile:
+        problems.append(f"compile_backend={variant.compile_backend!r} without compile")
     if variant.nf4_compute != DEFAULTS["nf4_compute"] and variant.precision != "nf4":
         problems.append(f"nf4_compute={variant.nf4_compute!r} with precision={variant.precision!r} (nf4 only)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:

@@ -21,10 +21,10 @@ RECORD_TEMPLATE = {
     "reason": None,
     "run": {"study": None, "model": None, "scale": None, "dataset": None, "variant": None, "batch_size": None},
     "variant": {},
-    # what actually ran: storage dtype of the frozen and trainable weights, the dtype of the GEMMs, and what
-    # the host changed from the request (training.cpu_precision), if anything
+    # what actually ran: storage dtype of the frozen and trainable weights, the dtype of the GEMMs (what the
+    # host changed from the request, training.cpu_*, is in extra.host_changes)
     "precision": {"requested": None, "frozen_weights": None, "trainable_weights": None, "gemm": None,
-                  "fp8_layers": None, "substituted": None},
+                  "fp8_layers": None},
     # the measurement itself: timer, window rule, repeats, and each window as it closed
     "measure": {"timer": None, "warmup_steps": None, "min_steps": None, "min_seconds": None, "repeats": None,
                 "truncated": None, "windows": []},
@@ -41,7 +41,7 @@ RECORD_TEMPLATE = {
     "energy": {"source": None, "window_j": None, "per_step_j": None, "per_sample_j": None, "per_token_j": None},
     "flops": {"model_per_step": None, "hardware_per_step": None, "model_tflops": None, "hardware_tflops": None,
               "peak_tflops": None, "peak_precision": None, "mfu": None, "hfu": None},
-    "compile": {"compile_s": None, "frame_compile_s": None, "backward_compile_s": None, "unique_graphs": None,
+    "compile": {"backend": None, "compile_s": None, "frame_compile_s": None, "backward_compile_s": None, "unique_graphs": None,
                 "graphs_first_step": None, "recompiles": None, "graph_breaks": None, "eval_graphs": None,
                 "eval_compile_s": None},
     "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},

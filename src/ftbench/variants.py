@@ -67,9 +67,9 @@ def compile_model(model, variant: Variant):
     if not variant.compile:
         return model
     if variant.compile_scope == "model":
-        return torch.compile(model, mode=variant.compile)
+        return torch.compile(model, **compile_kwargs(variant))
     for block in repeated_blocks(model):
-        block.compile(mode=variant.compile)
+        block.compile(**compile_kwargs(variant))
     return model
 
 
@@ -83,19 +83,34 @@ def repeated_blocks(model) -> list[torch.nn.Module]:
     return [m for m in blocks if counts[type(m)] > 1]
 
 
-def host_variant(variant: Variant, cpu_precision: str | None, device: torch.device) -> tuple[Variant, str | None]:
-    """The variant as this host runs it, and what changed (None: as asked). With `training.cpu_precision` set
-    and no CUDA GPU, bf16/fp16 compute in that dtype and nf4 dequantizes to it: a CPU without AVX512-BF16 or
-    AMX runs bf16 matrix products ~50x slower than fp32, which made tiny CPU runs minutes long."""
-    if device.type == "cuda" or cpu_precision is None:
-        return variant, None
-    if variant.precision in ("bf16", "fp16") and variant.precision != cpu_precision:
-        note = f"{variant.precision} -> {cpu_precision} (training.cpu_precision: this host has no CUDA GPU)"
-        return dataclasses.replace(variant, precision=cpu_precision), note
-    if variant.precision == "nf4" and variant.nf4_compute != cpu_precision:
-        note = f"nf4 compute {variant.nf4_compute} -> {cpu_precision} (training.cpu_precision: no CUDA GPU)"
-        return dataclasses.replace(variant, nf4_compute=cpu_precision), note
-    return variant, None
+def host_variant(variant: Variant, settings, device: torch.device) -> tuple[Variant, list[str]]:
+    """The variant as this host runs it, and what changed (empty: as asked). With no CUDA GPU,
+    `training.cpu_precision` computes bf16/fp16 in that dtype and dequantizes nf4 to it (a CPU without
+    AVX512-BF16 or AMX multiplies bf16 ~50x slower than fp32), and `training.cpu_compile_backend` swaps
+    Inductor for that backend (Inductor's C++ code generation took 50-120 s per tiny job on 2 cores)."""
+    if device.type == "cuda":
+        return variant, []
+    changes, knobs = [], {}
+    cpu = settings.cpu_precision
+    if cpu and variant.precision in ("bf16", "fp16") and variant.precision != cpu:
+        knobs["precision"] = cpu
+        changes.append(f"precision {variant.precision} -> {cpu} (training.cpu_precision: no CUDA GPU)")
+    elif cpu and variant.precision == "nf4" and variant.nf4_compute != cpu:
+        knobs["nf4_compute"] = cpu
+        changes.append(f"nf4 compute {variant.nf4_compute} -> {cpu} (training.cpu_precision: no CUDA GPU)")
+    backend = settings.cpu_compile_backend
+    if backend and variant.compile and variant.compile_backend != backend:
+        knobs["compile_backend"] = backend
+        changes.append(f"compile backend {variant.compile_backend} -> {backend} "
+                       "(training.cpu_compile_backend: no CUDA GPU)")
+    return dataclasses.replace(variant, **knobs), changes
+
+
+def compile_kwargs(variant: Variant) -> dict:
+    """torch.compile's arguments for the variant: Inductor takes the mode; other backends take none."""
+    if variant.compile_backend == "inductor":
+        return {"mode": variant.compile}
+    return {"backend": variant.compile_backend}
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

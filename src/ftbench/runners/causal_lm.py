@@ -7,7 +7,8 @@ import time
 import torch
 
 from ..flops import causal_lm_shape, step_flops
-from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_model, compute_dtype, load_pretrained,
+from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_kwargs, compile_model, compute_dtype,
+                        load_pretrained,
                         parameter_counts, precision_ran, repeated_blocks)
 
 
@@ -32,6 +33,17 @@ def load_model(ctx, device):
     # FSDP2: each rank loads on the host and the trainer shards the model onto its GPU (it need not fit one)
     place = torch.device("cpu") if v.parallel == "fsdp2" else device
     return apply_lora(load_pretrained(AutoModelForCausalLM, path, v, place), v, lora), tokenizer
+
+
+def trainer_compile_args(variant) -> dict:
+    """The trainer's torch.compile settings: only for a whole-model compile. TrainingArguments turns
+    `torch_compile` on whenever a compile mode or backend is set, so layers-scope variants (their blocks
+    compiled in place above) must pass neither, or the trainer compiles the whole model on top."""
+    if not variant.compile or variant.compile_scope != "model":
+        return {}
+    kwargs = compile_kwargs(variant)
+    return {"torch_compile": True, "torch_compile_backend": kwargs.get("backend", "inductor"),
+            "torch_compile_mode": kwargs.get("mode")}
 
 
 def parallel_args(variant, model) -> dict:
@@ -136,8 +148,7 @@ def train(ctx, record, device, meter):
         # padding-free: TRL's collator concatenates a batch into one row with position ids restarting at each
         # sequence; the trainer below adds the block-diagonal mask that keeps them apart (document_mask)
         padding_free=v.padding_free, use_liger_kernel=v.liger,
-        torch_compile=v.compile is not None and v.compile_scope == "model", torch_compile_mode=v.compile, lr_scheduler_type="linear",
-        warmup_steps=0, **parallel_args(v, model))
+        lr_scheduler_type="linear", warmup_steps=0, **trainer_compile_args(v), **parallel_args(v, model))
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
     class MeasuredSFTTrainer(SFTTrainer):

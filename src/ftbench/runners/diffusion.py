@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..harness import TimedBatches
-from ..variants import DTYPE_NAMES, DTYPES, parameter_counts, precision_ran
+from ..variants import DTYPE_NAMES, DTYPES, compile_kwargs, parameter_counts, precision_ran
 
 
 class CaptionImages(torch.utils.data.Dataset):
@@ -123,7 +123,7 @@ def train(ctx, record, device, meter):
     # fused AdamW takes the scaler's inf check as a tensor: stepping without the host sync
     optimizer = torch.optim.AdamW(params, lr=s.learning_rate, fused=v.clip_grad_sync_free or None)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    model = torch.compile(unet, mode=v.compile) if v.compile else unet
+    model = torch.compile(unet, **compile_kwargs(v)) if v.compile else unet
 
     g = torch.Generator().manual_seed(s.seed)
     if v.cached_latents:
