@@ -83,6 +83,24 @@ def study_profiles(wildcards):
     ]
 
 
+# profile summaries measured elsewhere (a merge_runs folder's profiles/), each rendered as a page of its own
+MERGED_SOURCES = {Path(f).name: f for f in config.get("merge_runs", [])}
+
+
+def merged_profile_pages():
+    pages = []
+    for name, folder in MERGED_SOURCES.items():
+        for summary in sorted(Path(folder).glob("profiles/**/summary.json")):
+            key = summary.parent.relative_to(Path(folder) / "profiles")
+            if key.parts and key.parts[0] in STUDIES:
+                pages.append(f"results/merged_profiles/{name}/{key}/summary.html")
+    return pages
+
+
+def merged_profile_summary(wildcards):
+    return f"{MERGED_SOURCES[wildcards.source]}/profiles/{wildcards.study}/{wildcards.key}/summary.json"
+
+
 def token_stats_inputs(wildcards):
     return [
         f"results/token_stats/{e['dataset']}/{e['model']}.json"
@@ -169,6 +187,7 @@ def all_targets():
     targets += [
         f"results/profiles/{s.key}/summary.html" for s in PROFILED if s.study in STUDIES
     ]
+    targets += merged_profile_pages()
     targets += [model_manifest(m) for m in config.get("materialize", [])]
     if config.get("token_stats"):
         targets += [

@@ -47,3 +47,30 @@ rule profile_page:
         "../envs/report.yaml"
     script:
         "../workflow/scripts/profile_page.py"
+
+
+rule merged_profile_page:
+    """A profile summary measured elsewhere (config merge_runs: a folder's profiles/), as a page of the report;
+    its model and variant need not be in this config."""
+    input:
+        summary=merged_profile_summary,
+    output:
+        report(
+            "results/merged_profiles/{source}/{study}/{key}/summary.html",
+            caption="../report/profile.rst",
+            category="{study}",
+            subcategory="Profiles measured elsewhere",
+            labels={
+                "measured in": "{source}",
+                "run (model/scale/dataset/variant/batch)": "{key}",
+            },
+        ),
+    log:
+        "logs/merged_profile_page/{source}/{study}/{key}.log",
+    wildcard_constraints:
+        source="[^/]+",
+        key=".+",
+    conda:
+        "../envs/report.yaml"
+    script:
+        "../workflow/scripts/profile_page.py"

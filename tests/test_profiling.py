@@ -50,3 +50,22 @@ def test_long_idle_gaps_are_named_by_the_innermost_host_operator_running_through
     assert s["idle_causes"] == [{"host_op": "aten::_cudnn_attention_backward", "idle_ms": pytest.approx(60)},
                                 {"host_op": "(no host operator)", "idle_ms": pytest.approx(15)}]
     assert s["cpu_bound"] is True
+
+
+def test_profiles_measured_elsewhere_become_pages_of_the_report(tmp_path):
+    """A merge_runs folder's profiles/ (measurements/*/profiles) reach the report: one page each, GPU named,
+    even for a model this config does not have."""
+    import shutil
+
+    from conftest import ROOT, snakemake
+
+    shutil.copytree(ROOT / "measurements/h100-2026-11-23-c", tmp_path / "m/h100-c")
+    target = "results/merged_profiles/h100-c/llm/qwen3-8b/full/wikipedia_ja/lora-pf-liger/bs2/summary.html"
+    cfg = ("--configfile", str(ROOT / "config/config.yaml"))
+    dry = snakemake("-n", "--cores", "1", *cfg, "-d", str(tmp_path), "--config", 'merge_runs=["m/h100-c"]', cwd=tmp_path)
+    assert dry.returncode == 0 and target in dry.stdout, dry.stdout[-2000:] + dry.stderr[-2000:]
+    run = snakemake("--cores", "1", *cfg, "-d", str(tmp_path), "--config", 'merge_runs=["m/h100-c"]', "--", target,
+                    cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    page = (tmp_path / target).read_text()
+    assert "NVIDIA H100 80GB HBM3" in page and "lora-pf-liger" in page and "LigerRopeFunction" in page
