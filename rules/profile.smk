@@ -67,6 +67,8 @@ rule merged_profile_page:
         ),
     log:
         "logs/merged_profile_page/{source}/{study}/{key}.log",
+    benchmark:
+        "benchmarks/merged_profile_page/{source}/{study}/{key}.tsv"
     wildcard_constraints:
         source="[^/]+",
         key=".+",
