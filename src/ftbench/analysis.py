@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import polars as pl
@@ -39,7 +41,10 @@ def flatten(record: dict) -> dict:
                 "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
-    row["extra.host_changes"] = "; ".join(record.get("extra", {}).get("host_changes") or []) or None
+    # the table's short form ("precision bf16 -> fp32; compile backend inductor -> aot_eager"): the setting
+    # behind each change is in the record's extra.host_changes
+    row["extra.host_changes"] = "; ".join(re.sub(r" \(training\.[^)]*\)", "", c) for c in
+                                          record.get("extra", {}).get("host_changes") or []) or None
     row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1
     return row
 
@@ -128,7 +133,7 @@ TABLE_COLUMNS = {
     "memory.host_peak_rss_gib": "host RSS GiB",
     "device_usage.gpu_util_mean_pct": "GPU util %", "energy.per_step_j": "J/step", "energy.per_sample_j": "J/sample",
     "data.wait_share": "data wait share", "precision.gemm": "GEMM dtype",
-    "extra.host_changes": "changed by host",
+    "extra.host_changes": "changed by host (no CUDA GPU)",
     "flops.mfu": "MFU", "flops.hfu": "HFU", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
     "compile.recompiles": "recompiles", "compile.backend": "compile backend", "compile.graph_breaks": "graph breaks",
     "extra.image_tokens_per_sample": "image tokens/sample", "weights_source": "weights", "reason": "reason",
