@@ -18,15 +18,13 @@ ANY = None  # any value of the knob's type
 HONOURED = {
     # TRL SFTTrainer (ftbench.runners.causal_lm)
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4"}, "nf4_compute": ANY,
-                  "compile": ANY,
-                  "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
+                  "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
-            "fp8_backend": ANY,
-            "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
+            "fp8_backend": ANY, "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
             "compile_scope": {"model", "layers"}, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY, "gradient_checkpointing": ANY,
             "dataloader_workers": ANY, "pin_memory": ANY},
     # diffusers' LoRA recipe (ftbench.runners.diffusion)

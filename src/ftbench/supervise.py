@@ -201,7 +201,9 @@ def _child(job_path) -> None:
 
         generate_job(params, p["json"], p["html"])
         return
-    if int(os.environ.get("RANK", "0")) != 0:  # several ranks: rank 0 keeps the records, progress and adapter
+    from .ranks import rank
+
+    if rank() != 0:  # several ranks: rank 0 keeps the records, progress and adapter
         os.environ.pop("FTBENCH_PROGRESS", None)
         p = {**p, "adapter": None}
     ctx = context_from_params(params, p["model"], p["train"], p["eval"], p["base_dir"],

@@ -8,8 +8,7 @@ import torch
 
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_kwargs, compile_model, compute_dtype,
-                        load_pretrained,
-                        parameter_counts, precision_ran, repeated_blocks)
+                        load_pretrained, parameter_counts, precision_ran, repeated_blocks)
 
 
 def load_model(ctx, device):
@@ -41,9 +40,8 @@ def trainer_compile_args(variant) -> dict:
     compiled in place above) must pass neither, or the trainer compiles the whole model on top."""
     if not variant.compile or variant.compile_scope != "model":
         return {}
-    kwargs = compile_kwargs(variant)
-    return {"torch_compile": True, "torch_compile_backend": kwargs.get("backend", "inductor"),
-            "torch_compile_mode": kwargs.get("mode")}
+    return {"torch_compile": True, "torch_compile_backend": variant.compile_backend,
+            "torch_compile_mode": compile_kwargs(variant).get("mode")}
 
 
 def parallel_args(variant, model) -> dict:

@@ -116,7 +116,7 @@ def train(ctx, record, device, meter):
                                          collate_fn=collate, num_workers=v.dataloader_workers, drop_last=True,
                                          pin_memory=v.pin_memory, persistent_workers=v.dataloader_workers > 0)
     image_id = processor.tokenizer.convert_tokens_to_ids(processor.tokenizer.image_token)
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    autocast = autocast_for(device, dtype)
     fp8_ctx = fp8_context(v)
     batches, image_tokens = TimedBatches(loader), []
     model.train()
@@ -144,13 +144,18 @@ def train(ctx, record, device, meter):
         # the eager module: evaluating through the compiled one recompiles for no_grad (90 s at full scale);
         # with compile_scope layers the blocks stay compiled (a no_grad graph per block class: seconds)
         record["loss"]["eval"] = evaluate(model, read_split(ctx.eval_path), collate, ctx.spec.batch_size, device,
-                                          dtype, autocast, fp8_ctx)
+                                          dtype, fp8_ctx)
+
+
+def autocast_for(device, dtype):
+    """Autocast to the compute dtype (off for fp32: the weights are already in it)."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
 
 @torch.no_grad()
-def evaluate(model, ds, collate, batch_size, device, dtype, autocast, fp8_ctx) -> float:
+def evaluate(model, ds, collate, batch_size, device, dtype, fp8_ctx) -> float:
     """Mean loss over the held-out split."""
-    losses = []
+    autocast, losses = autocast_for(device, dtype), []
     for i in range(0, len(ds), batch_size):
         batch = {k: x.to(device) for k, x in collate([ds[j] for j in range(i, min(i + batch_size, len(ds)))]).items()}
         batch["pixel_values"] = batch["pixel_values"].to(dtype)
