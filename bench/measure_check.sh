@@ -12,6 +12,8 @@
 #             over two (lora-ddp2, qlora-ddp2) and FSDP2 (lora-fsdp2) at the same per-GPU batch; Qwen3-32B at
 #             full scale, lora on one GPU against lora-fsdp2 on two
 #   slots     two single-GPU jobs at once on a host with 2 GPUs: each must record its own GPU's UUID
+#   gpu-kind  the pair of runs that compares GPU kinds in the report (issue 12): Qwen3-8B lora, qlora, unsloth-qlora at
+#             batch 4 on both datasets, and Study A bf16 and fixed-compile at full scale, batch 1 (Unsloth installed)
 #   overhead  the harness's own overhead (bench/meter_overhead.py)
 #   ladder    Study B's technique ladder on Qwen3-8B, wikipedia_ja (<= 2048 tokens), batch 2, then the top rung at
 #             4 and 8 (not in the default parts; Liger Kernel must be installed: pip install liger-kernel==0.8.5)
@@ -47,6 +49,9 @@ for part in $parts; do
        for f in $llm/{lora-gc,qlora}/bs4/metrics.json; do
          python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['provenance']['device']; print(sys.argv[1], d['uuid'])" "$f"
        done ;;
+    gpu-kind) sm --configfile config/study_b_random.yaml -- \
+         results/runs/llm/qwen3-8b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora,unsloth-qlora}/bs4/metrics.json
+       sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- $lmm/{bf16,fixed-compile}/bs1/metrics.json ;;
     overhead) python3 bench/meter_overhead.py ;;
     ladder) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        sm --configfile config/study_b_random.yaml -- \

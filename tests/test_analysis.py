@@ -182,3 +182,36 @@ def test_scaling_pairs_a_multi_gpu_run_with_its_one_gpu_run_and_the_guide_leaves
     assert row["GPUs"] == 2 and row["speedup"] == "1.8x" and row["scaling efficiency"] == pytest.approx(0.9)
     guide = decision_guide(df, {}, memory_gib=(80,), run_samples=(1000,))[-1][1]
     assert set(guide["use"]) == {"lora @ batch 4"}  # the two-GPU run is not a one-GPU choice
+
+
+def test_gpu_kinds_sets_each_run_beside_itself_on_the_other_gpu_and_names_what_fits_only_there(tmp_path):
+    from ftbench.compare import gpu_kinds
+
+    h100, h200 = tmp_path / "h100", tmp_path / "h200"
+    write(h100, record("llm", "lora", 1.0, gpu=H100, batch=4, mem=30, noise=0.01))
+    write(h200, record("llm", "lora", 0.5, gpu="NVIDIA H200", batch=4, mem=31, noise=0.01))
+    write(h100, record("llm", "qlora", 1.0, gpu=H100, batch=4, noise=0.2))
+    write(h200, record("llm", "qlora", 0.9, gpu="NVIDIA H200", batch=4, noise=0.2))  # inside the noise
+    oom = record("llm", "lora-gc", 1.0, gpu=H100, batch=8, mem=78)
+    oom["status"], oom["reason"] = "oom", "CUDA out of memory"
+    write(h100, oom)
+    write(h200, record("llm", "lora-gc", 1.2, gpu="NVIDIA H200", batch=8, mem=95))
+    write(h200, record("llm", "unsloth-lora", 1.2, gpu="NVIDIA H200", batch=8))  # one GPU only: no row
+    write(tmp_path / "cpu", record("llm", "lora", 9.0, batch=4))  # a CPU run is not a GPU kind
+    for rec in (h100, h200):
+        for f in rec.rglob("metrics.json"):  # samples/hour as the harness writes it
+            d = json.loads(f.read_text())
+            d["throughput"]["samples_per_hour"] = 3600 * d["run"]["batch_size"] / d["timing"]["step_time_s"]
+            d["timing"]["steps_measured"] = 90
+            f.write_text(json.dumps(d))
+    df = aggregate([], [h100, h200, tmp_path / "cpu"], study="llm")
+    lead, _, (_, table, _) = gpu_kinds(df, {}, reference="H100 SXM5")
+    rows = {r["variant"]: r for r in table.iter_rows(named=True)}
+    assert set(rows) == {"lora", "qlora", "lora-gc"}
+    assert rows["lora"]["H200 vs H100 SXM5"] == "2.0x" and rows["lora"]["H200: samples/h"] == pytest.approx(28800)
+    assert rows["qlora"]["H200 vs H100 SXM5"] == "no measurable difference"
+    assert rows["lora-gc"]["H100 SXM5: status"] == "oom" and rows["lora-gc"]["H100 SXM5: samples/h"] is None
+    assert rows["lora-gc"]["H200 vs H100 SXM5"] == "trains on H200 only (H100 SXM5: oom)"
+    assert "lora-gc at batch 8" in lead and "95.0 GiB" in lead and "H100 SXM5, H200 (reference H100 SXM5)" in lead
+    one = gpu_kinds(aggregate([], [h200], study="llm"), {})[-1][1]
+    assert "nothing to set side by side" in one["result"].item()

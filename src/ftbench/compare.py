@@ -364,8 +364,60 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
     return [note, ("Scaling", pl.DataFrame(rows, infer_schema_length=None), "scaling")]
 
 
+def gpu_kinds(df: pl.DataFrame, published: dict, reference: str | None = None, **_) -> list:
+    """The same run (model, scale, dataset, variant, batch size) on each GPU kind present, side by side:
+    samples/hour, peak memory and status per GPU, and each GPU against the reference GPU (`reference`, else the
+    GPU with the most runs) with its noise verdict. A run that fails on one GPU (out of memory) and trains on the
+    other is a result of its own. Runs on a CPU are left out."""
+    gpus = df.filter(pl.col("gpu") != "cpu")
+    counts = gpus.group_by("gpu").len().sort(["len", "gpu"], descending=[True, False])["gpu"].to_list()
+    note = ("The same run on each GPU kind whose records are present (runs from other machines merge in through "
+            "config `merge_runs`): samples per hour over every measured step, peak reserved memory, and the ratio to "
+            "the reference GPU. 'steps measured' shows each record's window: records of schema 1 (one window of 7-8 "
+            "steps with a host synchronisation per step) weigh less than the harness's 3 windows of >= 30 steps. "
+            + NOISE_NOTE)
+    if len(counts) < 2:
+        return [note, ("GPU kinds", pl.DataFrame({"result": [f"runs on {len(counts)} GPU kind(s): nothing to set "
+                                                                  "side by side"]}), "gpu_kinds")]
+    ref = reference if reference in counts else counts[0]
+    others = [g for g in counts if g != ref]
+    keys = ["model", "scale", "dataset", "variant", "batch_size"]
+    rows, lead = [], []
+    for group in gpus.with_columns(memory_gib=peak_memory()).partition_by(keys, maintain_order=True):
+        by = {r["gpu"]: r for r in group.iter_rows(named=True)}
+        if ref not in by or not any(g in by for g in others):
+            continue
+        first = next(iter(by.values()))
+        row = {k: first[k] for k in keys}
+        for g in [ref] + others:
+            r = by.get(g)
+            ok = r is not None and r["status"] == "ok"
+            row[f"{g}: samples/h"] = r["throughput.samples_per_hour"] if ok else None
+            row[f"{g}: peak GiB"] = r["memory_gib"] if r is not None else None
+            row[f"{g}: status"] = r["status"] if r is not None else "not run"
+            row[f"{g}: steps measured"] = r["timing.steps_measured"] if r is not None else None
+        base = by[ref]
+        for g in others:
+            r = by.get(g)
+            ratio = None
+            if r is not None and r["status"] == "ok" and base["status"] == "ok" and base["throughput.samples_per_hour"]:
+                ratio = _verdict(r["throughput.samples_per_hour"] / base["throughput.samples_per_hour"],
+                                 r["timing.noise_cv"], base["timing.noise_cv"])
+            elif r is not None and r["status"] == "ok":
+                ratio = f"trains on {g} only ({ref}: {base['status']})"
+                lead.append(f"{row['variant']} at batch {row['batch_size']} ({row['model']}, {row['dataset']}) trains "
+                            f"on {g} ({r['memory_gib']:.1f} GiB peak) and ends `{base['status']}` on {ref}.")
+            row[f"{g} vs {ref}"] = ratio
+        rows.append(row)
+    if not rows:
+        return [note, ("GPU kinds", pl.DataFrame({"result": ["no run measured on two GPU kinds"]}), "gpu_kinds")]
+    table = pl.DataFrame(rows, infer_schema_length=None).sort("model", "dataset", "variant", "batch_size")
+    return [f"GPU kinds present: {', '.join([ref] + others)} (reference {ref}). " + " ".join(lead), note,
+            ("GPU kinds side by side", table, "gpu_kinds")]
+
+
 COMPARISONS = {"scaling": scaling, "ladder": ladder, "decision_guide": decision_guide, "lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
-               "diffusion_vs_published": diffusion_vs_published}
+               "diffusion_vs_published": diffusion_vs_published, "gpu_kinds": gpu_kinds}
 
 
 def comparison_page(df: pl.DataFrame, title: str, comparisons: dict, published: dict, variants: dict) -> str:
