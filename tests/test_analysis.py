@@ -205,7 +205,8 @@ def test_gpu_kinds_sets_each_run_beside_itself_on_the_other_gpu_and_names_what_f
             d["timing"]["steps_measured"] = 90
             f.write_text(json.dumps(d))
     df = aggregate([], [h100, h200, tmp_path / "cpu"], study="llm")
-    lead, _, (_, table, _) = gpu_kinds(df, {}, reference="H100 SXM5")
+    lead, _, svg, (_, table, _) = gpu_kinds(df, {}, reference="H100 SXM5")
+    assert svg.lstrip().startswith("<svg") and "oom" in svg
     rows = {r["variant"]: r for r in table.iter_rows(named=True)}
     assert set(rows) == {"lora", "qlora", "lora-gc"}
     assert rows["lora"]["H200 vs H100 SXM5"] == "2.0x" and rows["lora"]["H200: samples/h"] == pytest.approx(28800)

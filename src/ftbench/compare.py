@@ -412,8 +412,13 @@ def gpu_kinds(df: pl.DataFrame, published: dict, reference: str | None = None, *
     if not rows:
         return [note, ("GPU kinds", pl.DataFrame({"result": ["no run measured on two GPU kinds"]}), "gpu_kinds")]
     table = pl.DataFrame(rows, infer_schema_length=None).sort("model", "dataset", "variant", "batch_size")
+    from .figures import gpu_bars, svg_string
+
+    bars = pl.DataFrame([{"run": f"{r['variant']} bs{r['batch_size']} · {r['dataset']} · {r['model']} ({r['scale']})",
+                          "gpu": g, "samples/h": r[f"{g}: samples/h"], "status": r[f"{g}: status"]}
+                         for r in table.iter_rows(named=True) for g in [ref] + others], infer_schema_length=None)
     return [f"GPU kinds present: {', '.join([ref] + others)} (reference {ref}). " + " ".join(lead), note,
-            ("GPU kinds side by side", table, "gpu_kinds")]
+            svg_string(gpu_bars(bars)), ("GPU kinds side by side", table, "gpu_kinds")]
 
 
 COMPARISONS = {"scaling": scaling, "ladder": ladder, "decision_guide": decision_guide, "lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,

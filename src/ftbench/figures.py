@@ -61,6 +61,20 @@ def worker_curve(df: pl.DataFrame) -> alt.Chart:
     ).properties(width=360, height=220)
 
 
+def gpu_bars(df: pl.DataFrame) -> alt.Chart:
+    """Samples per hour of each run on each GPU kind, bars side by side (one colour per GPU); a run that did not
+    train on a GPU shows its status (e.g. oom) where its bar would be. Columns: run, gpu, samples/h, status."""
+    data = df.with_columns(label=pl.when(pl.col("status") != "ok").then(pl.col("status"))).to_pandas()
+    base = alt.Chart(data).encode(
+        x=alt.X("run:N", title=None, sort=None, axis=alt.Axis(labelAngle=-30, labelLimit=400)),
+        xOffset=alt.XOffset("gpu:N"), color=alt.Color("gpu:N", title="GPU", legend=alt.Legend(labelLimit=400)),
+        tooltip=["run", "gpu", "status", alt.Tooltip("samples/h:Q", format=",.0f")])
+    bars = base.mark_bar().encode(y=alt.Y("samples/h:Q", title="samples / hour"))
+    status = base.mark_text(angle=270, align="left", dy=0, fontSize=11).encode(y=alt.datum(0), text="label:N")
+    return (bars + status).properties(width=max(300, 70 * data["run"].nunique()), height=220,
+                                      title="The same runs on each GPU kind")
+
+
 def svg_string(chart: alt.Chart) -> str:
     import vl_convert as vlc
 
