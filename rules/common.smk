@@ -8,6 +8,7 @@ BASE_DIR = Path(workflow.basedir)
 sys.path.insert(0, str(BASE_DIR / "src"))
 
 from ftbench import config as ftc  # noqa: E402
+from ftbench.gpus import visible_gpus  # noqa: E402
 
 # Cross-reference checks that a JSON schema cannot express; a bad config stops here, before any job.
 ftc.check_config(config, BASE_DIR)
@@ -17,6 +18,22 @@ os.environ.update(ftc.offline_env(config))
 STUDIES = ftc.active_studies(config)
 PROFILED = ftc.profiled_runs(config)
 MODEL_FAMILY = {m: ftc.model_family(config, m, BASE_DIR) for m in config["models"]}
+# `cpu_parallel_jobs`: run locally on a host with no CUDA GPU, the jobs that would ask for a GPU ask for none,
+# so `--cores N` runs N of them at once; each computes on one CPU thread, and its record says so
+# (extra.host_changes). Never on a cluster (the jobs' nodes have their own GPUs) nor inside a cluster job.
+CPU_PARALLEL = bool(
+    config.get("cpu_parallel_jobs")
+    and workflow.local_exec
+    and not workflow.remote_exec
+    and not visible_gpus()
+)
+if CPU_PARALLEL:
+    os.environ.update(FTBENCH_CPU_THREADS="1", OMP_NUM_THREADS="1")
+
+
+def gpus_asked(count):
+    """The `gpu` resource a job asks for: none where CPU_PARALLEL holds."""
+    return 0 if CPU_PARALLEL else count
 
 
 wildcard_constraints:
@@ -63,7 +80,7 @@ def run_runtime_min(wildcards):
 
 def run_gpus(wildcards):
     """The GPUs a training job asks Snakemake (and SLURM) for: its variant's `gpus` (the job launches its ranks)."""
-    return ftc.run_gpus(run_params(wildcards))
+    return gpus_asked(ftc.run_gpus(run_params(wildcards)))
 
 
 def run_params(wildcards):

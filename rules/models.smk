@@ -8,7 +8,7 @@ rule materialize_model:
     conda:
         "../envs/train.yaml"
     resources:
-        gpu=1,
+        gpu=gpus_asked(1),
     params:
         model=model_def,
         architecture=architecture_file,
@@ -30,7 +30,7 @@ rule cache_latents:
     conda:
         "../envs/diffusion.yaml"
     resources:
-        gpu=1,
+        gpu=gpus_asked(1),
     params:
         resolution=diffusion_resolution,
         seed=config["seed"],

@@ -11,7 +11,7 @@ rule profile:
     conda:
         run_env
     resources:
-        gpu=1,
+        gpu=gpus_asked(1),
         mem_mb=16000,
         runtime=run_runtime_min,
     params:

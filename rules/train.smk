@@ -50,7 +50,7 @@ rule generate:
     conda:
         "../envs/train.yaml"
     resources:
-        gpu=1,
+        gpu=gpus_asked(1),
         mem_mb=16000,
     params:
         generation=generation_settings,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,18 @@ class RunContext:
     cache_path: str | None = None  # pre-encoded latents and text embeddings (cached-latents variants)
 
 
+def cpu_threads(device) -> list[str]:
+    """With no CUDA GPU and `cpu_parallel_jobs` (the Snakefile sets FTBENCH_CPU_THREADS where jobs run side by
+    side), compute on that many threads; the change, for the record."""
+    threads = os.environ.get("FTBENCH_CPU_THREADS")
+    if device.type == "cuda" or not threads:
+        return []
+    import torch
+
+    torch.set_num_threads(int(threads))
+    return [f"{threads} CPU thread(s), jobs side by side (cpu_parallel_jobs: no CUDA GPU)"]
+
+
 def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     """Run one job in this process and write its record, whatever happens: ok, oom, unsupported, error."""
     from .knobs import knob_problems
@@ -65,6 +78,7 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
             raise Unsupported(f"the {family} runner does not honour " + "; ".join(problems))
         check_supported(v, device)
         ctx.variant, changes = host_variant(v, ctx.settings, device)  # the record's `variant` stays as asked
+        changes += cpu_threads(device)
         record["extra"]["host_changes"] = changes or None
         record["compile"]["backend"] = ctx.variant.compile_backend if v.compile else None
         runner = importlib.import_module(RUNNERS[family])
