@@ -1,6 +1,7 @@
 """Config validation: bad input stops before any job, with a message naming the key."""
 
 import copy
+from pathlib import Path
 import dataclasses
 
 import pytest
@@ -166,3 +167,31 @@ def test_config_check_names_a_yaml_syntax_error_by_file_and_line(tmp_path, capsy
     assert ftc.main([str(unknown)]) == 1 and "only_studies: unknown study 'nope'" in capsys.readouterr().out
     assert ftc.main([str(ROOT / "config/study_b_random.yaml")]) == 0
     assert capsys.readouterr().out.startswith("ok:")
+
+
+def test_cpu_parallel_jobs_ask_for_no_gpu_only_on_a_local_host_without_one(tmp_path):
+    """The default runs GPU jobs side by side on a CPU-only host; with the setting off, or with a GPU visible
+    (FTBENCH_GPU_IDS stands in for one), every such job asks for its GPU again."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    def gpu_requests(*extra, env=None):
+        exe = str(Path(sys.executable).parent / "snakemake")
+        proc = subprocess.run([exe, "-s", str(ROOT / "Snakefile"), "-n", "--cores", "2", "--resources", "gpu=1",
+                               "--configfile", str(ROOT / "config/config.yaml"), "-d", str(tmp_path), *extra],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **(env or {})})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        jobs = re.findall(r"rule (train|profile|materialize_model|generate|cache_latents):.*?resources: ([^\n]*)",
+                          proc.stdout, re.S)
+        assert len(jobs) > 20
+        return {re.search(r"gpu=(\d+)", res).group(1) if "gpu=" in res else "0" for _, res in jobs}
+
+    env = {k: "" for k in ("FTBENCH_GPU_IDS", "CUDA_VISIBLE_DEVICES")}
+    assert gpu_requests(env=env) == {"0"}  # this machine has no CUDA GPU
+    off = tmp_path / "off.yaml"
+    off.write_text("cpu_parallel_jobs: false\n")
+    assert gpu_requests("--configfile", str(ROOT / "config/config.yaml"), str(off), env=env) >= {"1"}
+    assert gpu_requests(env={"FTBENCH_GPU_IDS": "0"}) >= {"1"}

@@ -279,3 +279,20 @@ def test_causal_lm_compiles_its_decoder_layers_regionally(tmp_path, tiny_qwen, i
     assert c["unique_graphs"] and c["compile_s"] > 0
     assert c["unique_graphs"] < 2 * 4  # forward graphs per shape seen, not per layer (the tiny model has 2)
     assert math.isfinite(rec["loss"]["eval"])
+
+
+def test_cpu_parallel_jobs_compute_on_the_threads_the_snakefile_sets(monkeypatch):
+    import torch
+
+    from ftbench.execute import cpu_threads
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("FTBENCH_CPU_THREADS", "1")
+        assert cpu_threads(torch.device("cpu")) == ["1 CPU thread(s), jobs side by side (cpu_parallel_jobs: no CUDA GPU)"]
+        assert torch.get_num_threads() == 1
+        assert cpu_threads(torch.device("cuda")) == []  # a GPU job is never changed
+        monkeypatch.delenv("FTBENCH_CPU_THREADS")
+        assert cpu_threads(torch.device("cpu")) == []
+    finally:
+        torch.set_num_threads(before)
