@@ -110,8 +110,10 @@ def test_memory_logs_and_records_of_study_b(pipeline):
     import csv
 
     wd, _ = pipeline
-    for dataset in ("japanese_alpaca", "wikipedia_ja"):
-        for variant, gc in (("lora", False), ("lora-gc", True), ("qlora", False)):
+    # the lean default runs lora-gc on japanese_alpaca only (config/tiny_full.yaml adds wikipedia_ja)
+    for dataset, checked in (("japanese_alpaca", (("lora", False), ("lora-gc", True), ("qlora", False))),
+                             ("wikipedia_ja", (("lora", False), ("qlora", False)))):
+        for variant, gc in checked:
             run = wd / f"results/runs/llm/qwen3-8b/tiny/{dataset}/{variant}/bs4"
             rec = json.loads((run / "metrics.json").read_text())
             assert rec["status"] == "ok" and rec["extra"]["gradient_checkpointing_active"] is gc
@@ -202,7 +204,7 @@ def test_a_single_variant_reruns_alone(pipeline):
 def test_study_c_records_and_comparison(pipeline):
     wd, report = pipeline
     rows = {r["variant"]: r for r in table(embedded(report, "results/studies/diffusion/runs.html"), "runs")}
-    for variant in ("workers-0", "workers-1", "workers-2", "compile", "cached-latents"):
+    for variant in ("workers-0", "workers-1", "compile", "cached-latents"):
         assert rows[variant]["status"] == "ok", rows[variant]
         assert num(rows[variant]["step s (median)"]) > 0 and 0 <= num(rows[variant]["data wait share"]) < 1
     for variant in ("pinned", "sync-free"):  # pin_memory needs CUDA
@@ -226,12 +228,12 @@ def test_study_c_records_and_comparison(pipeline):
 def test_study_a_records_and_relative_table(pipeline):
     wd, report = pipeline
     rows = {r["variant"]: r for r in table(embedded(report, "results/studies/lmm/runs.html"), "runs")}
-    for variant in ("bf16", "compile", "fixed-compile", "bucketed-compile", "qlora"):
+    for variant in ("bf16", "fixed-compile", "bucketed-compile", "qlora"):
         assert rows[variant]["status"] == "ok", rows[variant]
-    for variant in ("fp8-te", "fp8-te-compile", "fp8-te-fixed-compile", "fp8-ao-compile", "fp8-vision"):
+    for variant in ("fp8-te", "fp8-ao-compile", "fp8-vision"):
         assert rows[variant]["status"] == "unsupported" and "FP8" in rows[variant]["reason"], rows[variant]
     assert num(rows["bf16"]["image tokens/sample"]) == 2928 and num(rows["fixed-compile"]["image tokens/sample"]) == 1176
-    for variant in ("compile", "fixed-compile", "bucketed-compile"):
+    for variant in ("fixed-compile", "bucketed-compile"):
         assert rows[variant]["recompiles"] != "–" and num(rows[variant]["first step s"]) > num(rows["bf16"]["first step s"])
     page = embedded(report, "results/studies/lmm/comparison.html")
     # the page leads with Study A's ladder (AnyRes kept): regional compilation trains; the loader-worker rung
