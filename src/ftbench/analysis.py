@@ -130,7 +130,7 @@ TABLE_COLUMNS = {
     "throughput.samples_per_hour": "samples/h", "throughput.tokens_per_s": "tokens/s",
     "memory.peak_allocated_gib": "peak alloc GiB", "memory.peak_reserved_gib": "peak reserved GiB",
     "memory.device_peak_used_gib": "NVML peak GiB", "memory.process_peak_used_gib": "process GiB",
-    "memory.host_peak_rss_gib": "host RSS GiB",
+    "memory.host_peak_rss_gib": "host RSS GiB", "memory.alloc_retries": "allocator retries",
     "device_usage.gpu_util_mean_pct": "GPU util %", "energy.per_step_j": "J/step", "energy.per_sample_j": "J/sample",
     "data.wait_share": "data wait share", "precision.gemm": "GEMM dtype",
     "extra.host_changes": "changed by host (no CUDA GPU)",

@@ -424,6 +424,8 @@ class Meter:
         for key in ("peak_allocated_gib", "peak_reserved_gib", "host_peak_rss_gib"):
             record["memory"][key] = mem[key]
         record["memory"]["device_peak_used_gib"] = self.sampler.peak_used_gib()
+        if self.device.type == "cuda":  # the caching allocator at its limit frees its cache and retries: slow steps
+            record["memory"]["alloc_retries"] = torch.cuda.memory_stats(self.device).get("num_alloc_retries")
         if self.sampler.process_peak_bytes is not None:
             record["memory"]["process_peak_used_gib"] = self.sampler.process_peak_bytes / GIB
         self._compile(record)
