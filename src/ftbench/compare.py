@@ -377,8 +377,10 @@ def gpu_kinds(df: pl.DataFrame, published: dict, reference: str | None = None, *
             "steps with a host synchronisation per step) weigh less than the harness's 3 windows of >= 30 steps. "
             + NOISE_NOTE)
     if len(counts) < 2:
-        return [note, ("GPU kinds", pl.DataFrame({"result": [f"runs on {len(counts)} GPU kind(s): nothing to set "
-                                                                  "side by side"]}), "gpu_kinds")]
+        where = f"runs on one GPU kind ({counts[0]})" if counts else "no run on a GPU"
+        return [note, ("GPU kinds", pl.DataFrame({"result": [f"{where}: nothing to set side by side (merge records "
+                                                                  "of another GPU kind with `merge_runs`)"]}),
+                       "gpu_kinds")]
     ref = reference if reference in counts else counts[0]
     others = [g for g in counts if g != ref]
     keys = ["model", "scale", "dataset", "variant", "batch_size"]
