@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 from pathlib import Path
 
 import polars as pl
 
-from .records import new_record_from_template, read_record
+from .records import new_record_from_template, read_record, short_host_changes
 
 KEY = ["study", "model", "scale", "dataset", "variant", "batch_size", "gpu"]
 
@@ -41,10 +39,7 @@ def flatten(record: dict) -> dict:
                 "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
-    # the table's short form ("precision bf16 -> fp32; compile backend inductor -> aot_eager"): the setting
-    # behind each change is in the record's extra.host_changes
-    row["extra.host_changes"] = "; ".join(re.sub(r" \([a-z_.]+: no CUDA GPU\)", "", c) for c in
-                                          record.get("extra", {}).get("host_changes") or []) or None
+    row["extra.host_changes"] = short_host_changes(record.get("extra", {}).get("host_changes"))
     row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1
     return row
 

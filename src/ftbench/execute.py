@@ -14,6 +14,7 @@ from pathlib import Path
 from . import ranks
 from .config import RunSpec, TrainSettings, Variant
 from .flops import peak_precision, peak_tflops
+from .records import host_change
 from .harness import (Meter, Unsupported, guarded, new_record, pick_device, provenance, write_csv,
                       write_record)
 
@@ -48,7 +49,7 @@ def cpu_threads(device) -> list[str]:
     import torch
 
     torch.set_num_threads(int(threads))
-    return [f"{threads} CPU thread(s), jobs side by side (cpu_parallel_jobs: no CUDA GPU)"]
+    return [host_change(f"{threads} CPU thread(s), jobs side by side", "cpu_parallel_jobs")]
 
 
 def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:

@@ -10,6 +10,7 @@ import torch
 
 from .config import Variant
 from .harness import Unsupported
+from .records import host_change
 
 
 def check_supported(variant: Variant, device: torch.device) -> None:
@@ -94,15 +95,15 @@ def host_variant(variant: Variant, settings, device: torch.device) -> tuple[Vari
     cpu = settings.cpu_precision
     if cpu and variant.precision in ("bf16", "fp16") and variant.precision != cpu:
         knobs["precision"] = cpu
-        changes.append(f"precision {variant.precision} -> {cpu} (training.cpu_precision: no CUDA GPU)")
+        changes.append(host_change(f"precision {variant.precision} -> {cpu}", "training.cpu_precision"))
     elif cpu and variant.precision == "nf4" and variant.nf4_compute != cpu:
         knobs["nf4_compute"] = cpu
-        changes.append(f"nf4 compute {variant.nf4_compute} -> {cpu} (training.cpu_precision: no CUDA GPU)")
+        changes.append(host_change(f"nf4 compute {variant.nf4_compute} -> {cpu}", "training.cpu_precision"))
     backend = settings.cpu_compile_backend
     if backend and variant.compile and variant.compile_backend != backend:
         knobs["compile_backend"] = backend
-        changes.append(f"compile backend {variant.compile_backend} -> {backend} "
-                       "(training.cpu_compile_backend: no CUDA GPU)")
+        changes.append(host_change(f"compile backend {variant.compile_backend} -> {backend}",
+                                   "training.cpu_compile_backend"))
     return dataclasses.replace(variant, **knobs), changes
 
 

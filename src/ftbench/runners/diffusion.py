@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..harness import TimedBatches
-from ..variants import DTYPE_NAMES, DTYPES, compile_kwargs, parameter_counts, precision_ran
+from ..variants import DTYPE_NAMES, compile_kwargs, compute_dtype, parameter_counts, precision_ran
 
 
 class CaptionImages(torch.utils.data.Dataset):
@@ -109,7 +109,7 @@ def encode_cache(path, data_path, resolution: int, seed: int, device) -> dict:
 def train(ctx, record, device, meter):
     """Load, add LoRA, loop (data, encode, noise, predict, loss, backward, clip, step); fill the record."""
     s, v = ctx.settings, ctx.variant
-    dtype = DTYPES[v.precision]
+    dtype = compute_dtype(v)
     with meter.load():
         tokenizer, text_encoder, vae, unet, scheduler = load_components(ctx.manifest["path"], device, dtype)
         params = add_lora(unet, s.lora)
