@@ -15,6 +15,9 @@
 #   gpu-kind  the pair of runs that compares GPU kinds in the report (issue 12): Qwen3-8B lora, qlora, unsloth-qlora at
 #             batch 4 on both datasets, and Study A bf16 and fixed-compile at full scale, batch 1 (Unsloth installed)
 #   overhead  the harness's own overhead (bench/meter_overhead.py)
+#   varlen    the rungs that drop the attention mask: Qwen3-8B `lora-pf-varlen-compile` (wikipedia_ja, batch 2, 4
+#             and 8) beside `lora-pf-compile` at batch 4, and Study A `bucketed-regional-workers-causal` at full
+#             scale, batch 1 and 4, beside `bucketed-regional-workers` and `bf16` (batch 1)
 #   ladder    Study B's technique ladder on Qwen3-8B, wikipedia_ja (<= 2048 tokens), batch 2, then the top rung at
 #             4 and 8 (not in the default parts; Liger Kernel must be installed: pip install liger-kernel==0.8.5)
 # Usage, in the project root: bash bench/measure_check.sh [OUTDIR [PART...]]   (records stay under results/runs/)
@@ -52,6 +55,11 @@ for part in $parts; do
     gpu-kind) sm --configfile config/study_b_random.yaml -- \
          results/runs/llm/qwen3-8b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora,unsloth-qlora}/bs4/metrics.json
        sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- $lmm/{bf16,fixed-compile}/bs1/metrics.json ;;
+    varlen) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
+       sm --configfile config/study_b_random.yaml -- $llm/lora-pf-varlen-compile/bs{2,4,8}/metrics.json \
+         $llm/lora-pf-compile/bs4/metrics.json
+       sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- \
+         $lmm/bucketed-regional-workers-causal/bs{1,4}/metrics.json $lmm/{bucketed-regional-workers,bf16}/bs1/metrics.json ;;
     overhead) python3 bench/meter_overhead.py ;;
     ladder) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        sm --configfile config/study_b_random.yaml -- \

@@ -296,3 +296,116 @@ def test_cpu_parallel_jobs_compute_on_the_threads_the_snakefile_sets(monkeypatch
         assert cpu_threads(torch.device("cpu")) == []
     finally:
         torch.set_num_threads(before)
+
+
+def _packed_batch(vocab, lengths=(7, 12, 4)):
+    import torch
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    torch.manual_seed(0)
+    features = [{"input_ids": torch.randint(5, vocab, (n,)).tolist()} for n in lengths]
+    return DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(features)
+
+
+def test_varlen_attention_computes_the_masked_loss_without_a_mask(tiny_qwen):
+    """attention: varlen: the packed row's sequences attend on their own from the cumulative lengths (no
+    T x T mask); loss and gradients equal the block-diagonal mask's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ftbench.attention import NAME, sequence_bounds, step_kwargs, use_varlen
+    from ftbench.runners.causal_lm import document_mask
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.float32, attn_implementation="sdpa")
+    assert model.config.num_key_value_heads < model.config.num_attention_heads  # grouped-query attention covered
+    packed = _packed_batch(model.config.vocab_size)
+    pos = packed["position_ids"]
+    assert sequence_bounds(pos).tolist() == [0, 7, 19, 23]
+    masked = model(input_ids=packed["input_ids"], position_ids=pos, attention_mask=document_mask(pos),
+                   labels=packed["labels"]).loss
+    masked.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    use_varlen(model)
+    assert model.config._attn_implementation == NAME
+    varlen = model(input_ids=packed["input_ids"], position_ids=pos, labels=packed["labels"],
+                   **step_kwargs(pos, 512)).loss
+    varlen.backward()
+    torch.testing.assert_close(varlen, masked, rtol=1e-5, atol=1e-6)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=1e-6)
+    with pytest.raises(RuntimeError, match="cu_seq_lens_q"):  # never silently attends across sequences
+        model(input_ids=packed["input_ids"], position_ids=pos)
+
+
+def test_varlen_attention_passes_what_the_flash_kernel_expects(monkeypatch):
+    """The CUDA path's call of torch.nn.attention.varlen.varlen_attn (run here against a reference with the
+    same signature): packed layout, causal window, grouped-query heads, scale, the constant length bound."""
+    import torch
+
+    from ftbench import attention
+
+    calls = []
+
+    def reference(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False, **_):
+        calls.append((max_q, window_size, enable_gqa))
+        assert q.shape[0] == k.shape[0] == int(cu_q[-1]) and cu_q is cu_k
+        return attention._per_sequence(q, k, v, cu_q, scale)
+
+    monkeypatch.setattr(attention, "varlen_attn", reference)
+    monkeypatch.setattr(attention, "_PARAMS", {"scale", "window_size", "enable_gqa"})
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(1, 4, 10, 8, generator=g), torch.randn(1, 2, 10, 8, generator=g), torch.randn(1, 2, 10, 8, generator=g)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 1]])
+    kw = attention.step_kwargs(pos, 2048)
+    want = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        q[..., a:b, :], k[..., a:b, :], v[..., a:b, :], is_causal=True, scale=0.3, enable_gqa=True)
+        for a, b in ((0, 3), (3, 8), (8, 10))], dim=2).transpose(1, 2)
+    out, _ = attention.varlen_attention(None, q, k, v, None, scaling=0.3, **kw)  # the CPU path
+    torch.testing.assert_close(out, want)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    out, _ = attention.varlen_attention(None, q, k, v, None, scaling=0.3, **kw)
+    torch.testing.assert_close(out, want)
+    assert calls == [(2048, (-1, 0), True)]
+
+
+def test_lmm_causal_attention_drops_the_padding_mask_with_the_same_loss(tmp_path):
+    """attention: causal (Study A): right-padded rows under the causal mask alone give the masked loss, and
+    a left-padded batch is refused rather than trained wrong."""
+    import torch
+    from transformers import AutoProcessor, LlavaNextForConditionalGeneration
+
+    from conftest import ROOT
+    from ftbench.architectures import load_architecture
+    from ftbench.models import materialize_model
+    from ftbench.runners.lmm import Collator, model_inputs
+
+    manifest = materialize_model(load_architecture(ROOT / "config/architectures/llava-v1.6-mistral-7b.yaml", "tiny"),
+                                 "random", tmp_path, 0)
+    model = LlavaNextForConditionalGeneration.from_pretrained(manifest["path"]).float().eval()
+    from PIL import Image
+
+    images = [Image.new("RGB", (40 + 30 * i, 50), (40 * i, 90, 200)) for i in range(2)]
+    batch = Collator(AutoProcessor.from_pretrained(manifest["path"]), "bucketed", 1280, 64)(
+        [{"image": im, "labels": i} for i, im in enumerate(images)])
+    mask = batch["attention_mask"]
+    assert (mask == 0).any() and (mask.sum(1) != mask.shape[1]).all()  # both rows padded on the right
+    causal = model_inputs(batch, Variant("x", attention="causal"))
+    assert "attention_mask" not in causal and model_inputs(batch, Variant("x")) is batch
+    with torch.no_grad():
+        a, b = model(**batch, use_cache=False).loss, model(**causal, use_cache=False).loss
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    left = {**batch, "attention_mask": batch["attention_mask"].flip(1)}
+    with pytest.raises(RuntimeError, match="right padding"):
+        model_inputs(left, Variant("x", attention="causal"))
+
+
+def test_attention_knob_is_honoured_only_where_its_runner_acts_on_it():
+    from ftbench.knobs import knob_problems
+
+    assert knob_problems("causal_lm", Variant("x", padding_free=True, attention="varlen")) == []
+    assert "without padding_free" in knob_problems("causal_lm", Variant("x", attention="varlen"))[0]
+    assert "honours ['mask', 'varlen']" in knob_problems("causal_lm", Variant("x", attention="causal"))[0]
+    assert knob_problems("lmm", Variant("x", attention="causal")) == []
+    assert "honours ['causal', 'mask']" in knob_problems("lmm", Variant("x", attention="varlen"))[0]
+    assert "does not act on attention" in knob_problems("diffusion", Variant("x", attention="causal"))[0]

@@ -44,6 +44,11 @@ class Variant:
     gradient_checkpointing: bool = False
     padding_free: bool = False  # causal LM: a batch is one row of concatenated sequences (position ids restart)
     liger: bool = False  # causal LM: Liger Kernel's fused RMSNorm, SwiGLU and RoPE (Triton, CUDA only)
+    # how attention keeps a batch's sequences apart: mask (a padding or block-diagonal mask: SDPA's masked
+    # kernels) | varlen (causal LM, padding-free: per-sequence kernel on the cumulative lengths, no mask;
+    # ftbench.attention) | causal (LMM: no padding mask, the causal one alone; right padding means no real token
+    # sees the pads after it, and pads carry no labels)
+    attention: str = "mask"
     dataloader_workers: int = 0
     pin_memory: bool = False
     cached_latents: bool = False  # diffusion: train from pre-encoded latents

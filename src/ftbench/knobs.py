@@ -21,12 +21,12 @@ HONOURED = {
                   "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
-                  "pin_memory": ANY, "padding_free": ANY, "liger": ANY},
+                  "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"}},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
             "fp8_backend": ANY, "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
             "compile_scope": {"model", "layers"}, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY, "gradient_checkpointing": ANY,
-            "dataloader_workers": ANY, "pin_memory": ANY},
+            "dataloader_workers": ANY, "pin_memory": ANY, "attention": {"mask", "causal"}},
     # diffusers' LoRA recipe (ftbench.runners.diffusion)
     "diffusion": {"peft": {"lora"}, "precision": {"fp16", "bf16", "fp32"}, "compile": ANY, "sdpa_backend": ANY,
                   "gradient_checkpointing": ANY, "dataloader_workers": ANY, "pin_memory": ANY,
@@ -57,6 +57,10 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("parallel with framework='unsloth' (Unsloth trains on one GPU)")
     if variant.parallel == "fsdp2" and variant.precision == "nf4":
         problems.append("parallel='fsdp2' with precision='nf4' (sharding 4-bit weights is not wired; use ddp)")
+    if variant.attention == "varlen" and not variant.padding_free:
+        problems.append("attention='varlen' without padding_free (it reads the packed row's sequence boundaries)")
+    if variant.attention == "varlen" and variant.framework == "unsloth":
+        problems.append("attention='varlen' with framework='unsloth' (Unsloth chooses its own attention)")
     if variant.compile_backend != DEFAULTS["compile_backend"] and not variant.compile:
         problems.append(f"compile_backend={variant.compile_backend!r} without compile")
     if variant.nf4_compute != DEFAULTS["nf4_compute"] and variant.precision != "nf4":

@@ -125,6 +125,11 @@ def train(ctx, record, device, meter):
     compute = DTYPE_NAMES[compute_dtype(v)]
     record["precision"].update(precision_ran(model, compute))
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
+    if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
+        from ..attention import kernel, use_varlen
+
+        use_varlen(model)
+        record["extra"]["attention_kernel"] = kernel(device)
     if v.compile_scope == "layers":  # the decoder layers compiled in place; the LM head and loss stay eager
         compile_model(model, v)
 
@@ -161,8 +166,14 @@ def train(ctx, record, device, meter):
             return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
         def _prepare_inputs(self, inputs):
+            if v.attention == "varlen" and inputs.get("position_ids") is not None:
+                from ..attention import step_kwargs
+
+                # from the loader's host tensors, before they move: no device sync
+                inputs = {**inputs, **step_kwargs(inputs["position_ids"], s.max_seq_length)}
             inputs = super()._prepare_inputs(inputs)
-            if v.padding_free and inputs.get("position_ids") is not None and inputs.get("attention_mask") is None:
+            if (v.padding_free and v.attention == "mask" and inputs.get("position_ids") is not None
+                    and inputs.get("attention_mask") is None):
                 inputs = {**inputs, "attention_mask": document_mask(inputs["position_ids"])}
             return inputs
 

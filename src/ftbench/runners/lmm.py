@@ -126,7 +126,7 @@ def train(ctx, record, device, meter):
         image_tokens += (batch["input_ids"] == image_id).sum(1).tolist()
         real = batch["attention_mask"].sum(1).tolist()  # the loader's CPU tensors: no device sync
         b, t = batch["input_ids"].shape
-        batch = {k: x.to(device, non_blocking=v.pin_memory) for k, x in batch.items()}
+        batch = {k: x.to(device, non_blocking=v.pin_memory) for k, x in model_inputs(batch, v).items()}
         batch["pixel_values"] = batch["pixel_values"].to(dtype)
         with autocast, fp8_ctx():
             loss = step_fn(**batch, use_cache=False).loss  # no KV cache in training (and no per-layer guards)
@@ -137,14 +137,27 @@ def train(ctx, record, device, meter):
         meter.step(b, tokens=sum(real), padded_tokens=b * t, loss=loss.detach(), data_wait_s=wait,
                    shape=f"{b}x{t}", **step_flops(real, [t] * b, shape, trainable, v.gradient_checkpointing))
     meter.finish()
-    record["extra"].update(image_tokens_per_sample=sum(image_tokens) / len(image_tokens),
+    record["extra"].update(image_tokens_per_sample=sum(image_tokens) / len(image_tokens), attention_mask=v.attention,
                            shape_policy=v.shape_policy, pad_multiple=pad_multiple(v, s),
                            gradient_checkpointing_active=v.gradient_checkpointing)
     with meter.eval():
         # the eager module: evaluating through the compiled one recompiles for no_grad (90 s at full scale);
         # with compile_scope layers the blocks stay compiled (a no_grad graph per block class: seconds)
         record["loss"]["eval"] = evaluate(model, read_split(ctx.eval_path), collate, ctx.spec.batch_size, device,
-                                          dtype, fp8_ctx)
+                                          dtype, fp8_ctx, v)
+
+
+def model_inputs(batch: dict, variant) -> dict:
+    """What the model is called with: the batch, without its padding mask for `attention: causal`. The
+    collator pads on the right, so under the causal mask no real token sees a pad (each pad comes after every
+    real token of its row) and pads carry no labels: the loss is the masked one's, and SDPA may take its flash
+    kernel (is_causal, no mask) instead of a masked kernel over padded rows (tests/test_runner.py)."""
+    if variant.attention != "causal":
+        return batch
+    mask = batch["attention_mask"]
+    if bool((mask[:, 1:] > mask[:, :-1]).any()):
+        raise RuntimeError("attention 'causal' needs right padding; this batch has padding before real tokens")
+    return {k: x for k, x in batch.items() if k != "attention_mask"}
 
 
 def autocast_for(device, dtype):
@@ -153,11 +166,12 @@ def autocast_for(device, dtype):
 
 
 @torch.no_grad()
-def evaluate(model, ds, collate, batch_size, device, dtype, fp8_ctx) -> float:
+def evaluate(model, ds, collate, batch_size, device, dtype, fp8_ctx, variant) -> float:
     """Mean loss over the held-out split."""
     autocast, losses = autocast_for(device, dtype), []
     for i in range(0, len(ds), batch_size):
-        batch = {k: x.to(device) for k, x in collate([ds[j] for j in range(i, min(i + batch_size, len(ds)))]).items()}
+        batch = collate([ds[j] for j in range(i, min(i + batch_size, len(ds)))])
+        batch = {k: x.to(device) for k, x in model_inputs(batch, variant).items()}
         batch["pixel_values"] = batch["pixel_values"].to(dtype)
         with autocast, fp8_ctx():
             losses.append(model(**batch, use_cache=False).loss.float())
