@@ -49,6 +49,11 @@ def test_runs_from_another_machine_merge_by_study_with_the_gpu_in_the_key(tmp_pa
     table = tmp_path / "runs.parquet"
     df.write_parquet(table)
     assert aggregate([], [table], study="lmm").height == 3 and aggregate([], [table], study="llm").height == 0
+    later = tmp_path / "h100-later"  # the same run in two merged folders: the later one in the list wins
+    write(later, record("lmm", "bf16", 0.2, gpu=H100, scale="proxy"))
+    for folders, step in (([other, later], 0.2), ([later, other], 0.1)):
+        df = aggregate([], folders, study="lmm")
+        assert df.filter(pl.col("gpu") == "H100 SXM5")["timing.step_time_s"].to_list() == [step]
 
 
 def test_lmm_table_is_relative_to_the_baseline_of_the_same_model_scale_and_gpu():

@@ -94,12 +94,14 @@ def aggregate(paths, extra_tables=(), study: str | None = None) -> pl.DataFrame:
     only); a run's GPU is part of its key, so the same run measured on two GPUs stays two rows, and a run
     measured here replaces the same run of a merged table."""
     rows = [flatten(read_record(p)) for p in paths]
-    df = typed(pl.DataFrame(rows, infer_schema_length=None))
+    merged = []
     for t in extra_tables:
         other = read_runs(t)
         if study is not None and len(other):
             other = other.filter(pl.col("study") == study)
-        df = pl.concat([other, df], how="diagonal_relaxed")
+        merged.append(other)
+    # merged tables in their order, then ours: the same run keeps its last copy (a later table's, ours above all)
+    df = pl.concat([*merged, typed(pl.DataFrame(rows, infer_schema_length=None))], how="diagonal_relaxed")
     # tables merged from older versions lack the columns added since: every column a record gives is there
     df = typed(df.with_columns(pl.lit(None).alias(c) for c in RECORD_COLUMNS if c not in df.columns))
     df = df.unique(subset=KEY, keep="last", maintain_order=True)

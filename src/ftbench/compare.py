@@ -284,7 +284,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
     with the fastest configuration per GPU among everything in the table, at any batch size, and its memory."""
     names = list(rungs) + [b for b in beside if b not in rungs]
     df = df.filter(pl.col("variant").is_in(names)).with_columns(memory_gib=peak_memory())
-    keys = ["model", "dataset", "gpu", "batch_size"]
+    keys = ["model", "scale", "dataset", "gpu", "batch_size"]
     rows = []
     for group in df.partition_by(keys, maintain_order=True):
         by = {r["variant"]: r for r in group.iter_rows(named=True)}
@@ -303,8 +303,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
 
             loss, base_loss = r.get("loss.mean_first_steps"), (base or {}).get("loss.mean_first_steps")
             same_steps = base is not None and r.get("loss.first_steps") == base.get("loss.first_steps")
-            rows.append({"model": r["model"], "dataset": r["dataset"], "gpu": r["gpu"], "batch": r["batch_size"],
-                         "rung": str(i) if name in rungs else "beside", "variant": name, "status": r["status"],
+            rows.append({"model": r["model"], "scale": r["scale"], "dataset": r["dataset"], "gpu": r["gpu"],
+                         "batch": r["batch_size"], "rung": str(i) if name in rungs else "beside", "variant": name, "status": r["status"],
                          "tokens/s (real)": tps, "MFU": r["flops.mfu"] if ok else None,
                          "peak memory GiB": r["memory_gib"] if ok else None,
                          "loss, first steps (mean)": loss if ok else None,
@@ -323,11 +323,12 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
     if not rows:
         return [note, ("Ladder", pl.DataFrame({"result": ["no rung ran"]}), "ladder")]
     table = pl.DataFrame(rows, infer_schema_length=None)
-    best = []
-    for group in table.filter(pl.col("tokens/s (real)").is_not_null()).partition_by("gpu", maintain_order=True):
+    best = []  # per GPU, model and scale (a proxy model's tokens/s says nothing of the full one's) and dataset
+    measured = table.filter(pl.col("tokens/s (real)").is_not_null())
+    for group in measured.partition_by(["gpu", "model", "scale", "dataset"], maintain_order=True):
         top = group.sort("tokens/s (real)", descending=True).row(0, named=True)
-        best.append(f"On {top['gpu']}: <b>{top['variant']}</b> at batch {top['batch']} ({top['model']}, "
-                    f"{top['dataset']}), {top['tokens/s (real)']:,.0f} real tokens/s, "
+        best.append(f"On {top['gpu']}, {top['model']} ({top['scale']} scale), {top['dataset']}: "
+                    f"<b>{top['variant']}</b> at batch {top['batch']}, {top['tokens/s (real)']:,.0f} real tokens/s, "
                     f"{top['peak memory GiB']:.1f} GiB peak.")
     lead = "Fastest configuration measured: " + (" ".join(best) if best else "none ran.")
     return [lead, note, ("Ladder", table, "ladder")]
