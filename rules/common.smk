@@ -29,6 +29,10 @@ CPU_PARALLEL = bool(
 )
 if CPU_PARALLEL:
     os.environ.update(FTBENCH_CPU_THREADS="1", OMP_NUM_THREADS="1")
+# `fork_server`: run locally, each job's child is forked from a warm server (ftbench.forkserver); on a cluster
+# each job runs where the scheduler puts it, so its child starts the plain way
+if config.get("fork_server") and workflow.local_exec and not workflow.remote_exec:
+    os.environ["FTBENCH_FORK_SERVER"] = "1"
 
 
 def gpus_asked(count):

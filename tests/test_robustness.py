@@ -65,9 +65,13 @@ def test_a_hung_run_past_its_time_limit_is_a_timeout_record(tmp_path, tiny_qwen,
     assert rec["provenance"]["device"]["type"] == "cpu" and rec["provenance"]["device"]["name"]  # no GPU slot here
 
 
-def test_a_run_over_its_host_memory_budget_is_killed_and_recorded(tmp_path, tiny_qwen, instruction_data):
+@pytest.mark.parametrize("launcher", ["subprocess", "fork server"])
+def test_a_run_over_its_host_memory_budget_is_killed_and_recorded(tmp_path, tiny_qwen, instruction_data, launcher,
+                                                                   monkeypatch):
+    monkeypatch.setenv("FTBENCH_FORK_SERVER", "1" if launcher == "fork server" else "0")
     rec = supervised(tmp_path, tiny_qwen, instruction_data, host_memory_limit_gib=0.05)
     assert rec["status"] == "crashed" and "host-memory budget of 0.05 GiB" in rec["reason"]
+    assert rec["extra"]["supervision"]["launcher"] == launcher  # the forked child is measured and killed alike
 
 
 def test_a_sigkilled_run_is_a_crashed_record_and_the_report_still_builds(tmp_path):
@@ -80,6 +84,7 @@ def test_a_sigkilled_run_is_a_crashed_record_and_the_report_still_builds(tmp_pat
     assert rec["status"] == "crashed" and rec["reason"].startswith("killed by SIGKILL (last step reached: 3")
     sup = rec["extra"]["supervision"]
     assert sup["signal"] == "SIGKILL" and sup["exit_code"] == -9 and sup["log_tail"]
+    assert sup["launcher"] == "fork server"  # the default config's: a forked child's fault is a record too
     rep = snakemake("--report", str(wd / "report.html"), "--configfile", str(cfg), "-d", str(wd), cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr[-3000:]
     assert "crashed" in (wd / "results/studies/llm/runs.html").read_text()

@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from . import forkserver
 from .config import run_gpus, run_limits
 from .gpus import describe, gpu_slots
 from .records import new_record_from_template, write_json_atomic
@@ -95,9 +96,17 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         if gpus > 1:  # one process per GPU (on a CPU machine: per rank, gloo), started by torchrun
             cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", "-m",
                         "ftbench.supervise"]
-        with open(log_path, "a") as log:
-            log.flush()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        proc, launcher = None, "subprocess"
+        if forkserver.enabled() and gpus <= 1 and (params.get("variant") or {}).get("framework") != "unsloth":
+            try:  # forked from a server that imported the libraries once (ftbench.forkserver)
+                proc, launcher = forkserver.spawn(cmd[2:], env, log_path), "fork server"
+            except forkserver.Unavailable as e:
+                with open(log_path, "a") as log:
+                    print(f"fork server unavailable ({e}); starting the child the plain way", file=log)
+        if proc is None:
+            with open(log_path, "a") as log:
+                log.flush()
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         previous = {}  # a job cancelled by Snakemake takes its child with it (handlers live in the main thread)
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, lambda *_: (_kill(proc), sys.exit(1))) for s in (signal.SIGTERM,
@@ -126,7 +135,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
             pass
         elapsed = time.monotonic() - t0
         last = json.loads(progress.read_text()) if progress.is_file() and progress.stat().st_size else {}
-    supervision = {"gpu_slots": slots, "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
+    supervision = {"launcher": launcher, "gpu_slots": slots, "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
                    "exit_code": proc.returncode, "host_peak_rss_gib_session": peak_rss / 1024**3 or None,
                    "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs")}
     if verdict is None and proc.returncode == 0 and out.is_file():
