@@ -29,15 +29,25 @@ CPU_PARALLEL = bool(
 )
 if CPU_PARALLEL:
     os.environ.update(FTBENCH_CPU_THREADS="1", OMP_NUM_THREADS="1")
-# `fork_server`: run locally, each job's child is forked from a warm server (ftbench.forkserver); on a cluster
-# each job runs where the scheduler puts it, so its child starts the plain way
-if config.get("fork_server") and workflow.local_exec and not workflow.remote_exec:
-    os.environ["FTBENCH_FORK_SERVER"] = "1"
+LOCAL = workflow.local_exec and not workflow.remote_exec
+# `fork_server`: run locally with no CUDA GPU, each job's child is forked from a warm server (ftbench.forkserver).
+# Not on a GPU host (transformers' Trainer initializes CUDA as it imports, and a forked CUDA context is unusable)
+# nor on a cluster (each job runs where the scheduler puts it)
+if config.get("fork_server") and LOCAL and not visible_gpus():
+    os.environ.update(FTBENCH_FORK_SERVER="1")
+# `tiny_jobs_per_gpu`: run locally on a GPU host, training and profiling jobs at tiny scale (smoke tests of the
+# code paths, not measurements of the GPU) ask for no `gpu` and share each GPU, up to this many at once (one of
+# its slots each, ftbench.gpus); a job at any other scale holds every slot of its GPUs. Records say so.
+TINY_SHARE = int(config.get("tiny_jobs_per_gpu", 1)) if LOCAL and visible_gpus() else 1
+if TINY_SHARE > 1:
+    os.environ.update(FTBENCH_GPU_SHARE=str(TINY_SHARE))
 
 
-def gpus_asked(count):
-    """The `gpu` resource a job asks for: none where CPU_PARALLEL holds."""
-    return 0 if CPU_PARALLEL else count
+def gpus_asked(count, scale=None):
+    """The `gpu` resource a job asks for: none where CPU_PARALLEL holds, or for a tiny job sharing its GPU."""
+    if CPU_PARALLEL or (scale == "tiny" and TINY_SHARE > 1 and count == 1):
+        return 0
+    return count
 
 
 wildcard_constraints:
@@ -84,7 +94,7 @@ def run_runtime_min(wildcards):
 
 def run_gpus(wildcards):
     """The GPUs a training job asks Snakemake (and SLURM) for: its variant's `gpus` (the job launches its ranks)."""
-    return gpus_asked(ftc.run_gpus(run_params(wildcards)))
+    return gpus_asked(ftc.run_gpus(run_params(wildcards)), wildcards.scale)
 
 
 def run_params(wildcards):

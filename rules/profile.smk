@@ -11,7 +11,7 @@ rule profile:
     conda:
         run_env
     resources:
-        gpu=gpus_asked(1),
+        gpu=lambda wildcards: gpus_asked(1, wildcards.scale),
         mem_mb=16000,
         runtime=run_runtime_min,
     params:

@@ -194,4 +194,8 @@ def test_cpu_parallel_jobs_ask_for_no_gpu_only_on_a_local_host_without_one(tmp_p
     off = tmp_path / "off.yaml"
     off.write_text("cpu_parallel_jobs: false\n")
     assert gpu_requests("--configfile", str(ROOT / "config/config.yaml"), str(off), env=env) >= {"1"}
-    assert gpu_requests(env={"FTBENCH_GPU_IDS": "0"}) >= {"1"}
+    assert gpu_requests(env={"FTBENCH_GPU_IDS": "0"}) == {"0", "1"}  # a GPU host: tiny training jobs share it
+    one = tmp_path / "one.yaml"
+    one.write_text("tiny_jobs_per_gpu: 1\n")
+    assert gpu_requests("--configfile", str(ROOT / "config/config.yaml"), str(one),
+                        env={"FTBENCH_GPU_IDS": "0"}) == {"1"}

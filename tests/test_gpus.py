@@ -91,3 +91,26 @@ def test_the_child_sees_only_the_gpu_its_job_holds(two_gpus, tmp_path, monkeypat
     assert sorted(seen) == ["0", "1"]
     rec = json.loads((tmp_path / "0" / "metrics.out").read_text())
     assert rec["status"] == "crashed" and rec["extra"]["supervision"]["gpu_slots"] in (["0"], ["1"])
+
+
+def test_tiny_jobs_share_a_gpu_and_a_whole_gpu_job_waits_for_all_of_its_slots(tmp_path, monkeypatch):
+    """tiny_jobs_per_gpu (FTBENCH_GPU_SHARE): shared jobs take one slot of a GPU each, up to the share; a job
+    that holds its GPU needs every slot of it, so it never runs beside tiny ones, nor they beside it."""
+    monkeypatch.setenv("FTBENCH_GPU_IDS", "0")
+    monkeypatch.setenv("FTBENCH_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("FTBENCH_GPU_SHARE", "2")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with gpu_slots(1, shared=True, wait_s=5, poll_s=0.05) as a, gpu_slots(1, shared=True, wait_s=5, poll_s=0.05) as b:
+        assert a == b == ["0"]  # two tiny jobs on the one GPU
+        with pytest.raises(TimeoutError):  # a third waits
+            with gpu_slots(1, shared=True, wait_s=0.3, poll_s=0.05):
+                pass
+    with gpu_slots(1, shared=True, wait_s=5, poll_s=0.05):
+        with pytest.raises(TimeoutError):  # the whole GPU is not free while a tiny job holds a slot
+            with gpu_slots(1, wait_s=0.3, poll_s=0.05):
+                pass
+    with gpu_slots(1, wait_s=5, poll_s=0.05) as whole:
+        assert whole == ["0"]
+        with pytest.raises(TimeoutError):  # nor may a tiny job join a job that holds the GPU
+            with gpu_slots(1, shared=True, wait_s=0.3, poll_s=0.05):
+                pass

@@ -130,7 +130,7 @@ TABLE_COLUMNS = {
     "memory.host_peak_rss_gib": "host RSS GiB", "memory.alloc_retries": "allocator retries",
     "device_usage.gpu_util_mean_pct": "GPU util %", "energy.per_step_j": "J/step", "energy.per_sample_j": "J/sample",
     "data.wait_share": "data wait share", "precision.gemm": "GEMM dtype",
-    "extra.host_changes": "changed by host (no CUDA GPU)",
+    "extra.host_changes": "changed by host",
     "flops.mfu": "MFU", "flops.hfu": "HFU", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
     "compile.recompiles": "recompiles", "compile.backend": "compile backend", "compile.graph_breaks": "graph breaks",
     "extra.image_tokens_per_sample": "image tokens/sample", "weights_source": "weights", "reason": "reason",

@@ -42,9 +42,15 @@ class RunContext:
 
 def cpu_threads(device) -> list[str]:
     """With no CUDA GPU and `cpu_parallel_jobs` (the Snakefile sets FTBENCH_CPU_THREADS where jobs run side by
-    side), compute on that many threads; the change, for the record."""
+    side), compute on that many threads; on a GPU shared by tiny jobs (`tiny_jobs_per_gpu`: the supervisor sets
+    FTBENCH_GPU_SHARED), say so. The change, for the record."""
+    if device.type == "cuda":
+        shared = os.environ.get("FTBENCH_GPU_SHARED")
+        return [host_change(f"GPU shared with up to {int(shared) - 1} other tiny job(s)", "tiny_jobs_per_gpu",
+                            "tiny scale")] \
+            if shared else []
     threads = os.environ.get("FTBENCH_CPU_THREADS")
-    if device.type == "cuda" or not threads:
+    if not threads:
         return []
     import torch
 

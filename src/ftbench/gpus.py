@@ -34,10 +34,21 @@ def lock_dir() -> Path:
     return path
 
 
+def share() -> int:
+    """Slots per GPU (FTBENCH_GPU_SHARE, set by the Snakefile from `tiny_jobs_per_gpu`; 1: a job holds a GPU)."""
+    return max(1, int(os.environ.get("FTBENCH_GPU_SHARE") or 1))
+
+
+def _slot_names(gpu: str) -> list[str]:
+    return [f"gpu-{gpu}"] + [f"gpu-{gpu}.{k}" for k in range(1, share())]
+
+
 @contextmanager
-def gpu_slots(count: int, wait_s: float = 3600.0, poll_s: float = 0.5):
-    """Hold `count` GPU slots for the duration of the block; yields their ids (empty on a machine without
-    GPUs, where nothing is locked). Waits for slots held by other jobs, up to `wait_s`."""
+def gpu_slots(count: int, shared: bool = False, wait_s: float = 3600.0, poll_s: float = 0.5):
+    """Hold `count` GPUs for the duration of the block; yields their ids (empty on a machine without GPUs,
+    where nothing is locked). Each GPU has `share()` slot locks: a job holds every slot of its GPUs, a `shared`
+    job (one GPU, tiny scale) one slot of one GPU, beside up to share() - 1 others. Waits for slots held by other
+    jobs, up to `wait_s`."""
     gpus = visible_gpus()
     if not gpus or count <= 0:
         yield []
@@ -47,25 +58,51 @@ def gpu_slots(count: int, wait_s: float = 3600.0, poll_s: float = 0.5):
         return
     if count > len(gpus):
         raise RuntimeError(f"the job asks for {count} GPUs; this host shows {len(gpus)}: {gpus}")
-    held, deadline = [], time.monotonic() + wait_s
+    held, deadline = [], time.monotonic() + wait_s  # held: (gpu, lock file) pairs
+
+    def try_lock(name):
+        f = open(lock_dir() / f"{name}.lock", "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return None
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        return f
+
     try:
-        while len(held) < count:
-            for gpu in gpus:
-                if len(held) == count or any(g == gpu for g, _ in held):
-                    continue
-                f = open(lock_dir() / f"gpu-{gpu}.lock", "w")
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    f.write(f"{os.getpid()}\n")
-                    f.flush()
-                    held.append((gpu, f))
-                except BlockingIOError:
-                    f.close()
-            if len(held) < count:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no {count} free GPU slot(s) among {gpus} after {wait_s:g} s")
-                time.sleep(poll_s)
-        yield [g for g, _ in held]
+        while True:
+            if shared:
+                for gpu in gpus:
+                    f = next((f for f in map(try_lock, _slot_names(gpu)) if f), None)
+                    if f:
+                        held.append((gpu, f))
+                        break
+            else:
+                for gpu in gpus:
+                    if len({g for g, _ in held}) == count:
+                        break
+                    if any(g == gpu for g, _ in held):
+                        continue
+                    files = []
+                    for name in _slot_names(gpu):  # all of its slots, or none (no GPU half-held)
+                        f = try_lock(name)
+                        if f is None:
+                            break
+                        files.append(f)
+                    if len(files) == share():
+                        held += [(gpu, f) for f in files]
+                    else:
+                        for f in files:
+                            fcntl.flock(f, fcntl.LOCK_UN)
+                            f.close()
+            if len({g for g, _ in held}) == (1 if shared else count):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {count} free GPU slot(s) among {gpus} after {wait_s:g} s")
+            time.sleep(poll_s)
+        yield list(dict.fromkeys(g for g, _ in held))
     finally:
         for _, f in held:
             fcntl.flock(f, fcntl.LOCK_UN)

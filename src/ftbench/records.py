@@ -12,19 +12,18 @@ from pathlib import Path
 
 SCHEMA_VERSION = 2
 
-# extra.host_changes: what a host without a CUDA GPU changed from the request, each entry naming the setting
-# behind it; tables show the short form (the change alone)
-HOST_CHANGE_SUFFIX = ": no CUDA GPU)"
+# extra.host_changes: what the host changed from the request, each entry naming the setting behind it and why
+# ("no CUDA GPU"; "shared GPU"); tables show the short form (the change alone)
 
 
-def host_change(change: str, setting: str) -> str:
+def host_change(change: str, setting: str, why: str = "no CUDA GPU") -> str:
     """One entry of extra.host_changes: "precision bf16 -> fp32 (training.cpu_precision: no CUDA GPU)"."""
-    return f"{change} ({setting}{HOST_CHANGE_SUFFIX}"
+    return f"{change} ({setting}: {why})"
 
 
 def short_host_changes(changes) -> str | None:
     """The entries without their settings, joined for a table: "precision bf16 -> fp32; ..." (None: no change)."""
-    return "; ".join(c.rsplit(" (", 1)[0] if c.endswith(HOST_CHANGE_SUFFIX) else c for c in changes or []) or None
+    return "; ".join(c.rsplit(" (", 1)[0] if c.endswith(")") and " (" in c else c for c in changes or []) or None
 
 
 # Every metrics.json has exactly these keys, whatever its status; a value is None where not measured.

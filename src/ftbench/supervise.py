@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import forkserver
 from .config import run_gpus, run_limits
-from .gpus import describe, gpu_slots
+from .gpus import describe, gpu_slots, share
 from .records import new_record_from_template, write_json_atomic
 
 POLL_S = 0.5
@@ -84,14 +84,18 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         env = dict(os.environ, FTBENCH_PROGRESS=str(progress),
                    PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        # a tiny training or profiling job on a host whose GPUs are shared (tiny_jobs_per_gpu): one slot of one
+        shared = kind in ("train", "profile") and gpus == 1 and share() > 1 and params["run"].get("scale") == "tiny"
         try:
-            slots = stack.enter_context(gpu_slots(gpus))
+            slots = stack.enter_context(gpu_slots(gpus, shared=shared))
         except RuntimeError as e:  # the variant asks for more GPUs than this host has
             with open(log_path, "a") as log:
                 print(f"unsupported: {e}", file=log)
             return _fallback(kind, params, paths, "unsupported", str(e), {"gpu_slots": [], "gpus": gpus})
         if slots:  # the child sees only the GPUs this job holds
             env["CUDA_VISIBLE_DEVICES"] = ",".join(slots)
+            if shared:
+                env["FTBENCH_GPU_SHARED"] = str(share())
         cmd = [sys.executable, "-m", "ftbench.supervise", str(job)]
         if gpus > 1:  # one process per GPU (on a CPU machine: per rank, gloo), started by torchrun
             cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", "-m",
