@@ -8,7 +8,7 @@ rule materialize_model:
     conda:
         "../envs/train.yaml"
     resources:
-        gpu=gpus_asked(1),
+        gpu=lambda wildcards: gpus_asked(1, wildcards.scale),
     params:
         model=model_def,
         architecture=architecture_file,

@@ -50,7 +50,7 @@ rule generate:
     conda:
         "../envs/train.yaml"
     resources:
-        gpu=gpus_asked(1),
+        gpu=lambda wildcards: gpus_asked(1, wildcards.scale),
         mem_mb=16000,
     params:
         generation=generation_settings,

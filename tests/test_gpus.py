@@ -114,3 +114,29 @@ def test_tiny_jobs_share_a_gpu_and_a_whole_gpu_job_waits_for_all_of_its_slots(tm
         with pytest.raises(TimeoutError):  # nor may a tiny job join a job that holds the GPU
             with gpu_slots(1, shared=True, wait_s=0.3, poll_s=0.05):
                 pass
+
+
+def test_a_whole_gpu_job_waiting_behind_tiny_ones_is_not_starved(tmp_path, monkeypatch):
+    """While a job waits for a whole GPU, tiny jobs take no new slots of it: it gets the GPU as soon as the
+    tiny jobs already on it end (before, a stream of tiny jobs kept it waiting for minutes)."""
+    monkeypatch.setenv("FTBENCH_GPU_IDS", "0")
+    monkeypatch.setenv("FTBENCH_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("FTBENCH_GPU_SHARE", "2")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    got = {}
+
+    def whole():
+        with gpu_slots(1, wait_s=10, poll_s=0.05) as slots:
+            got["whole"] = (slots, time.monotonic())
+
+    with gpu_slots(1, shared=True, wait_s=5, poll_s=0.05):
+        t = threading.Thread(target=whole)
+        t.start()
+        time.sleep(0.5)  # the whole-GPU job now waits, holding the gate and the free slot
+        assert "whole" not in got
+        with pytest.raises(TimeoutError):  # a new tiny job does not slip in
+            with gpu_slots(1, shared=True, wait_s=0.3, poll_s=0.05):
+                pass
+        released = time.monotonic()
+    t.join(10)
+    assert got["whole"][0] == ["0"] and got["whole"][1] >= released

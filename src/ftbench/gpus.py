@@ -58,7 +58,7 @@ def gpu_slots(count: int, shared: bool = False, wait_s: float = 3600.0, poll_s: 
         return
     if count > len(gpus):
         raise RuntimeError(f"the job asks for {count} GPUs; this host shows {len(gpus)}: {gpus}")
-    held, deadline = [], time.monotonic() + wait_s  # held: (gpu, lock file) pairs
+    held, gates, deadline = [], [], time.monotonic() + wait_s  # held: (gpu, lock file) pairs
 
     def try_lock(name):
         f = open(lock_dir() / f"{name}.lock", "w")
@@ -71,42 +71,57 @@ def gpu_slots(count: int, shared: bool = False, wait_s: float = 3600.0, poll_s: 
         f.flush()
         return f
 
+    def release(files):
+        for f in files:
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
+
+    def gated(gpu) -> bool:  # a job waiting to hold this whole GPU: tiny jobs take none of its slots meanwhile
+        f = try_lock(f"gpu-{gpu}.gate")
+        if f is None:
+            return True
+        release([f])
+        return False
+
     try:
         while True:
             if shared:
                 for gpu in gpus:
+                    if share() > 1 and gated(gpu):
+                        continue
                     f = next((f for f in map(try_lock, _slot_names(gpu)) if f), None)
                     if f:
                         held.append((gpu, f))
                         break
+                if held:
+                    break
             else:
-                for gpu in gpus:
-                    if len({g for g, _ in held}) == count:
-                        break
-                    if any(g == gpu for g, _ in held):
-                        continue
-                    files = []
-                    for name in _slot_names(gpu):  # all of its slots, or none (no GPU half-held)
-                        f = try_lock(name)
-                        if f is None:
+                # a whole GPU: first the gates of `count` GPUs (all or none, so two such jobs never hold one gate
+                # each of the same pair), then every slot of each, kept as they free up (no starving behind tiny jobs)
+                if not gates:
+                    for gpu in gpus:
+                        f = try_lock(f"gpu-{gpu}.gate")
+                        if f:
+                            gates.append((gpu, f))
+                        if len(gates) == count:
                             break
-                        files.append(f)
-                    if len(files) == share():
-                        held += [(gpu, f) for f in files]
-                    else:
-                        for f in files:
-                            fcntl.flock(f, fcntl.LOCK_UN)
-                            f.close()
-            if len({g for g, _ in held}) == (1 if shared else count):
-                break
+                    if len(gates) < count:
+                        release([f for _, f in gates])
+                        gates = []
+                for gpu, _ in gates:
+                    for name in _slot_names(gpu):
+                        if not any(f.name.endswith(f"/{name}.lock") for g, f in held if g == gpu):
+                            f = try_lock(name)
+                            if f:
+                                held.append((gpu, f))
+                if gates and len(held) == count * share():
+                    break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {count} free GPU slot(s) among {gpus} after {wait_s:g} s")
             time.sleep(poll_s)
         yield list(dict.fromkeys(g for g, _ in held))
     finally:
-        for _, f in held:
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
+        release([f for _, f in held] + [f for _, f in gates])
 
 
 def cpu_name() -> str:

@@ -84,8 +84,9 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         env = dict(os.environ, FTBENCH_PROGRESS=str(progress),
                    PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        # a tiny training or profiling job on a host whose GPUs are shared (tiny_jobs_per_gpu): one slot of one
-        shared = kind in ("train", "profile") and gpus == 1 and share() > 1 and params["run"].get("scale") == "tiny"
+        # a job at tiny scale on a host whose GPUs are shared (tiny_jobs_per_gpu): one slot of one GPU
+        scale = (params.get("run") or {}).get("scale") or params.get("scale")
+        shared = gpus == 1 and share() > 1 and scale == "tiny"
         try:
             slots = stack.enter_context(gpu_slots(gpus, shared=shared))
         except RuntimeError as e:  # the variant asks for more GPUs than this host has
