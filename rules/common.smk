@@ -21,24 +21,20 @@ MODEL_FAMILY = {m: ftc.model_family(config, m, BASE_DIR) for m in config["models
 # `cpu_parallel_jobs`: run locally on a host with no CUDA GPU, the jobs that would ask for a GPU ask for none,
 # so `--cores N` runs N of them at once; each computes on one CPU thread, and its record says so
 # (extra.host_changes). Never on a cluster (the jobs' nodes have their own GPUs) nor inside a cluster job.
-CPU_PARALLEL = bool(
-    config.get("cpu_parallel_jobs")
-    and workflow.local_exec
-    and not workflow.remote_exec
-    and not visible_gpus()
-)
+LOCAL = workflow.local_exec and not workflow.remote_exec
+GPUS = visible_gpus()  # once: without CUDA_VISIBLE_DEVICES it asks nvidia-smi
+CPU_PARALLEL = bool(config.get("cpu_parallel_jobs") and LOCAL and not GPUS)
 if CPU_PARALLEL:
     os.environ.update(FTBENCH_CPU_THREADS="1", OMP_NUM_THREADS="1")
-LOCAL = workflow.local_exec and not workflow.remote_exec
 # `fork_server`: run locally with no CUDA GPU, each job's child is forked from a warm server (ftbench.forkserver).
 # Not on a GPU host (transformers' Trainer initializes CUDA as it imports, and a forked CUDA context is unusable)
 # nor on a cluster (each job runs where the scheduler puts it)
-if config.get("fork_server") and LOCAL and not visible_gpus():
+if config.get("fork_server") and LOCAL and not GPUS:
     os.environ.update(FTBENCH_FORK_SERVER="1")
 # `tiny_jobs_per_gpu`: run locally on a GPU host, training and profiling jobs at tiny scale (smoke tests of the
 # code paths, not measurements of the GPU) ask for no `gpu` and share each GPU, up to this many at once (one of
 # its slots each, ftbench.gpus); a job at any other scale holds every slot of its GPUs. Records say so.
-TINY_SHARE = int(config.get("tiny_jobs_per_gpu", 1)) if LOCAL and visible_gpus() else 1
+TINY_SHARE = int(config.get("tiny_jobs_per_gpu", 1)) if LOCAL and GPUS else 1
 if TINY_SHARE > 1:
     os.environ.update(FTBENCH_GPU_SHARE=str(TINY_SHARE))
 

@@ -284,7 +284,7 @@ def test_causal_lm_compiles_its_decoder_layers_regionally(tmp_path, tiny_qwen, i
 def test_cpu_parallel_jobs_compute_on_the_threads_the_snakefile_sets(monkeypatch):
     import torch
 
-    from ftbench.execute import cpu_threads
+    from ftbench.execute import host_sharing as cpu_threads
 
     before = torch.get_num_threads()
     try:

@@ -304,7 +304,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
             loss, base_loss = r.get("loss.mean_first_steps"), (base or {}).get("loss.mean_first_steps")
             same_steps = base is not None and r.get("loss.first_steps") == base.get("loss.first_steps")
             rows.append({"model": r["model"], "scale": r["scale"], "dataset": r["dataset"], "gpu": r["gpu"],
-                         "batch": r["batch_size"], "rung": str(i) if name in rungs else "beside", "variant": name, "status": r["status"],
+                         "batch": r["batch_size"], "rung": str(i) if name in rungs else "beside", "variant": name,
+                         "status": r["status"],
                          "tokens/s (real)": tps, "MFU": r["flops.mfu"] if ok else None,
                          "peak memory GiB": r["memory_gib"] if ok else None,
                          "loss, first steps (mean)": loss if ok else None,

@@ -40,7 +40,7 @@ class RunContext:
     cache_path: str | None = None  # pre-encoded latents and text embeddings (cached-latents variants)
 
 
-def cpu_threads(device) -> list[str]:
+def host_sharing(device) -> list[str]:
     """With no CUDA GPU and `cpu_parallel_jobs` (the Snakefile sets FTBENCH_CPU_THREADS where jobs run side by
     side), compute on that many threads; on a GPU shared by tiny jobs (`tiny_jobs_per_gpu`: the supervisor sets
     FTBENCH_GPU_SHARED), say so. The change, for the record."""
@@ -85,7 +85,7 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
             raise Unsupported(f"the {family} runner does not honour " + "; ".join(problems))
         check_supported(v, device)
         ctx.variant, changes = host_variant(v, ctx.settings, device)  # the record's `variant` stays as asked
-        changes += cpu_threads(device)
+        changes += host_sharing(device)
         record["extra"]["host_changes"] = changes or None
         record["compile"]["backend"] = ctx.variant.compile_backend if v.compile else None
         runner = importlib.import_module(RUNNERS[family])

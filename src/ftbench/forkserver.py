@@ -86,40 +86,39 @@ def _socket_dir() -> Path:
 
 class Child:
     """The forked child as the supervisor sees a subprocess.Popen: pid (its session), poll(), wait(),
-    returncode (negative: the signal that killed it)."""
+    returncode (negative: the signal that killed it). Its waiter in the server sends one JSON line with the pid,
+    then one with the exit status."""
 
-    def __init__(self, conn: socket.socket, pid: int, rest: bytes):
-        self.conn, self.pid, self.returncode, self._buf = conn, pid, None, rest
+    def __init__(self, conn: socket.socket):
+        self.conn, self.pid, self.returncode, self._buf = conn, None, None, b""
 
     def _read(self, timeout):
+        """The waiter's next message; None when none came within `timeout`; {} when the waiter is gone."""
         while b"\n" not in self._buf:
             ready, _, _ = select.select([self.conn], [], [], timeout)
             if not ready:
                 return None
             chunk = self.conn.recv(4096)
-            if not chunk:  # the server's waiter died: the child's fate is unknown, treat it as killed
-                self._buf += b'{"returncode": -9}\n'
-                break
+            if not chunk:
+                return {}
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         return json.loads(line)
-
-    def poll(self):
-        if self.returncode is None:
-            msg = self._read(0)
-            if msg is not None:
-                self.returncode = msg["returncode"]
-                self.conn.close()
-        return self.returncode
 
     def wait(self, timeout=None):
         if self.returncode is None:
             msg = self._read(timeout)
             if msg is None:
                 raise subprocess.TimeoutExpired("forked child", timeout)
-            self.returncode = msg["returncode"]
+            self.returncode = msg.get("returncode", -9)  # a waiter gone: the child's fate unknown, as if killed
             self.conn.close()
         return self.returncode
+
+    def poll(self):
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
 
 
 def _connect(path: Path) -> socket.socket | None:
@@ -164,19 +163,13 @@ def spawn(argv: list[str], env: dict, log_path, wait_s: float = 180.0) -> Child:
                 conn = _connect(path) or _start_server(path, env, wait_s)
         conn.sendall(json.dumps({"argv": argv, "env": env, "cwd": cwd,
                                  "log": str(Path(log_path).resolve())}).encode() + b"\n")
-        buf = b""
-        conn.settimeout(wait_s)
-        while b"\n" not in buf:
-            chunk = conn.recv(4096)
-            if not chunk:
-                raise Unavailable("the fork server closed the connection before starting the child")
-            buf += chunk
-        conn.settimeout(None)
-        line, rest = buf.split(b"\n", 1)
-        msg = json.loads(line)
-        if "error" in msg:
-            raise Unavailable(msg["error"])
-        return Child(conn, msg["pid"], rest)
+        child = Child(conn)
+        msg = child._read(wait_s)
+        if not msg or "pid" not in msg:
+            conn.close()
+            raise Unavailable("the fork server started no child" + (" in time" if msg is None else ""))
+        child.pid = msg["pid"]
+        return child
     except (OSError, ValueError) as e:
         raise Unavailable(f"{type(e).__name__}: {e}") from e
 

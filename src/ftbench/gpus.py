@@ -39,8 +39,27 @@ def share() -> int:
     return max(1, int(os.environ.get("FTBENCH_GPU_SHARE") or 1))
 
 
-def _slot_names(gpu: str) -> list[str]:
-    return [f"gpu-{gpu}"] + [f"gpu-{gpu}.{k}" for k in range(1, share())]
+def _slot_names(gpu: str, n: int) -> list[str]:
+    return [f"gpu-{gpu}"] + [f"gpu-{gpu}.{k}" for k in range(1, n)]
+
+
+def _try_lock(name: str):
+    """The open, locked file of lock `name`, or None where another job holds it."""
+    f = open(lock_dir() / f"{name}.lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def _release(files) -> None:
+    for f in files:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
 
 
 @contextmanager
@@ -58,70 +77,45 @@ def gpu_slots(count: int, shared: bool = False, wait_s: float = 3600.0, poll_s: 
         return
     if count > len(gpus):
         raise RuntimeError(f"the job asks for {count} GPUs; this host shows {len(gpus)}: {gpus}")
-    held, gates, deadline = [], [], time.monotonic() + wait_s  # held: (gpu, lock file) pairs
-
-    def try_lock(name):
-        f = open(lock_dir() / f"{name}.lock", "w")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            return None
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        return f
-
-    def release(files):
-        for f in files:
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
+    n, deadline = share(), time.monotonic() + wait_s
+    held, gates = {}, {}  # lock name -> (gpu, open file); gpu -> open gate file
 
     def gated(gpu) -> bool:  # a job waiting to hold this whole GPU: tiny jobs take none of its slots meanwhile
-        f = try_lock(f"gpu-{gpu}.gate")
-        if f is None:
-            return True
-        release([f])
-        return False
+        f = _try_lock(f"gpu-{gpu}.gate")
+        _release([f] if f else [])
+        return f is None
 
     try:
         while True:
             if shared:
-                for gpu in gpus:
-                    if share() > 1 and gated(gpu):
-                        continue
-                    f = next((f for f in map(try_lock, _slot_names(gpu)) if f), None)
+                for gpu in (g for g in gpus if not gated(g)):
+                    name, f = next(((m, f) for m in _slot_names(gpu, n) if (f := _try_lock(m))), (None, None))
                     if f:
-                        held.append((gpu, f))
+                        held[name] = (gpu, f)
                         break
                 if held:
                     break
             else:
                 # a whole GPU: first the gates of `count` GPUs (all or none, so two such jobs never hold one gate
                 # each of the same pair), then every slot of each, kept as they free up (no starving behind tiny jobs)
-                if not gates:
-                    for gpu in gpus:
-                        f = try_lock(f"gpu-{gpu}.gate")
-                        if f:
-                            gates.append((gpu, f))
-                        if len(gates) == count:
-                            break
-                    if len(gates) < count:
-                        release([f for _, f in gates])
-                        gates = []
-                for gpu, _ in gates:
-                    for name in _slot_names(gpu):
-                        if not any(f.name.endswith(f"/{name}.lock") for g, f in held if g == gpu):
-                            f = try_lock(name)
-                            if f:
-                                held.append((gpu, f))
-                if gates and len(held) == count * share():
+                for gpu in gpus if not gates else ():
+                    if len(gates) < count and (f := _try_lock(f"gpu-{gpu}.gate")):
+                        gates[gpu] = f
+                if len(gates) < count:
+                    _release(gates.values())
+                    gates = {}
+                for gpu in gates:
+                    for name in _slot_names(gpu, n):
+                        if name not in held and (f := _try_lock(name)):
+                            held[name] = (gpu, f)
+                if gates and len(held) == count * n:
                     break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no {count} free GPU slot(s) among {gpus} after {wait_s:g} s")
             time.sleep(poll_s)
-        yield list(dict.fromkeys(g for g, _ in held))
+        yield list(dict.fromkeys(g for g, _ in held.values()))
     finally:
-        release([f for _, f in held] + [f for _, f in gates])
+        _release([f for _, f in held.values()] + list(gates.values()))
 
 
 def cpu_name() -> str:

@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from .. import attention
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_kwargs, compile_model, compute_dtype,
                         load_pretrained, parameter_counts, precision_ran, repeated_blocks)
@@ -126,10 +127,8 @@ def train(ctx, record, device, meter):
     record["precision"].update(precision_ran(model, compute))
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
-        from ..attention import kernel, use_varlen
-
-        use_varlen(model)
-        record["extra"]["attention_kernel"] = kernel(device)
+        attention.use_varlen(model)
+        record["extra"]["attention_kernel"] = attention.kernel(device)
     if v.compile_scope == "layers":  # the decoder layers compiled in place; the LM head and loss stay eager
         compile_model(model, v)
 
@@ -167,10 +166,8 @@ def train(ctx, record, device, meter):
 
         def _prepare_inputs(self, inputs):
             if v.attention == "varlen" and inputs.get("position_ids") is not None:
-                from ..attention import step_kwargs
-
                 # from the loader's host tensors, before they move: no device sync
-                inputs = {**inputs, **step_kwargs(inputs["position_ids"], s.max_seq_length)}
+                inputs = {**inputs, **attention.step_kwargs(inputs["position_ids"], s.max_seq_length)}
             inputs = super()._prepare_inputs(inputs)
             if (v.padding_free and v.attention == "mask" and inputs.get("position_ids") is not None
                     and inputs.get("attention_mask") is None):

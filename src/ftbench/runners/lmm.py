@@ -137,7 +137,7 @@ def train(ctx, record, device, meter):
         meter.step(b, tokens=sum(real), padded_tokens=b * t, loss=loss.detach(), data_wait_s=wait,
                    shape=f"{b}x{t}", **step_flops(real, [t] * b, shape, trainable, v.gradient_checkpointing))
     meter.finish()
-    record["extra"].update(image_tokens_per_sample=sum(image_tokens) / len(image_tokens), attention_mask=v.attention,
+    record["extra"].update(image_tokens_per_sample=sum(image_tokens) / len(image_tokens),
                            shape_policy=v.shape_policy, pad_multiple=pad_multiple(v, s),
                            gradient_checkpointing_active=v.gradient_checkpointing)
     with meter.eval():
