@@ -8,10 +8,13 @@
 #             at 5 minutes and ends as a `timeout` record with its recompile count; bf16 completes beside it
 #   a-workers Study A at full scale, batch 1, with the AnyRes preprocessing in 4 loader workers (pinned):
 #             `fixed-compile-workers`, `bucketed-regional-workers` (regional compilation), `bf16-workers`
-#   scale     several GPUs (2 or more; bench/scale_out.yaml): Qwen3-8B lora/qlora on one GPU, data parallel
-#             over two (lora-ddp2, qlora-ddp2) and FSDP2 (lora-fsdp2) at the same per-GPU batch; Qwen3-32B at
-#             full scale, lora on one GPU against lora-fsdp2 on two
-#   slots     two single-GPU jobs at once on a host with 2 GPUs: each must record its own GPU's UUID
+#   slots     two single-GPU jobs at once on a host with 2 GPUs (Qwen3-8B lora and qlora, japanese_alpaca, batch
+#             4: the one-GPU side of `scale`): each must record its own GPU's UUID; prints UUID, end and train time
+#   scale     several GPUs (2 or more; bench/scale_out.yaml), after `slots`: data parallel over two (lora-ddp2,
+#             qlora-ddp2) and FSDP2 (lora-fsdp2) at the same per-GPU batch as `slots`' one-GPU runs
+#   scale-32b Qwen3-32B at full scale (65.5 GB of bf16 weights), wikipedia_ja, batch 2 per GPU: lora on one GPU
+#             against lora-fsdp2 on two (bench/scale_out_32b.yaml: 10-step repeats, still >= 20 s each)
+#   scale-wiki Qwen3-8B wikipedia_ja lora on one GPU and lora-ddp2 at batch 2 per GPU
 #   gpu-kind  the pair of runs that compares GPU kinds in the report (issue 12): Qwen3-8B lora, qlora, unsloth-qlora at
 #             batch 4 on both datasets, and Study A bf16 and fixed-compile at full scale, batch 1 (Unsloth installed)
 #   overhead  the harness's own overhead (bench/meter_overhead.py)
@@ -27,6 +30,7 @@ shift || true
 parts=${*:-c b a a-limit overhead}
 mkdir -p "$out"
 sm() { ${SNAKEMAKE:-python3 -m snakemake} --cores 16 --resources gpu=1 --keep-going "$@"; }
+sm2() { ${SNAKEMAKE:-python3 -m snakemake} --cores 32 --resources gpu=2 --keep-going "$@"; }  # a 2-GPU host
 lmm=results/runs/lmm/llava-v1.6-mistral-7b/full/beans
 for part in $parts; do
   echo "== $part $(date -u +%FT%TZ)"
@@ -40,18 +44,20 @@ for part in $parts; do
          "$lmm/bf16/bs1/metrics.json" "$lmm/compile/bs1/metrics.json" ;;
     a-workers) sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- \
          $lmm/{fixed-compile-workers,bucketed-regional-workers,bf16-workers}/bs1/metrics.json ;;
-    scale) llm=results/runs/llm/qwen3-8b/full
-       ${SNAKEMAKE:-python3 -m snakemake} --cores 32 --resources gpu=2 --keep-going \
-         --configfile config/study_b_random.yaml bench/scale_out.yaml -- \
-         $llm/japanese_alpaca/{lora,qlora,lora-ddp2,qlora-ddp2,lora-fsdp2}/bs4/metrics.json \
-         $llm/wikipedia_ja/{lora,lora-ddp2}/bs2/metrics.json \
-         results/runs/llm/qwen3-32b/full/wikipedia_ja/{lora,lora-fsdp2}/bs2/metrics.json ;;
     slots) llm=results/runs/llm/qwen3-8b/full/japanese_alpaca
-       ${SNAKEMAKE:-python3 -m snakemake} --cores 32 --resources gpu=2 --keep-going \
-         --configfile config/study_b_random.yaml -- $llm/{lora-gc,qlora}/bs4/metrics.json
-       for f in $llm/{lora-gc,qlora}/bs4/metrics.json; do
-         python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['provenance']['device']; print(sys.argv[1], d['uuid'])" "$f"
+       sm2 --configfile config/study_b_random.yaml bench/scale_out.yaml -- $llm/{lora,qlora}/bs4/metrics.json
+       for f in $llm/{lora,qlora}/bs4/metrics.json; do
+         python3 -c "import json,sys; d=json.load(open(sys.argv[1])); p=d['provenance']
+print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 'train_s', d['timing']['train_s'])" "$f"
        done ;;
+    scale) llm=results/runs/llm/qwen3-8b/full/japanese_alpaca
+       sm2 --configfile config/study_b_random.yaml bench/scale_out.yaml -- \
+         $llm/{lora-ddp2,lora-fsdp2,qlora-ddp2}/bs4/metrics.json ;;
+    scale-32b) llm=results/runs/llm/qwen3-32b/full/wikipedia_ja
+       sm2 --configfile config/study_b_random.yaml bench/scale_out.yaml bench/scale_out_32b.yaml -- \
+         $llm/{lora,lora-fsdp2}/bs2/metrics.json ;;
+    scale-wiki) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
+       sm2 --configfile config/study_b_random.yaml bench/scale_out.yaml -- $llm/{lora,lora-ddp2}/bs2/metrics.json ;;
     gpu-kind) sm --configfile config/study_b_random.yaml -- \
          results/runs/llm/qwen3-8b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora,unsloth-qlora}/bs4/metrics.json
        sm --configfile config/study_a_random.yaml bench/study_a_full.yaml -- $lmm/{bf16,fixed-compile}/bs1/metrics.json ;;
