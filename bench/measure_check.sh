@@ -21,8 +21,11 @@
 #   varlen    the rungs that drop the attention mask: Qwen3-8B `lora-pf-varlen-compile` (wikipedia_ja, batch 2, 4
 #             and 8) beside `lora-pf-compile` at batch 4, and Study A `bucketed-regional-workers-causal` at full
 #             scale, batch 1 and 4, beside `bucketed-regional-workers` and `bf16` (batch 1)
-#   ladder    Study B's technique ladder on Qwen3-8B, wikipedia_ja (<= 2048 tokens), batch 2, then the last two
-#             rungs at 4 and 8 (not in the default parts; Liger Kernel must be installed: pip install liger-kernel==0.8.5)
+#   ladder    Study B's technique ladder on Qwen3-8B, wikipedia_ja (<= 2048 tokens), in one lease: its rungs (lora,
+#             lora-efficient, lora-pf, lora-pf-compile, lora-pf-varlen-compile) at batch 2, then the top rung at 4
+#   ladder-beside  the variants beside the ladder at batch 2 (lora-pf-liger, lora-pf-liger-compile,
+#             lora-padding-free; Liger Kernel must be installed: pip install liger-kernel==0.8.5), and the two
+#             compiled rungs at batches 4 and 8
 # Usage, in the project root: bash bench/measure_check.sh [OUTDIR [PART...]]   (records stay under results/runs/)
 set -u
 out=${1:-results/measure_check}
@@ -69,7 +72,11 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
     overhead) python3 bench/meter_overhead.py ;;
     ladder) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        sm --configfile config/study_b_random.yaml -- \
-         $llm/{lora,lora-efficient,lora-pf,lora-pf-compile,lora-pf-varlen-compile,lora-pf-liger,lora-pf-liger-compile,lora-padding-free}/bs2/metrics.json \
+         $llm/{lora,lora-efficient,lora-pf,lora-pf-compile,lora-pf-varlen-compile}/bs2/metrics.json \
+         $llm/lora-pf-varlen-compile/bs4/metrics.json ;;
+    ladder-beside) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
+       sm --configfile config/study_b_random.yaml -- \
+         $llm/{lora-pf-liger,lora-pf-liger-compile,lora-padding-free}/bs2/metrics.json \
          $llm/{lora-pf-compile,lora-pf-varlen-compile}/bs{4,8}/metrics.json ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac > "$out/$part.log" 2>&1
