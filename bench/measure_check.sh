@@ -22,7 +22,10 @@
 #             and 8) beside `lora-pf-compile` at batch 4, and Study A `bucketed-regional-workers-causal` at full
 #             scale, batch 1 and 4, beside `bucketed-regional-workers` and `bf16` (batch 1)
 #   ladder    Study B's technique ladder on Qwen3-8B, wikipedia_ja (<= 2048 tokens), in one lease: its rungs (lora,
-#             lora-efficient, lora-pf, lora-pf-compile, lora-pf-varlen-compile) at batch 2, then the top rung at 4
+#             lora-efficient, lora-pf, lora-pf-compile, lora-pf-varlen-compile, lora-pf-varlen-fp8-compile) at
+#             batch 2, then the last two at 4 (~16 min on an H100)
+#   fp8       the FP8 rung on top of the ladder's top rung (lora-pf-varlen-fp8-compile: torchao float8 GEMMs on the
+#             frozen base) at batches 2 and 4, beside lora-pf-varlen-compile at 4
 #   ladder-beside  the variants beside the ladder at batch 2 (lora-pf-liger, lora-pf-liger-compile,
 #             lora-padding-free; Liger Kernel must be installed: pip install liger-kernel==0.8.5), and the two
 #             compiled rungs at batches 4 and 8
@@ -72,7 +75,10 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
     overhead) python3 bench/meter_overhead.py ;;
     ladder) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        sm --configfile config/study_b_random.yaml -- \
-         $llm/{lora,lora-efficient,lora-pf,lora-pf-compile,lora-pf-varlen-compile}/bs2/metrics.json \
+         $llm/{lora,lora-efficient,lora-pf,lora-pf-compile,lora-pf-varlen-compile,lora-pf-varlen-fp8-compile}/bs2/metrics.json \
+         $llm/{lora-pf-varlen-compile,lora-pf-varlen-fp8-compile}/bs4/metrics.json ;;
+    fp8) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
+       sm --configfile config/study_b_random.yaml -- $llm/lora-pf-varlen-fp8-compile/bs{2,4}/metrics.json \
          $llm/lora-pf-varlen-compile/bs4/metrics.json ;;
     ladder-beside) llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        sm --configfile config/study_b_random.yaml -- \

@@ -79,3 +79,49 @@ def test_fp8_batches_pad_text_to_the_fp8_multiple(tmp_path):
         assert batch["attention_mask"].shape == batch["labels"].shape == batch["input_ids"].shape
         assert (batch["labels"][batch["attention_mask"] == 0] == -100).all()  # padding is never a target
     assert lengths[16] % 16 == 0 and lengths[1] <= lengths[16] < lengths[1] + 16
+
+
+def test_a_causal_lm_converts_its_decoder_projections_and_lora_wraps_them(tiny_qwen):
+    """The causal-LM FP8 rung: every projection of every decoder layer becomes a torchao float8 linear (not
+    the embeddings, not the LM head), and PEFT's LoRA adapts the converted layers."""
+    from torchao.float8.float8_linear import Float8Linear
+    from transformers import AutoModelForCausalLM
+
+    from ftbench.config import Variant
+    from ftbench.fp8 import DECODER_PATTERN, convert_torchao
+    from ftbench.variants import apply_lora, precision_ran
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
+    layers = model.config.num_hidden_layers
+    info = convert_torchao(model, include_vision=False, pattern=DECODER_PATTERN)
+    assert info == {"converted": 7 * layers, "vision_converted": 0}
+    assert not isinstance(model.lm_head, Float8Linear)
+    model = apply_lora(model, Variant("l8", peft="lora", precision="fp8", fp8_backend="torchao"),
+                       {"target_modules": "all-linear"})
+    q = model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj")
+    assert isinstance(q.base_layer, Float8Linear) and "default" in q.lora_A
+    assert precision_ran(model, "bf16", info["converted"])["gemm"] == "fp8"
+
+
+def test_under_compile_a_frozen_fp8_weight_costs_no_gradient_gemm():
+    """torchao's float8 backward computes the weight's gradient even for a frozen weight; compiled, that GEMM
+    is dropped (why the FP8 rungs compile): a frozen layer's backward keeps one scaled GEMM, a trainable two."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torchao.float8 import convert_to_float8_training
+
+    model = nn.Sequential(nn.Linear(64, 64, bias=False), nn.Linear(64, 64, bias=False)).to(torch.bfloat16)
+    convert_to_float8_training(model)
+    model[0].weight.requires_grad_(False)
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _):
+            graphs[name] = [n for n in gm.graph.nodes if n.target is torch.ops.aten._scaled_mm.default]
+            return gm.forward
+        return compiler
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")))
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    compiled(x).sum().backward()
+    assert len(graphs["fw"]) == 2 and len(graphs["bw"]) == 3  # eager would run 4: the frozen weight's gradient

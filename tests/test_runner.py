@@ -103,8 +103,10 @@ def test_the_trainer_compiles_the_whole_model_only_for_model_scope():
 
 @pytest.mark.parametrize("variant, words", [
     (Variant("unsloth-qlora", framework="unsloth", precision="nf4"), "CUDA"),
-    # the causal-LM runner has no FP8 path: refused, never trained in bf16 and scored against the FP8 peak
-    (Variant("fp8", precision="fp8", fp8_backend="te"), "does not honour precision='fp8'"),
+    # the causal-LM runner's FP8 path is torchao's: Transformer Engine is refused, never trained in bf16 and
+    # scored against the FP8 peak; torchao's needs a GPU of compute capability 8.9 or newer
+    (Variant("fp8", precision="fp8", fp8_backend="te"), "does not honour fp8_backend='te'"),
+    (Variant("fp8-ao", precision="fp8", fp8_backend="torchao", padding_free=True), "compute capability 8.9"),
     (Variant("pinned", pin_memory=True), "CUDA"),
 ])
 def test_variants_a_cpu_cannot_run_are_unsupported(tmp_path, tiny_qwen, instruction_data, variant, words):
@@ -130,6 +132,24 @@ def test_padding_free_batches_count_each_packed_sequence():
     padded = torch.zeros(2, 5, dtype=torch.long)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     assert batch_sequences(padded, mask, torch.arange(5).repeat(2, 1)) == ([5, 5], [3, 5])
+    # a row padded to a multiple (FP8): the trailing pad tokens (position 0 each) are computed, not samples
+    row = torch.tensor([[5, 6, 7, 8, 9, 9, 9, 9]])
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 0, 0]])
+    assert batch_sequences(row, None, pos, pad_id=9) == ([3, 2, 1, 1, 1], [3, 2])
+    assert batch_sequences(row, None, pos) == ([3, 2, 1, 1, 1], [3, 2, 1, 1, 1])  # unpadded runs: every restart
+
+
+def test_a_padding_free_row_padded_to_a_multiple_counts_only_its_samples(tmp_path, tiny_qwen, instruction_data):
+    """The FP8 rung pads the packed row to a multiple of 16 (here: bucketed, 64, which a CPU runs): the pad
+    tokens are computed (padded tokens) but are neither samples nor real tokens."""
+    import csv
+
+    rec = run(tmp_path, tiny_qwen, instruction_data,
+              Variant("pf-varlen-padded", padding_free=True, attention="varlen", shape_policy="bucketed"))
+    assert rec["status"] == "ok", rec["reason"]
+    rows = list(csv.DictReader((tmp_path / "steps.csv").open()))
+    assert rows and all(int(r["samples"]) == 2 for r in rows)
+    assert all(int(r["padded_tokens"]) % 64 == 0 and int(r["padded_tokens"]) > int(r["tokens"]) for r in rows)
 
 
 def test_causal_lm_shape_policy_and_attention_backend_knobs():
@@ -143,6 +163,9 @@ def test_causal_lm_shape_policy_and_attention_backend_knobs():
     assert pad_multiple(Variant("lora"), s) is None  # dynamic padding
     assert pad_multiple(Variant("b", shape_policy="bucketed"), s) == 64
     assert pad_multiple(Variant("f", shape_policy="fixed"), s) == 2048
+    fp8 = dict(precision="fp8", fp8_backend="torchao")
+    assert pad_multiple(Variant("p8", padding_free=True, **fp8), s) == 16  # the FP8 GEMMs' shape rule
+    assert pad_multiple(Variant("b8", shape_policy="bucketed", **fp8), TrainSettings(bucket_multiple=24)) == 48
     # the knob restricts scaled_dot_product_attention to one backend for the run, and only for the run
     q = torch.randn(1, 2, 8, 16)
     with attention_backend(Variant("m", sdpa_backend="math")):
@@ -412,3 +435,8 @@ def test_attention_knob_is_honoured_only_where_its_runner_acts_on_it():
     assert knob_problems("lmm", Variant("x", attention="causal")) == []
     assert "honours ['causal', 'mask']" in knob_problems("lmm", Variant("x", attention="varlen"))[0]
     assert "does not act on attention" in knob_problems("diffusion", Variant("x", attention="causal"))[0]
+    fp8 = dict(precision="fp8", fp8_backend="torchao")
+    assert knob_problems("causal_lm", Variant("x", padding_free=True, attention="varlen", **fp8)) == []
+    assert "honours [None, 'torchao']" in knob_problems("causal_lm", Variant("x", precision="fp8", fp8_backend="te"))[0]
+    assert "without fp8_backend" in knob_problems("causal_lm", Variant("x", precision="fp8"))[0]
+    assert "one GPU" in knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp", **fp8))[0]

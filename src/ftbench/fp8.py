@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 LM_PATTERN = re.compile(r"(^|\.)(language_model|multi_modal_projector)\.")
+DECODER_PATTERN = re.compile(r"(^|\.)layers\.\d+\.")  # a causal LM's decoder layers (not the embeddings, not the LM head)
 VISION_PATTERN = re.compile(r"(^|\.)vision_tower\.")
 ALIGN = 16  # the token dimension is padded to a multiple of this for FP8 GEMMs
 
@@ -31,14 +32,15 @@ def weight_fp8_ok(linear: nn.Linear) -> bool:
     return linear.in_features % 16 == 0 and linear.out_features % 16 == 0
 
 
-def select_linears(model: nn.Module, include_vision: bool) -> list[str]:
-    """Names of the nn.Linear layers to convert: language model and projector (and vision tower if asked),
-    never the LM head, and only those whose weights satisfy the FP8 shape rule."""
+def select_linears(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN) -> list[str]:
+    """Names of the nn.Linear layers to convert: those `pattern` finds (LLaVA: language model and projector;
+    a causal LM: its decoder layers), and the vision tower if asked, never the LM head, and only those whose
+    weights satisfy the FP8 shape rule."""
     names = []
     for name, mod in model.named_modules():
         if type(mod) is not nn.Linear or name.endswith("lm_head"):
             continue
-        if LM_PATTERN.search(name) or (include_vision and VISION_PATTERN.search(name)):
+        if pattern.search(name) or (include_vision and VISION_PATTERN.search(name)):
             if weight_fp8_ok(mod):
                 names.append(name)
     return names
@@ -106,10 +108,12 @@ def convert_te(model: nn.Module, include_vision: bool) -> dict:
     return {"converted": len(names), "vision_converted": len(vision)}
 
 
-def convert_torchao(model: nn.Module, include_vision: bool) -> dict:
-    """torchao float8 training: nn.Linear subclasses that PEFT wraps and torch.compile traces through."""
+def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN) -> dict:
+    """torchao float8 training: nn.Linear subclasses that PEFT wraps and torch.compile traces through. For a
+    frozen weight torchao's backward still computes the weight's gradient; under torch.compile that GEMM's
+    unused output is dropped from the graph, which is why the FP8 variants are compiled ones."""
     from torchao.float8 import convert_to_float8_training
 
-    names = set(select_linears(model, include_vision))
+    names = set(select_linears(model, include_vision, pattern))
     convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn in names)
     return {"converted": len(names), "vision_converted": sum(1 for n in names if VISION_PATTERN.search(n))}

@@ -17,7 +17,8 @@ ANY = None  # any value of the knob's type
 # its default (the dataclass default in ftbench.config.Variant).
 HONOURED = {
     # TRL SFTTrainer (ftbench.runners.causal_lm)
-    "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4"}, "nf4_compute": ANY,
+    "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
+                  "fp8_backend": {None, "torchao"},
                   "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
@@ -48,7 +49,7 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
             if value != default:
                 problems.append(f"{knob}={value!r} (the {family} runner does not act on {knob})")
         elif honoured[knob] is not ANY and value not in honoured[knob]:
-            problems.append(f"{knob}={value!r} (the {family} runner honours {sorted(honoured[knob])})")
+            problems.append(f"{knob}={value!r} (the {family} runner honours {sorted(honoured[knob], key=str)})")
     if variant.gpus > 1 and variant.parallel is None:
         problems.append(f"gpus={variant.gpus} without parallel (ddp or fsdp2)")
     if variant.parallel is not None and variant.gpus < 2:
@@ -67,4 +68,6 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append(f"nf4_compute={variant.nf4_compute!r} with precision={variant.precision!r} (nf4 only)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:
         problems.append("precision='fp8' without fp8_backend (te or torchao)")
+    if family == "causal_lm" and variant.precision == "fp8" and (variant.framework == "unsloth" or variant.parallel):
+        problems.append("precision='fp8' with Unsloth or several GPUs (FP8 layers are wired for one GPU, PEFT only)")
     return problems

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 
-from .. import attention
+from .. import attention, fp8
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_kwargs, compile_model, compute_dtype,
                         load_pretrained, parameter_counts, precision_ran, repeated_blocks)
 
 
 def load_model(ctx, device):
-    """Load the checkpoint (random or hub) with the variant's precision and adapters applied."""
+    """Load the checkpoint (random or hub) with the variant's precision and adapters applied; with the FP8
+    conversion's summary (empty without one)."""
     v, path, lora = ctx.variant, ctx.manifest["path"], ctx.settings.lora
     if v.framework == "unsloth":
         from unsloth import FastLanguageModel  # imported first: Unsloth patches transformers
@@ -25,14 +27,17 @@ def load_model(ctx, device):
             model, r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
             target_modules=lora.get("target_modules"), bias="none", random_state=3407,
             use_gradient_checkpointing="unsloth" if v.gradient_checkpointing else False)
-        return model, tokenizer
+        return model, tokenizer, {}
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
     # FSDP2: each rank loads on the host and the trainer shards the model onto its GPU (it need not fit one)
     place = torch.device("cpu") if v.parallel == "fsdp2" else device
-    return apply_lora(load_pretrained(AutoModelForCausalLM, path, v, place), v, lora), tokenizer
+    model, info = load_pretrained(AutoModelForCausalLM, path, v, place), {}
+    if v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs (torchao), before LoRA wraps them
+        info = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN)
+    return apply_lora(model, v, lora), tokenizer, info
 
 
 def trainer_compile_args(variant) -> dict:
@@ -57,15 +62,21 @@ def parallel_args(variant, model) -> dict:
     return {}
 
 
-def batch_sequences(input_ids, attention_mask, position_ids) -> tuple[list[int], list[int]]:
+def batch_sequences(input_ids, attention_mask, position_ids, pad_id=None) -> tuple[list[int], list[int]]:
     """(length of each sequence as computed, its real unpadded length) in one micro-batch. A padding-free
-    batch (Unsloth turns it on) is one row of concatenated sequences whose position ids restart at 0 for each.
-    Reads tensor values: call it once the measured window has synchronised."""
+    batch (Unsloth turns it on) is one row of concatenated sequences whose position ids restart at 0 for each;
+    where the collator padded that row to a multiple (`pad_id` given), its trailing pad tokens (position 0
+    each) are computed, not counted as sequences. Reads tensor values: call it once the measured window has
+    synchronised."""
     if input_ids.shape[0] == 1 and position_ids is not None:
-        starts = (position_ids[0] == 0).nonzero().flatten().tolist() + [input_ids.shape[1]]
+        n = end = input_ids.shape[1]
+        if pad_id is not None:
+            while end > 0 and position_ids[0, end - 1] == 0 and input_ids[0, end - 1] == pad_id:
+                end -= 1
+        starts = (position_ids[0, :end] == 0).nonzero().flatten().tolist() + [end]
         if len(starts) > 2:
             lens = [b - a for a, b in zip(starts, starts[1:])]
-            return lens, lens
+            return lens + [1] * (n - end), lens
     padded = [input_ids.shape[1]] * input_ids.shape[0]
     real = attention_mask.sum(1).tolist() if attention_mask is not None else padded
     return padded, [int(r) for r in real]
@@ -92,8 +103,12 @@ def truncate(ds, length: int):
 
 def pad_multiple(variant, settings) -> int | None:
     """What each batch's length is padded up to a multiple of: nothing (dynamic padding), a bucket size
-    (bucketed: few distinct shapes, for compilers and per-shape kernel plans), or the fixed length."""
-    return {"bucketed": settings.bucket_multiple, "fixed": settings.fixed_length}.get(variant.shape_policy)
+    (bucketed: few distinct shapes, for compilers and per-shape kernel plans), or the fixed length; with FP8
+    GEMMs also a multiple of 16 (their shape rule; a padding-free row gets trailing pad tokens)."""
+    multiple = {"bucketed": settings.bucket_multiple, "fixed": settings.fixed_length}.get(variant.shape_policy)
+    if variant.precision == "fp8":
+        multiple = math.lcm(multiple or 1, fp8.ALIGN)
+    return multiple
 
 
 def fused_head_available() -> bool:
@@ -119,12 +134,13 @@ def train(ctx, record, device, meter):
 
     s, v = ctx.settings, ctx.variant
     with meter.load():
-        model, tokenizer = load_model(ctx, device)
+        model, tokenizer, fp8_info = load_model(ctx, device)
     total, trainable = parameter_counts(model)
     record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model))
     shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
     compute = DTYPE_NAMES[compute_dtype(v)]
-    record["precision"].update(precision_ran(model, compute))
+    record["precision"].update(precision_ran(model, compute, fp8_info.get("converted")))
+    record["extra"]["fp8"] = fp8_info or None
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
         attention.use_varlen(model)
@@ -179,9 +195,11 @@ def train(ctx, record, device, meter):
             self.pending.append((inputs["input_ids"], inputs.get("attention_mask"), inputs.get("position_ids"), loss))
             return loss
 
+    row_pad_id = tokenizer.pad_token_id if v.padding_free and pad_multiple(v, s) else None
+
     def step_fields(batches) -> dict:
         """A step's samples, real and padded tokens, FLOPs and loss, read after the window's synchronisation."""
-        seqs = [batch_sequences(ids, mask, pos) for ids, mask, pos, _ in batches]
+        seqs = [batch_sequences(ids, mask, pos, row_pad_id) for ids, mask, pos, _ in batches]
         padded = [t for p, _ in seqs for t in p]
         real = [t for _, r in seqs for t in r]
         return {"samples": len(real), "tokens": sum(real), "padded_tokens": sum(padded),
