@@ -27,8 +27,9 @@ def dry_run_with(tmp_path, mutate):
     (lambda c: c["studies"]["llm"]["matrix"][0].update(batch_sizes=[0, 2]), "batch_sizes"),
     (lambda c: c["models"]["qwen3-8b"].update(architecture="no-such-model.yaml"), "models.qwen3-8b.architecture"),
     (lambda c: c["studies"]["llm"]["matrix"][0].update(datasets=["japanese_alpaca", "imagenet"]), "imagenet"),
-    # a knob its runner does not act on: the causal-LM runner has no FP8 path, the diffusion runner no shape policy
-    (lambda c: c["variants"]["lora"].update(precision="fp8", fp8_backend="torchao"), "does not act on fp8_backend"),
+    # a knob value its runner does not act on: the causal-LM runner's FP8 is torchao's, the diffusion runner has
+    # no shape policy
+    (lambda c: c["variants"]["lora"].update(precision="fp8", fp8_backend="te"), "fp8_backend='te'"),
     (lambda c: c["studies"]["diffusion"]["variants"]["workers-0"].update(shape_policy="fixed"),
      "variant 'workers-0' on stable-diffusion-v1-5 (diffusion runner): shape_policy='fixed'"),
     # names become paths and patterns: refused before they can write outside results/ or break a regex
@@ -37,7 +38,7 @@ def dry_run_with(tmp_path, mutate):
     (lambda c: c["datasets"]["japanese_alpaca"].update(source="/no/such/alpaca.parquet"),
      "datasets.japanese_alpaca.source: no such file or directory: /no/such/alpaca.parquet"),
     (lambda c: c.update(only_studies=[]), "only_studies"),
-], ids=["unknown-knob", "batch-size-0", "missing-architecture", "unknown-dataset", "fp8-causal-lm",
+], ids=["unknown-knob", "batch-size-0", "missing-architecture", "unknown-dataset", "te-causal-lm",
         "diffusion-shape-policy", "path-in-name", "regex-in-name", "missing-source", "only-studies-empty"])
 def test_bad_config_stops_before_any_job(tmp_path, mutate, key):
     proc = dry_run_with(tmp_path, mutate)

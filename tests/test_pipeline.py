@@ -84,13 +84,14 @@ def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
     assert {(r["model"], r["dataset"], r["variant"], r["batch"]) for r in rows} == expected
     assert {r["variant"] for r in rows} >= {"lora", "lora-gc", "qlora", "unsloth-qlora", "unsloth-lora"}
     cuda_only = {v for v, knobs in cfg["variants"].items()
-                 if knobs.get("framework") == "unsloth" or knobs.get("liger") or knobs.get("sdpa_backend")}
-    assert {"unsloth-lora", "lora-efficient", "lora-pf-liger"} <= cuda_only
+                 if knobs.get("framework") == "unsloth" or knobs.get("liger") or knobs.get("sdpa_backend")
+                 or knobs.get("precision") == "fp8"}
+    assert {"unsloth-lora", "lora-efficient", "lora-pf-liger", "lora-pf-varlen-fp8-compile"} <= cuda_only
     for r in rows:
         if cfg["variants"].get(r["variant"], {}).get("parallel") == "fsdp2":  # accelerate shards GPU ranks only
             assert r["status"] == "unsupported" and "FSDP2" in r["reason"], r
             continue
-        if r["variant"] in cuda_only:  # Unsloth, Liger, the efficient attention backend need CUDA: a record
+        if r["variant"] in cuda_only:  # Unsloth, Liger, the efficient attention backend, FP8 need CUDA: a record
             assert r["status"] == "unsupported" and "CUDA" in r["reason"], r
             continue
         assert r["status"] == "ok", r
