@@ -147,7 +147,7 @@ STYLE = ("body{font-family:sans-serif;font-size:13px}table{border-collapse:colla
          "div.scroll{max-width:100%;max-height:80vh;overflow:auto}"
          "td,th{border:1px solid #ccc;padding:3px 6px;white-space:nowrap}"
          "th{background:#eee;position:sticky;top:0;cursor:pointer}"
-         "td.text{white-space:normal;min-width:24em;max-width:40em}"
+         "td.text{white-space:normal;min-width:36em;max-width:56em}"
          "td.num{text-align:right;font-variant-numeric:tabular-nums}td.na{color:#999;text-align:center}")
 # click a column header to sort by it (numbers as numbers, "–" last); inline, so the page stays offline
 SORT_SCRIPT = ("<script>document.querySelectorAll('th').forEach(function(th){th.onclick=function(){"
