@@ -180,7 +180,7 @@ def test_report_has_figures_token_stats_and_profile(pipeline):
             if k.startswith("results/profiles/")]
     assert {p.split("/")[2] for p in prof} == {"llm", "diffusion"}
     steps = table(embedded(report, next(p for p in prof if "/llm/" in p)), "per_step")
-    assert len(steps) == SCHEDULE["active"] and all(0 < num(s["busy_share"]) <= 1 for s in steps)
+    assert len(steps) == SCHEDULE["active"] and all(0 < num(s["GPU busy %"]) <= 100 for s in steps)
 
 
 def test_report_works_offline(pipeline):

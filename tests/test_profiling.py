@@ -69,3 +69,5 @@ def test_profiles_measured_elsewhere_become_pages_of_the_report(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     page = (tmp_path / target).read_text()
     assert "NVIDIA H100 80GB HBM3" in page and "lora-pf-liger" in page and "LigerRopeFunction" in page
+    # readable tables: named columns, shares in percent (not 0-1 fractions under snake_case keys)
+    assert "GPU busy %" in page and "share %" in page and "busy_share" not in page

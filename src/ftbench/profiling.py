@@ -160,18 +160,40 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
+# the summary's tables as a reader sees them: named columns, shares in percent
+PROFILE_COLUMNS = {
+    "per_step": {"step": "step", "duration_ms": "duration ms", "busy_share": "GPU busy %",
+                 "data_loading_share": "data loading %", "idle_gaps": "idle gaps", "idle_gap_ms_total": "idle ms",
+                 "largest_gap_ms": "largest gap ms", "largest_gap_host_op": "host operator in the largest gap"},
+    "top_operators": {"name": "operator or kernel", "self_time_ms": "self time ms", "share": "share %",
+                      "calls": "calls"},
+    "idle_causes": {"host_op": "host operator", "idle_ms": "idle ms"},
+}
+
+
+def profile_table(rows: list[dict], kind: str):
+    """One of the summary's lists as a table: its known columns renamed, shares (0-1) shown as percent."""
+    import polars as pl
+
+    names = PROFILE_COLUMNS[kind]
+    df = pl.DataFrame(rows)
+    shares = [c for c in df.columns if c.endswith("share") and c in names]
+    df = df.with_columns([(pl.col(c) * 100).round(1) for c in shares])
+    return df.select([c for c in names if c in df.columns]).rename({c: n for c, n in names.items() if c in df.columns})
+
+
 def profile_page(summary_path, html_path) -> None:
     """The profile summary as a page of the report: busy/idle share, per-step gaps, top operators."""
     from pathlib import Path
 
-    import polars as pl
-
     from .analysis import html_page
 
     summary = json.loads(Path(summary_path).read_text())
-    blocks = [f"status {summary['status']} {summary['reason'] or ''}; device {summary.get('device')}"
+    status = summary["status"] + (f" ({summary['reason']})" if summary.get("reason") else "")
+    blocks = [f"status {status}; device {summary.get('device')}"
               f"{' (' + summary['gpu'] + ')' if summary.get('gpu') else ''}; "
-              f"busy share {_pct(summary.get('busy_share'))}; data-loading share {_pct(summary.get('data_loading_share'))}"]
+              f"GPU busy {_pct(summary.get('busy_share'))} of the profiled steps; "
+              f"data loading {_pct(summary.get('data_loading_share'))}"]
     if summary.get("per_step") and summary.get("device") == "cuda":
         idle = sum(st["idle_gap_ms_total"] for st in summary["per_step"])
         long_ = sum(c["idle_ms"] for c in summary.get("idle_causes", []))
@@ -185,10 +207,13 @@ def profile_page(summary_path, html_path) -> None:
         blocks.append(text)
     if summary.get("idle_causes"):
         blocks.append(("Idle gaps of 10 ms or more, by the host operator running through them",
-                       pl.DataFrame(summary["idle_causes"]), "idle_causes"))
+                       profile_table(summary["idle_causes"], "idle_causes"), "idle_causes"))
     if summary.get("per_step"):
-        blocks.append(("Per step", pl.DataFrame(summary["per_step"]), "per_step"))
-        blocks.append(("Top operators by self time", pl.DataFrame(summary["top_operators"]), "top_ops"))
+        blocks.append(("Per step", profile_table(summary["per_step"], "per_step"), "per_step"))
+        blocks.append(("Top operators by self time", profile_table(summary["top_operators"], "top_operators"),
+                       "top_ops"))
+        blocks.append("Share: of the profiler's summed self time over all its rows; an operator and the kernels it "
+                      "launches both count, so shares compare rows with each other, they are not fractions of a step.")
     run = summary["run"]
     title = f"Profile: {run['model']} / {run['dataset']} / {run['variant']} / batch {run['batch_size']}"
     Path(html_path).write_text(html_page(title, blocks))
