@@ -208,7 +208,7 @@ def test_study_c_records_and_comparison(pipeline):
     rows = {r["variant"]: r for r in table(embedded(report, "results/studies/diffusion/runs.html"), "runs")}
     for variant in ("workers-0", "workers-1", "compile", "cached-latents"):
         assert rows[variant]["status"] == "ok", rows[variant]
-        assert num(rows[variant]["step s (median)"]) > 0 and 0 <= num(rows[variant]["data wait share"]) < 1
+        assert num(rows[variant]["step s (median)"]) > 0 and 0 <= num(rows[variant]["data wait %"]) < 100
     for variant in ("pinned", "sync-free"):  # pin_memory needs CUDA
         assert rows[variant]["status"] == "unsupported" and "CUDA" in rows[variant]["reason"]
     compiled = json.loads((wd / "results/runs/diffusion/stable-diffusion-v1-5/tiny/naruto/compile/bs1/metrics.json")
@@ -219,7 +219,7 @@ def test_study_c_records_and_comparison(pipeline):
                        .read_text())
     assert plain["compile"]["compile_s"] is None  # nothing compiled, no compile time claimed
     # cached latents: the loader only indexes tensors, so it waits less for data than decoding JPEGs
-    assert num(rows["cached-latents"]["data wait share"]) < num(rows["workers-0"]["data wait share"])
+    assert num(rows["cached-latents"]["data wait %"]) < num(rows["workers-0"]["data wait %"])
     page = embedded(report, "results/studies/diffusion/comparison.html")
     before_after = table(page, "before_after")
     assert [r["variant"] for r in before_after] == ["workers-0", "workers-3", "compile", "pinned"]

@@ -129,9 +129,9 @@ TABLE_COLUMNS = {
     "memory.device_peak_used_gib": "NVML peak GiB", "memory.process_peak_used_gib": "process GiB",
     "memory.host_peak_rss_gib": "host RSS GiB", "memory.alloc_retries": "allocator retries",
     "device_usage.gpu_util_mean_pct": "GPU util %", "energy.per_step_j": "J/step", "energy.per_sample_j": "J/sample",
-    "data.wait_share": "data wait share", "precision.gemm": "GEMM dtype",
+    "data.wait_share": "data wait %", "precision.gemm": "GEMM dtype",
     "extra.host_changes": "changed by host",
-    "flops.mfu": "MFU", "flops.hfu": "HFU", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
+    "flops.mfu": "MFU %", "flops.hfu": "HFU %", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
     "compile.recompiles": "recompiles", "compile.backend": "compile backend", "compile.graph_breaks": "graph breaks",
     "extra.image_tokens_per_sample": "image tokens/sample", "weights_source": "weights", "reason": "reason",
 }
@@ -140,6 +140,8 @@ TABLE_COLUMNS = {
 def display_table(df: pl.DataFrame) -> pl.DataFrame:
     """The runs table a reader sees: named columns, those no run filled left out (a CPU has no GPU figures)."""
     cols = [c for c in TABLE_COLUMNS if c in df.columns and (c in KEY or df[c].null_count() < df.height)]
+    percent = [c for c in cols if TABLE_COLUMNS[c].endswith("%") and df.schema[c].is_numeric()]
+    df = df.with_columns([(pl.col(c) * 100).round(2) for c in percent])  # shares (0-1) shown in percent
     return df.select(cols).rename({c: TABLE_COLUMNS[c] for c in cols})
 
 

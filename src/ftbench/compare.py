@@ -131,7 +131,8 @@ def _variant_rows(df: pl.DataFrame, variants: dict) -> pl.DataFrame:
                      "workers": knobs.get("dataloader_workers", 0), "ms/step (ours)": step * 1e3 if step else None,
                      "noise (CV)": r["timing.noise_cv"],
                      "GPU util % (ours)": r["device_usage.gpu_util_mean_pct"],
-                     "data wait share (ours)": r["data.wait_share"], "reason": r["reason"]})
+                     "data wait % (ours)": None if r["data.wait_share"] is None else 100 * r["data.wait_share"],
+                     "reason": r["reason"]})
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
@@ -179,7 +180,7 @@ def diffusion_vs_published(df: pl.DataFrame, published: dict, variants: dict | N
                            pl.format("ftbench ({})", pl.col("gpu")).alias("source"))], how="vertical_relaxed")
     note = ("A step is one optimizer step: gradient accumulation 4 micro-batches of batch 1 (the published "
             "write-up does not say whether its ms/step counts micro-batches or optimizer steps). GPU utilisation "
-            "is NVML's mean over the steady-state steps; data wait share is the part of the step spent waiting "
+            "is NVML's mean over the steady-state steps; data wait % is the part of the step spent waiting "
             "for the data loader. " + speed + NOISE_NOTE + " Published note: " + (published.get("workers_note", "")))
     return [note, ("Before and after", table, "before_after"),
             ("Beyond the study (knobs in config: cached latents, sync-free clipping, CUDA-graph compile)", beyond,
@@ -306,7 +307,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
             rows.append({"model": r["model"], "scale": r["scale"], "dataset": r["dataset"], "gpu": r["gpu"],
                          "batch": r["batch_size"], "rung": str(i) if name in rungs else "beside", "variant": name,
                          "status": r["status"],
-                         "tokens/s (real)": tps, "MFU": r["flops.mfu"] if ok else None,
+                         "tokens/s (real)": tps, "MFU %": 100 * r["flops.mfu"] if ok and r["flops.mfu"] else None,
                          "peak memory GiB": r["memory_gib"] if ok else None,
                          "loss, first steps (mean)": loss if ok else None,
                          "loss vs baseline": (loss - base_loss) if ok and same_steps and loss is not None
