@@ -8,7 +8,7 @@ BASE_DIR = Path(workflow.basedir)
 sys.path.insert(0, str(BASE_DIR / "src"))
 
 from ftbench import config as ftc  # noqa: E402
-from ftbench.gpus import visible_gpus  # noqa: E402
+from ftbench.gpus import shares_gpu, visible_gpus  # noqa: E402
 
 # Cross-reference checks that a JSON schema cannot express; a bad config stops here, before any job.
 ftc.check_config(config, BASE_DIR)
@@ -35,13 +35,13 @@ if config.get("fork_server") and LOCAL and not GPUS:
 # code paths, not measurements of the GPU) ask for no `gpu` and share each GPU, up to this many at once (one of
 # its slots each, ftbench.gpus); a job at any other scale holds every slot of its GPUs. Records say so.
 TINY_SHARE = int(config.get("tiny_jobs_per_gpu", 1)) if LOCAL and GPUS else 1
-if TINY_SHARE > 1:
-    os.environ.update(FTBENCH_GPU_SHARE=str(TINY_SHARE))
+# read by ftbench.gpus, here and in the jobs
+os.environ.update(FTBENCH_GPU_SHARE=str(TINY_SHARE))
 
 
 def gpus_asked(count, scale=None):
     """The `gpu` resource a job asks for: none where CPU_PARALLEL holds, or for a tiny job sharing its GPU."""
-    if CPU_PARALLEL or (scale == "tiny" and TINY_SHARE > 1 and count == 1):
+    if CPU_PARALLEL or shares_gpu(count, scale):
         return 0
     return count
 

@@ -137,12 +137,18 @@ TABLE_COLUMNS = {
 }
 
 
+def named_columns(df: pl.DataFrame, names: dict) -> pl.DataFrame:
+    """The columns of `names` that `df` has, in that order, renamed to their names; a column whose name ends in
+    "%" holds a share (0-1) and is shown in percent."""
+    cols = [c for c in names if c in df.columns]
+    percent = [c for c in cols if names[c].endswith("%") and df.schema[c].is_numeric()]
+    return df.with_columns([pl.col(c) * 100 for c in percent]).select(cols).rename({c: names[c] for c in cols})
+
+
 def display_table(df: pl.DataFrame) -> pl.DataFrame:
     """The runs table a reader sees: named columns, those no run filled left out (a CPU has no GPU figures)."""
-    cols = [c for c in TABLE_COLUMNS if c in df.columns and (c in KEY or df[c].null_count() < df.height)]
-    percent = [c for c in cols if TABLE_COLUMNS[c].endswith("%") and df.schema[c].is_numeric()]
-    df = df.with_columns([(pl.col(c) * 100).round(2) for c in percent])  # shares (0-1) shown in percent
-    return df.select(cols).rename({c: TABLE_COLUMNS[c] for c in cols})
+    return named_columns(df, {c: n for c, n in TABLE_COLUMNS.items()
+                              if c in df.columns and (c in KEY or df[c].null_count() < df.height)})
 
 
 STYLE = ("body{font-family:sans-serif;font-size:13px}table{border-collapse:collapse;margin-bottom:1em}"

@@ -39,6 +39,12 @@ def share() -> int:
     return max(1, int(os.environ.get("FTBENCH_GPU_SHARE") or 1))
 
 
+def shares_gpu(count: int, scale: str | None) -> bool:
+    """Whether a job takes one slot of a shared GPU instead of whole GPUs: one GPU, tiny scale, on a host whose
+    GPUs are shared (`tiny_jobs_per_gpu` above 1). Snakemake then asks no `gpu` resource for it."""
+    return count == 1 and scale == "tiny" and share() > 1
+
+
 def _slot_names(gpu: str, n: int) -> list[str]:
     return [f"gpu-{gpu}"] + [f"gpu-{gpu}.{k}" for k in range(1, n)]
 

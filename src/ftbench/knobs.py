@@ -68,6 +68,6 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append(f"nf4_compute={variant.nf4_compute!r} with precision={variant.precision!r} (nf4 only)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:
         problems.append("precision='fp8' without fp8_backend (te or torchao)")
-    if family == "causal_lm" and variant.precision == "fp8" and (variant.framework == "unsloth" or variant.parallel):
+    if variant.precision == "fp8" and (variant.framework == "unsloth" or variant.parallel):
         problems.append("precision='fp8' with Unsloth or several GPUs (FP8 layers are wired for one GPU, PEFT only)")
     return problems

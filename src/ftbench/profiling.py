@@ -175,11 +175,9 @@ def profile_table(rows: list[dict], kind: str):
     """One of the summary's lists as a table: its known columns renamed, shares (0-1) shown as percent."""
     import polars as pl
 
-    names = PROFILE_COLUMNS[kind]
-    df = pl.DataFrame(rows)
-    shares = [c for c in df.columns if c.endswith("share") and c in names]
-    df = df.with_columns([(pl.col(c) * 100).round(1) for c in shares])
-    return df.select([c for c in names if c in df.columns]).rename({c: n for c, n in names.items() if c in df.columns})
+    from .analysis import named_columns
+
+    return named_columns(pl.DataFrame(rows), PROFILE_COLUMNS[kind])
 
 
 def profile_page(summary_path, html_path) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import forkserver
 from .config import run_gpus, run_limits
-from .gpus import describe, gpu_slots, share
+from .gpus import describe, gpu_slots, share, shares_gpu
 from .records import new_record_from_template, write_json_atomic
 
 POLL_S = 0.5
@@ -86,7 +86,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
                                                os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         # a job at tiny scale on a host whose GPUs are shared (tiny_jobs_per_gpu): one slot of one GPU
         scale = (params.get("run") or {}).get("scale") or params.get("scale")
-        shared = gpus == 1 and share() > 1 and scale == "tiny"
+        shared = shares_gpu(gpus, scale)
         try:
             slots = stack.enter_context(gpu_slots(gpus, shared=shared))
         except RuntimeError as e:  # the variant asks for more GPUs than this host has

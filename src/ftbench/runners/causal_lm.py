@@ -70,9 +70,9 @@ def batch_sequences(input_ids, attention_mask, position_ids, pad_id=None) -> tup
     synchronised."""
     if input_ids.shape[0] == 1 and position_ids is not None:
         n = end = input_ids.shape[1]
-        if pad_id is not None:
-            while end > 0 and position_ids[0, end - 1] == 0 and input_ids[0, end - 1] == pad_id:
-                end -= 1
+        if pad_id is not None:  # the length of the trailing run of pad tokens at position 0
+            pad = ((position_ids[0] == 0) & (input_ids[0] == pad_id)).flip(0)
+            end = n - int(pad.cumprod(0).sum())
         starts = (position_ids[0, :end] == 0).nonzero().flatten().tolist() + [end]
         if len(starts) > 2:
             lens = [b - a for a, b in zip(starts, starts[1:])]
@@ -139,6 +139,7 @@ def train(ctx, record, device, meter):
     record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model))
     shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
     compute = DTYPE_NAMES[compute_dtype(v)]
+    multiple = pad_multiple(v, s)
     record["precision"].update(precision_ran(model, compute, fp8_info.get("converted")))
     record["extra"]["fp8"] = fp8_info or None
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
@@ -162,7 +163,7 @@ def train(ctx, record, device, meter):
         # (Unsloth applies its own in get_peft_model).
         gradient_checkpointing=v.gradient_checkpointing and v.framework != "unsloth",
         gradient_checkpointing_kwargs={"use_reentrant": False},
-        pad_to_multiple_of=pad_multiple(v, s), use_cpu=device.type == "cpu", disable_tqdm=True,
+        pad_to_multiple_of=multiple, use_cpu=device.type == "cpu", disable_tqdm=True,
         # padding-free: TRL's collator concatenates a batch into one row with position ids restarting at each
         # sequence; the trainer below adds the block-diagonal mask that keeps them apart (document_mask)
         padding_free=v.padding_free, use_liger_kernel=v.liger,
@@ -195,7 +196,7 @@ def train(ctx, record, device, meter):
             self.pending.append((inputs["input_ids"], inputs.get("attention_mask"), inputs.get("position_ids"), loss))
             return loss
 
-    row_pad_id = tokenizer.pad_token_id if v.padding_free and pad_multiple(v, s) else None
+    row_pad_id = tokenizer.pad_token_id if v.padding_free and multiple else None
 
     def step_fields(batches) -> dict:
         """A step's samples, real and padded tokens, FLOPs and loss, read after the window's synchronisation."""
@@ -237,7 +238,7 @@ def train(ctx, record, device, meter):
     record["extra"]["loss_path"] = "trl_fused_lm_head" if fused_head_available() else "model_cross_entropy"
     n_train = len(train_ds)
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size
-    record["extra"]["pad_multiple"] = pad_multiple(v, s)
+    record["extra"]["pad_multiple"] = multiple
     record["extra"]["train_samples"] = n_train
     with meter.eval():
         record["loss"]["eval"] = trainer.evaluate()["eval_loss"]
