@@ -13,6 +13,7 @@ rule materialize_model:
         model=model_def,
         architecture=architecture_file,
         seed=config["seed"],
+        build_limit_gib=config.get("build_limit_gib", 24),
     script:
         "../workflow/scripts/materialize_model.py"
 

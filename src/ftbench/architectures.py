@@ -38,4 +38,5 @@ def load_architecture(path, scale: str) -> dict:
                 "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)
             ]
     arch["scale"] = scale
+    arch["file"] = str(path)
     return arch

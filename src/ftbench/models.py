@@ -19,19 +19,51 @@ def _n_params(module) -> int:
 
 
 def _causal_lm(arch, out, tok, device):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """A causal LM drawn parameter by parameter from the seed (ftbench.build: the same values a training job's
+    in-process build draws on this device type), then written whole."""
+    from .build import draw_parameters, hf_config, skeleton
 
-    cfg = dict(arch["config"])
-    cfg_obj = AutoConfig.for_model(
-        cfg.pop("model_type"), **cfg, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
-    )
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg_obj, dtype=torch.bfloat16)
+    model = skeleton(arch, hf_config(arch, tok.pad_token_id, tok.eos_token_id))
+    draw_parameters(model, arch["seed"], device)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return {"parameters": _n_params(model)}
+    return {"parameters": _n_params(model), "build": "checkpoint"}
+
+
+def _in_process(arch, out, tok, device):
+    """Only what a training job needs to build the model itself (ftbench.build): the tokenizer, transformers'
+    config and the resolved architecture in the manifest; never the weights."""
+    from .build import architecture_digest, count_parameters, hf_config, skeleton
+
+    config = hf_config(arch, tok.pad_token_id, tok.eos_token_id)
+    n = count_parameters(skeleton(arch, config))  # on the meta device: checks the architecture, costs nothing
+    Path(out).mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    tok.save_pretrained(out)
+    return {"parameters": n, "build": "in_process", "architecture_config": arch,
+            "architecture_sha256": architecture_digest(arch),
+            "special_tokens": {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id}}
+
+
+def build_method(arch: dict, wanted: str | None, limit_gib: float) -> tuple[str, float | None]:
+    """(checkpoint | in_process, the bf16 checkpoint's size in GiB where counted) for a random causal LM."""
+    if arch["family"] != "causal_lm":
+        if wanted == "in_process":
+            raise ValueError(f"build: in_process is for causal LMs; {arch['hub_id']} is a {arch['family']} model")
+        return "checkpoint", None
+    from .build import count_parameters, hf_config, skeleton
+
+    gib = count_parameters(skeleton(arch, hf_config(arch))) * 2 / 2**30
+    if wanted in ("checkpoint", "in_process"):
+        if wanted == "checkpoint" and arch["config"].get("model_type") == "gpt_oss":
+            raise ValueError("gpt-oss is built in process (its experts split per expert, as Study B trained it): "
+                             "build: checkpoint cannot hold that structure")
+        return wanted, gib
+    if arch["config"].get("model_type") == "gpt_oss" or gib > limit_gib:
+        return "in_process", gib
+    return "checkpoint", gib
 
 
 def _lmm(arch, out, tok, device):
@@ -106,7 +138,12 @@ def local_checkpoint_manifest(path, family: str, out_dir) -> dict:
     return manifest
 
 
-def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str = "cpu") -> dict:
+def disk_bytes(path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str = "cpu", build: str | None = None,
+                      build_limit_gib: float = 24.0) -> dict:
     """Write a loadable checkpoint (random weights) or, for a hub source, a manifest pointing at it.
 
     Returns the manifest, which is also written to `out_dir/model.json`; runners load `manifest["path"]`
@@ -122,8 +159,13 @@ def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str =
         torch.manual_seed(seed)
         max_len = 77 if arch["family"] == "diffusion" else 32768
         tok = build_tokenizer(text_corpus(), TOKENIZER_VOCAB, max_len)
-        manifest.update(BUILDERS[arch["family"]](arch, ckpt, tok, device))
-        manifest.update(path=str(ckpt), tokenizer="offline byte-level BPE", materialize_s=time.perf_counter() - t0)
+        method, gib = build_method(arch, build, build_limit_gib)
+        arch = dict(arch, seed=seed)
+        builder = _in_process if method == "in_process" else BUILDERS[arch["family"]]
+        manifest.update(builder(arch, ckpt, tok, device))
+        manifest.update(path=str(ckpt), tokenizer="offline byte-level BPE", materialize_s=time.perf_counter() - t0,
+                        checkpoint_bf16_gib=gib, disk_bytes=disk_bytes(ckpt), build_device=str(device),
+                        architecture_file=arch.get("file"))
     else:
         if arch["scale"] != "full":
             raise ValueError(f"hub weights ({source}) exist only at full scale, config asks for {arch['scale']}")
@@ -144,4 +186,5 @@ def materialize(params: dict, manifest_path) -> dict:
         source = Path(params["model"]["source"]).expanduser()
         return local_checkpoint_manifest(source, checkpoint_family(source), out)
     arch = load_architecture(params["architecture"], params["scale"])
-    return materialize_model(arch, params["model"]["source"], out, params["seed"], device=str(pick_device()))
+    return materialize_model(arch, params["model"]["source"], out, params["seed"], device=str(pick_device()),
+                             build=params["model"].get("build"), build_limit_gib=params.get("build_limit_gib", 24.0))

@@ -8,15 +8,26 @@ import time
 import torch
 
 from .. import attention, fp8
+from ..build import build_model
 from ..flops import causal_lm_shape, step_flops
+from ..harness import Unsupported
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_kwargs, compile_model, compute_dtype,
-                        load_pretrained, parameter_counts, precision_ran, repeated_blocks)
+                        load_pretrained, parameter_counts, precision_ran, quantization_config, repeated_blocks)
+
+
+IN_PROCESS_UNSLOTH = ("Unsloth's FastLanguageModel.from_pretrained loads a checkpoint from a path and patches the model "
+                      "as it loads; this model is built in the training process from its architecture and never "
+                      "written whole (ftbench.build), so Unsloth cannot take it. The same 4-bit model through PEFT "
+                      "with Unsloth's kernels left out is the variant qlora-gc (or qlora-gc-pf)")
 
 
 def load_model(ctx, device):
-    """Load the checkpoint (random or hub) with the variant's precision and adapters applied; with the FP8
-    conversion's summary (empty without one)."""
+    """Load the checkpoint (random or hub), or build the model in process (ftbench.build), with the variant's
+    precision and adapters applied; with how it was built and the FP8 conversion's summary."""
     v, path, lora = ctx.variant, ctx.manifest["path"], ctx.settings.lora
+    in_process = ctx.manifest.get("build") == "in_process"
+    if in_process and v.framework == "unsloth":
+        raise Unsupported(IN_PROCESS_UNSLOTH)
     if v.framework == "unsloth":
         from unsloth import FastLanguageModel  # imported first: Unsloth patches transformers
 
@@ -27,16 +38,26 @@ def load_model(ctx, device):
             model, r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
             target_modules=lora.get("target_modules"), bias="none", random_state=3407,
             use_gradient_checkpointing="unsloth" if v.gradient_checkpointing else False)
-        return model, tokenizer, {}
+        return model, tokenizer, {"build": {"method": "checkpoint (Unsloth's from_pretrained)"}}
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
     # FSDP2: each rank loads on the host and the trainer shards the model onto its GPU (it need not fit one)
     place = torch.device("cpu") if v.parallel == "fsdp2" else device
-    model, info = load_pretrained(AutoModelForCausalLM, path, v, place), {}
+    if in_process:
+        model, build = build_model(ctx.manifest, ctx.settings.seed, place, compute_dtype(v), quantization_config(v))
+    else:
+        model = load_pretrained(AutoModelForCausalLM, path, v, place)
+        build = {"method": "checkpoint", "disk_bytes": ctx.manifest.get("disk_bytes"),
+                 "checkpoint_bf16_gib": ctx.manifest.get("checkpoint_bf16_gib")}
+    if v.attention == "varlen" and any(hasattr(m, "sinks") for m in model.modules()):
+        raise Unsupported("attention 'varlen' has no attention sinks (gpt-oss's per-head sink logits): the "
+                          "variable-length flash kernel would train a different model; gpt-oss keeps transformers' "
+                          "eager attention with sinks")
+    info = {"build": build}
     if v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs (torchao), before LoRA wraps them
-        info = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN)
+        info["fp8"] = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN)
     return apply_lora(model, v, lora), tokenizer, info
 
 
@@ -134,9 +155,11 @@ def train(ctx, record, device, meter):
 
     s, v = ctx.settings, ctx.variant
     with meter.load():
-        model, tokenizer, fp8_info = load_model(ctx, device)
+        model, tokenizer, info = load_model(ctx, device)
+    fp8_info = info.get("fp8") or {}
     total, trainable = parameter_counts(model)
-    record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model))
+    record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model),
+                           build=info.get("build"))
     shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
     compute = DTYPE_NAMES[compute_dtype(v)]
     multiple = pad_multiple(v, s)

@@ -1,0 +1,213 @@
+"""Random-weight causal LMs built in the process that uses them, never written whole.
+
+A full-scale random checkpoint can be larger than the disk or the host memory it is written to (Qwen3-32B in
+bf16 is 65.5 GB, gpt-oss-120b ~234 GB). Here the model is constructed on the meta device, then each parameter
+is drawn on the target device from a generator seeded by the run's seed and the parameter's name, one module
+after another in the model's order (a layer at a time); a 4-bit model quantizes each linear layer's weight as it
+is drawn (bitsandbytes NF4 through transformers' own quantizer), so no bf16 copy of the model ever exists.
+
+The materialize job draws the same way before it writes a checkpoint (small scales), so a model built here and
+the checkpoint written there hold the same tensors on the same device type (tests/test_build.py). Values depend
+on the seed, the parameter's name and the device type's generator (CPU or CUDA), not on the variant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import time
+
+import torch
+from torch import nn
+
+GIB = 2**30
+GENERATOR = "torch.Generator per parameter on the build device, seeded with sha256('<seed>/<parameter name>')"
+
+
+def parameter_seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") & (2**63 - 1)
+
+
+def architecture_digest(arch: dict) -> str:
+    return hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class SplitExperts(nn.Module):
+    """gpt-oss experts as Study B trained them (Unsloth's bnb-4bit checkpoint): one gate_up and one down linear
+    layer per expert (`gate_up_projs.N`, `down_projs.N`), which bitsandbytes quantizes like any linear layer; the
+    stock module keeps them as 3-D parameters that stay bf16. Same arithmetic as transformers' GptOssExperts
+    (interleaved gate/up, clamped, gated SiLU with alpha 1.702, `up + 1`), one expert at a time over the tokens
+    routed to it. LoRA's projection names do not match these, so only attention is adapted, as in the study."""
+
+    def __init__(self, config):
+        super().__init__()
+        h, d, self.num_experts = config.hidden_size, config.intermediate_size, config.num_local_experts
+        self.gate_up_projs = nn.ModuleList(nn.Linear(h, 2 * d, bias=True) for _ in range(self.num_experts))
+        self.down_projs = nn.ModuleList(nn.Linear(d, h, bias=True) for _ in range(self.num_experts))
+        self.alpha, self.limit = 1.702, getattr(config, "swiglu_limit", 7.0)
+
+    def forward(self, hidden_states, router_indices=None, routing_weights=None):
+        out = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            mask = nn.functional.one_hot(router_indices, num_classes=self.num_experts).permute(2, 1, 0)
+            hit = (mask.sum(dim=(-1, -2)) > 0).nonzero().flatten().tolist()  # a host sync per layer, as upstream
+        for e in hit:
+            top_k_pos, token_idx = torch.where(mask[e])
+            gate_up = self.gate_up_projs[e](hidden_states[token_idx])
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+            gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
+            y = self.down_projs[e]((up + 1) * (gate * torch.sigmoid(gate * self.alpha)))
+            out.index_add_(0, token_idx, (y * routing_weights[token_idx, top_k_pos, None]).to(out.dtype))
+        return out
+
+    @classmethod
+    def from_stock(cls, experts, config) -> "SplitExperts":
+        """The split module holding a stock GptOssExperts' weights (tests compare their outputs)."""
+        split = cls(config).to(device=experts.gate_up_proj.device, dtype=experts.gate_up_proj.dtype)
+        with torch.no_grad():
+            for e in range(split.num_experts):
+                split.gate_up_projs[e].weight.copy_(experts.gate_up_proj[e].T)
+                split.gate_up_projs[e].bias.copy_(experts.gate_up_proj_bias[e])
+                split.down_projs[e].weight.copy_(experts.down_proj[e].T)
+                split.down_projs[e].bias.copy_(experts.down_proj_bias[e])
+        return split
+
+
+def split_experts(model) -> int:
+    """Replace every gpt-oss expert module by SplitExperts (on the meta device: before weights exist)."""
+    n = 0
+    for module in model.modules():
+        experts = getattr(module, "experts", None)
+        if type(experts).__name__ == "GptOssExperts":
+            with torch.device("meta"):
+                module.experts = SplitExperts(model.config)
+            n += 1
+    return n
+
+
+def hf_config(arch: dict, pad_token_id=None, eos_token_id=None):
+    """transformers' config object for an architecture file's `config` (a problem names the file)."""
+    from transformers import AutoConfig
+
+    cfg = dict(arch["config"])
+    where = arch.get("file", arch.get("hub_id", "architecture"))
+    try:
+        model_type = cfg.pop("model_type")
+        return AutoConfig.for_model(model_type, **cfg, pad_token_id=pad_token_id, eos_token_id=eos_token_id)
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"{where}: not a buildable architecture: {type(e).__name__}: {e}") from e
+
+
+def skeleton(arch: dict, config):
+    """The model with every parameter on the meta device (buffers real, on the host: rotary tables), gpt-oss
+    experts split per expert."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    where = arch.get("file", arch.get("hub_id", "architecture"))
+    try:
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    except Exception as e:  # a config transformers refuses: name the file it came from
+        raise ValueError(f"{where}: transformers cannot build it: {type(e).__name__}: {e}") from e
+    if getattr(config, "model_type", None) == "gpt_oss":
+        split_experts(model)
+    return model
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _value(name: str, module, shape, std: float, seed: int, device) -> torch.Tensor:
+    """A parameter's initial value: ones for a norm's weight, zeros for a bias, else N(0, std) drawn from the
+    parameter's own generator (transformers' initializer for these models, made reproducible per name)."""
+    if "Norm" in type(module).__name__:
+        return torch.ones(shape, dtype=torch.bfloat16, device=device)
+    if name.endswith("bias"):
+        return torch.zeros(shape, dtype=torch.bfloat16, device=device)
+    g = torch.Generator(device=device).manual_seed(parameter_seed(seed, name))
+    return torch.empty(shape, dtype=torch.bfloat16, device=device).normal_(0.0, std, generator=g)
+
+
+def draw_parameters(model, seed: int, device, dtype=torch.bfloat16) -> dict:
+    """Give every meta parameter its value on `device`, module by module; a bitsandbytes 4-bit layer's weight is
+    quantized as soon as it is drawn. Returns counts for the record."""
+    std = getattr(model.config, "initializer_range", 0.02)
+    device = torch.device(device)
+    quantized = drawn = 0
+    for mname, module in model.named_modules():
+        for pname, p in list(module._parameters.items()):
+            if p is None or not p.is_meta:
+                continue
+            name = f"{mname}.{pname}" if mname else pname
+            value = _value(name, module, p.shape, std, seed, device)
+            if type(p).__name__ == "Params4bit":
+                from bitsandbytes.nn import Params4bit
+
+                q = Params4bit(value, requires_grad=False, blocksize=p.blocksize, quant_type=p.quant_type,
+                               compress_statistics=p.compress_statistics, quant_storage=p.quant_storage,
+                               module=module)
+                module._parameters[pname] = q._quantize(device)
+                quantized += 1
+            else:
+                module._parameters[pname] = nn.Parameter(value.to(dtype), requires_grad=p.requires_grad)
+            del value
+            drawn += 1
+    for module in model.modules():
+        for bname, buf in list(module._buffers.items()):
+            if buf is not None:
+                module._buffers[bname] = buf.to(device)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return {"parameters_drawn": drawn, "quantized_4bit": quantized}
+
+
+def check_manifest(manifest: dict, seed: int) -> dict:
+    """The architecture an in-process manifest carries, after checking it against the run's seed and its digest."""
+    arch, where = manifest.get("architecture_config"), manifest.get("architecture_file", "the manifest")
+    if not isinstance(arch, dict) or not isinstance(arch.get("config"), dict) or "model_type" not in arch["config"]:
+        raise ValueError(f"{where}: no architecture to build (the manifest's architecture_config lacks "
+                         "config.model_type)")
+    if architecture_digest(arch) != manifest.get("architecture_sha256"):
+        raise ValueError(f"{where}: the architecture in {manifest.get('path')}/../model.json changed after the "
+                         "materialize job wrote it (digest mismatch); rerun materialize_model")
+    if manifest.get("seed") != seed:
+        raise ValueError(f"seed mismatch: the model manifest ({where}) was made for seed {manifest.get('seed')}, "
+                         f"this run asks for seed {seed}; rerun materialize_model")
+    return arch
+
+
+def build_model(manifest: dict, seed: int, device, dtype=torch.bfloat16, quantization_config=None):
+    """The model an in-process manifest describes, drawn on `device` (4-bit where `quantization_config` is a
+    bitsandbytes one, quantized layer by layer through transformers' quantizer). Returns (model, build facts)."""
+    arch = check_manifest(manifest, seed)
+    t0 = time.perf_counter()
+    tok = manifest.get("special_tokens", {})
+    config = hf_config(arch, tok.get("pad_token_id"), tok.get("eos_token_id"))
+    model = skeleton(arch, config)
+    quantizer = None
+    if quantization_config is not None:
+        from transformers.quantizers import AutoHfQuantizer
+
+        quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
+        quantizer.preprocess_model(model, device_map={"": torch.device(device)})
+        model.hf_quantizer = quantizer
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    counts = draw_parameters(model, seed, device, dtype)
+    if quantizer is not None:
+        quantizer.postprocess_model(model)
+    for key in ("pad_token_id", "eos_token_id"):
+        if tok.get(key) is not None:
+            setattr(model.generation_config, key, tok[key])
+    facts = {"method": "in_process", "build_s": time.perf_counter() - t0, "generator": GENERATOR, "seed": seed,
+             "device": str(device), **counts,
+             "experts": "split per expert (gate_up_projs.N, down_projs.N)" if config.model_type == "gpt_oss" else None,
+             "host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
+             "gpu_peak_allocated_gib": (torch.cuda.max_memory_allocated(device) / GIB
+                                        if torch.device(device).type == "cuda" else None),
+             "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
+    model.eval()
+    return model, facts
