@@ -29,6 +29,12 @@
 #   ladder-beside  the variants beside the ladder at batch 2 (lora-pf-liger, lora-pf-liger-compile,
 #             lora-padding-free; Liger Kernel must be installed: pip install liger-kernel==0.8.5), and the two
 #             compiled rungs at batches 4 and 8
+#   b32-alpaca, b32-wiki, oss-alpaca, oss-wiki
+#             Study B's published table at full scale (issue 24; bench/study_b_full.yaml: 2 repeats of >= 8 steps):
+#             Qwen3-32B at batch 32 and gpt-oss-120b at 32 (japanese_alpaca) and 16 (wikipedia_ja), built in the
+#             training process (never written); unsloth-qlora (records why Unsloth cannot take such a model) and
+#             the same 4-bit model through PEFT (qlora-gc-pf; gpt-oss: qlora-gc), then its profile. One call each
+#   b32-beside Qwen3-32B lora and qlora at batches 1 and 2 (the largest that fits), both datasets
 # Usage, in the project root: bash bench/measure_check.sh [OUTDIR [PART...]]   (records stay under results/runs/)
 set -u
 out=${1:-results/measure_check}
@@ -84,6 +90,18 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
        sm --configfile config/study_b_random.yaml -- \
          $llm/{lora-pf-liger,lora-pf-liger-compile,lora-padding-free}/bs2/metrics.json \
          $llm/{lora-pf-compile,lora-pf-varlen-compile}/bs{4,8}/metrics.json ;;
+    b32-alpaca|b32-wiki|oss-alpaca|oss-wiki)
+       case $part in
+         b32-alpaca) m=qwen3-32b d=japanese_alpaca v=qlora-gc-pf b=32 ;;
+         b32-wiki) m=qwen3-32b d=wikipedia_ja v=qlora-gc-pf b=32 ;;
+         oss-alpaca) m=gpt-oss-120b d=japanese_alpaca v=qlora-gc b=32 ;;
+         oss-wiki) m=gpt-oss-120b d=wikipedia_ja v=qlora-gc b=16 ;;
+       esac
+       sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
+         results/runs/llm/$m/full/$d/{unsloth-qlora,$v}/bs$b/metrics.json \
+         results/profiles/llm/$m/full/$d/$v/bs$b/summary.json ;;
+    b32-beside) sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
+         results/runs/llm/qwen3-32b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora}/bs{1,2}/metrics.json ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac > "$out/$part.log" 2>&1
   echo "   exit $? $(date -u +%FT%TZ)"

@@ -149,6 +149,8 @@ def sft_dataset(path, kind):
 def train(ctx, record, device, meter):
     """Load, wrap, train with SFTTrainer for warm-up + measured windows, evaluate; fill the record."""
     if ctx.variant.framework == "unsloth":
+        if ctx.manifest.get("build") == "in_process":  # before importing it: Unsloth patches transformers on import
+            raise Unsupported(IN_PROCESS_UNSLOTH)
         import unsloth  # noqa: F401  (first: it patches transformers and TRL on import)
     from transformers import Trainer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
