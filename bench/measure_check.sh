@@ -41,7 +41,8 @@ out=${1:-results/measure_check}
 shift || true
 parts=${*:-c b a a-limit overhead}
 mkdir -p "$out"
-sm() { ${SNAKEMAKE:-python3 -m snakemake} --cores 16 --resources gpu=1 --keep-going "$@"; }
+# greedy: one GPU job at a time needs no ILP solver (pulp need not travel to a lent GPU)
+sm() { ${SNAKEMAKE:-python3 -m snakemake} --cores 16 --resources gpu=1 --keep-going --scheduler greedy "$@"; }
 sm2() { ${SNAKEMAKE:-python3 -m snakemake} --cores 32 --resources gpu=2 --keep-going "$@"; }  # a 2-GPU host
 lmm=results/runs/lmm/llava-v1.6-mistral-7b/full/beans
 for part in $parts; do
@@ -98,7 +99,8 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
          oss-wiki) m=gpt-oss-120b d=wikipedia_ja v=qlora-gc b=16 ;;
        esac
        sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
-         results/runs/llm/$m/full/$d/{unsloth-qlora,$v}/bs$b/metrics.json \
+         results/runs/llm/$m/full/$d/{unsloth-qlora,$v}/bs$b/metrics.json
+       sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/profiles/llm/$m/full/$d/$v/bs$b/summary.json ;;
     b32-beside) sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/runs/llm/qwen3-32b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora}/bs{1,2}/metrics.json ;;

@@ -92,6 +92,10 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
     if q.is_cuda and varlen_attn is not None:
+        if q.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+            # fp32 activations under 16-bit autocast (a k-bit model's norms, upcast by PEFT's preparation): the
+            # flash kernel takes 16-bit inputs only; SDPA's autocast casts the same way
+            q, k, v = (x.to(torch.get_autocast_dtype("cuda")) for x in (q, k, v))
         out = _flash(q, k, v, bounds, int(kwargs.get("max_length_q") or q.shape[0]), scale)
     else:
         out = _per_sequence(q, k, v, bounds, scale)
