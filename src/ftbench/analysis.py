@@ -28,6 +28,7 @@ def flatten(record: dict) -> dict:
             if not isinstance(v, (list, dict)):
                 row[f"{group}.{k}"] = v
     model = record["model"]
+    row["model.build"] = (model.get("build") or {}).get("method")
     row["model.trainable_parameters"] = model["trainable_parameters"]
     row["model.parameters"] = model["parameters"]
     adapted = model.get("adapted_modules") or {}

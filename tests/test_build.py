@@ -1,0 +1,99 @@
+"""Models built in the training process (ftbench.build): the same tensors as a written checkpoint, gpt-oss's split
+experts computing what the stock module computes, a 4-bit build's host memory bounded, bad input refused."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftbench.architectures import load_architecture
+from ftbench.build import SplitExperts, build_model, check_manifest
+from ftbench.models import materialize_model
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCH = ROOT / "config" / "architectures"
+
+
+def test_built_model_has_the_written_checkpoints_tensors(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    arch = load_architecture(ARCH / "qwen3-32b.yaml", "tiny")
+    written = materialize_model(arch, "random", tmp_path / "w", 42, build="checkpoint")
+    manifest = materialize_model(arch, "random", tmp_path / "p", 42, build="in_process")
+    assert written["build"] == "checkpoint" and manifest["build"] == "in_process"
+    assert not list((tmp_path / "p").rglob("*.safetensors")) and manifest["disk_bytes"] < 1_000_000
+    ref = AutoModelForCausalLM.from_pretrained(written["path"], dtype=torch.bfloat16).state_dict()
+    built, facts = build_model(manifest, 42, "cpu")
+    got = built.state_dict()
+    assert set(got) == set(ref) and facts["method"] == "in_process"
+    for name, tensor in ref.items():
+        assert torch.equal(got[name], tensor), name
+
+
+def test_same_weights_in_every_build_and_per_name(tmp_path):
+    arch = load_architecture(ARCH / "qwen3-8b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path, 42, build="in_process")
+    a, _ = build_model(manifest, 42, "cpu")
+    b, _ = build_model(manifest, 42, "cpu", dtype=torch.float32)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x.float(), y), name
+    q = a.state_dict()
+    assert not torch.equal(q["model.layers.0.self_attn.q_proj.weight"][:8, :8],
+                           q["model.layers.1.self_attn.q_proj.weight"][:8, :8])
+
+
+def test_seed_mismatch_and_bad_architecture_are_refused(tmp_path):
+    arch = load_architecture(ARCH / "qwen3-8b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path, 42, build="in_process")
+    with pytest.raises(ValueError, match=r"seed mismatch.*seed 42.*seed 7"):
+        check_manifest(manifest, 7)
+    edited = json.loads(json.dumps(manifest))
+    edited["architecture_config"]["config"]["hidden_size"] = 65
+    with pytest.raises(ValueError, match="qwen3-8b.yaml.*digest mismatch"):
+        check_manifest(edited, 42)
+    bad = load_architecture(ARCH / "qwen3-8b.yaml", "tiny")
+    bad["config"]["num_attention_heads"] = 0
+    with pytest.raises(ValueError, match="qwen3-8b.yaml"):
+        materialize_model(bad, "random", tmp_path / "bad", 42, build="in_process")
+
+
+def test_split_experts_compute_what_the_stock_module_computes():
+    from transformers import AutoConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts, GptOssTopKRouter
+
+    arch = load_architecture(ARCH / "gpt-oss-120b.yaml", "tiny")
+    cfg = dict(arch["config"])
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(0)
+    stock, router = GptOssExperts(config), GptOssTopKRouter(config)
+    for p in list(stock.parameters()) + list(router.parameters()):
+        torch.nn.init.normal_(p, std=0.2)
+    x = torch.randn(10, config.hidden_size, requires_grad=True)
+    _, scores, idx = router(x.detach())
+    scores = scores.detach()
+    split = SplitExperts.from_stock(stock, config)
+    want, got = stock(x, idx, scores), split(x, idx, scores)
+    torch.testing.assert_close(got, want)
+    gx_want, = torch.autograd.grad(want.sum(), x)
+    gx_got, = torch.autograd.grad(split(x, idx, scores).sum(), x)
+    torch.testing.assert_close(gx_got, gx_want)
+
+
+def test_gpt_oss_is_built_with_split_4bit_experts_and_only_attention_adapted(tmp_path):
+    from ftbench.config import Variant
+    from ftbench.variants import adapted_modules, apply_lora, quantization_config
+
+    arch = load_architecture(ARCH / "gpt-oss-120b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path, 42)  # auto: gpt-oss is always built in process
+    assert manifest["build"] == "in_process"
+    v = Variant(name="q", precision="nf4", nf4_compute="fp32", gradient_checkpointing=True)
+    model, facts = build_model(manifest, 42, "cpu", torch.float32, quantization_config(v))
+    n = arch["config"]["num_hidden_layers"] * (4 + 2 * arch["config"]["num_local_experts"])
+    assert facts["quantized_4bit"] == n and getattr(model, "is_loaded_in_4bit", False)
+    assert type(model.model.layers[0].mlp.experts.down_projs[0].weight).__name__ == "Params4bit"
+    model = apply_lora(model, v, {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                     "up_proj", "down_proj"]})
+    assert adapted_modules(model)["names"] == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    ids = torch.randint(0, 3000, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
