@@ -221,3 +221,35 @@ def test_gpu_kinds_sets_each_run_beside_itself_on_the_other_gpu_and_names_what_f
     assert "lora-gc at batch 8" in lead and "95.0 GiB" in lead and "H100 SXM5, H200 (reference H100 SXM5)" in lead
     one = gpu_kinds(aggregate([], [h200], study="llm"), {})[-1][1]
     assert "nothing to set side by side" in one["result"].item()
+
+
+def test_study_b_table_fills_a_published_cell_only_from_a_full_scale_gpu_record_and_names_the_stand_in():
+    from ftbench.compare import study_b_table
+
+    def run(model, variant, batch, scale, status="ok", sph=None, gpu=H100, util=95.0, reason=None):
+        rec = record("llm", variant, 2.0, gpu=gpu, batch=batch, scale=scale, model=model, util=util)
+        rec["run"]["dataset"] = "japanese_alpaca"
+        rec["status"], rec["reason"] = status, reason
+        rec["throughput"]["samples_per_hour"] = sph
+        rec["timing"]["steps_measured"] = 16
+        return rec
+
+    published = {"table": [{"model": "qwen3-32b", "dataset": "japanese_alpaca", "variant": "unsloth-qlora",
+                            "batch_size": 32, "samples_per_hour": 27000, "bound": "GPU-bound"},
+                           {"model": "gpt-oss-120b", "dataset": "japanese_alpaca", "variant": "unsloth-qlora",
+                            "batch_size": 32, "samples_per_hour": 9200, "bound": "not stated"}]}
+    recs = [run("qwen3-32b", "unsloth-qlora", 32, "full", "unsupported", reason="Unsloth cannot take it"),
+            run("qwen3-32b", "qlora-gc-pf", 32, "full", sph=43228.0),
+            run("qwen3-32b", "qlora-gc-pf", 32, "tiny", sph=1e6, gpu=None),  # never fills the cell
+            run("gpt-oss-120b", "qlora-gc", 32, "proxy", sph=1e5),  # nor does a proxy record
+            run("gpt-oss-120b", "qlora-gc", 32, "full", "oom", util=30.0)]
+    df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
+    note, (_, table, _) = study_b_table(df, published, stand_ins={"unsloth-qlora": ["qlora-gc-pf", "qlora-gc"]})
+    rows = table.to_dicts()
+    qwen = [r for r in rows if r["model"] == "qwen3-32b"]
+    assert len(qwen) == 1 and qwen[0]["samples/h"] == 43228 and qwen[0]["x published"] == "1.6x"
+    assert qwen[0]["measured by"].startswith("qlora-gc-pf (PEFT") and "Unsloth cannot take it" in qwen[0]["why"]
+    assert qwen[0]["ours"] == "GPU-bound"
+    oss = [r for r in rows if r["model"] == "gpt-oss-120b"]
+    assert len(oss) == 1 and oss[0]["status"] == "oom" and oss[0]["samples/h"] is None
+    assert "1 of 2 published cells measured" in note

@@ -29,12 +29,13 @@ def test_causal_lm_checkpoint_loads_and_runs(tiny_qwen):
     assert manifest["weights_source"] == "random" and manifest["scale"] == "tiny"
 
 
-def test_moe_checkpoint_loads(tmp_path):
-    from transformers import AutoModelForCausalLM
+def test_moe_model_is_built_in_process_with_experts_split(tmp_path):
+    from ftbench.build import SplitExperts, build_model
 
     m = materialize_model(load_architecture(ARCH / "gpt-oss-120b.yaml", "tiny"), "random", tmp_path, 0)
-    model = AutoModelForCausalLM.from_pretrained(m["path"])
-    assert model.config.num_local_experts == 8
+    assert m["build"] == "in_process" and not list(tmp_path.rglob("*.safetensors"))
+    model, _ = build_model(m, 0, "cpu", torch.float32)
+    assert model.config.num_local_experts == 8 and isinstance(model.model.layers[0].mlp.experts, SplitExperts)
     assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, model.config.vocab_size)
 
 

@@ -82,6 +82,10 @@ def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
     expected = {(s.model, s.dataset, s.variant, str(s.batch_size)) for s in expand_matrix(cfg) if s.study == "llm"}
     rows = table(embedded(report, "results/studies/llm/runs.html"), "runs")
     assert {(r["model"], r["dataset"], r["variant"], r["batch"]) for r in rows} == expected
+    # Study B's published table leads its comparison page; tiny records never fill a published cell
+    comparison = embedded(report, "results/studies/llm/comparison.html")
+    assert "Study B&#x27;s published table" in comparison or "Study B's published table" in comparison
+    assert "0 of 4 published cells measured" in comparison
     assert {r["variant"] for r in rows} >= {"lora", "lora-gc", "qlora", "unsloth-qlora", "unsloth-lora"}
     cuda_only = {v for v, knobs in cfg["variants"].items()
                  if knobs.get("framework") == "unsloth" or knobs.get("liger") or knobs.get("sdpa_backend")
@@ -92,7 +96,9 @@ def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
             assert r["status"] == "unsupported" and "FSDP2" in r["reason"], r
             continue
         if r["variant"] in cuda_only:  # Unsloth, Liger, the efficient attention backend, FP8 need CUDA: a record
-            assert r["status"] == "unsupported" and "CUDA" in r["reason"], r
+            # (Unsloth on a model built in process says that first: it could not take it on any machine)
+            assert r["status"] == "unsupported" and ("CUDA" in r["reason"] or (
+                r["model"] in ("qwen3-32b", "gpt-oss-120b") and "built in the training process" in r["reason"])), r
             continue
         assert r["status"] == "ok", r
         assert num(r["step s (median)"]) > 0 and num(r["p10"]) <= num(r["step s (median)"]) <= num(r["p90"])
