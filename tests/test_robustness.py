@@ -61,7 +61,7 @@ def test_a_hung_run_past_its_time_limit_is_a_timeout_record(tmp_path, tiny_qwen,
     rec = supervised(tmp_path, tiny_qwen, instruction_data, time_limit_s=45, inject={"hang_at_step": 2})
     assert rec["status"] == "timeout" and "time limit of 45 s" in rec["reason"] and "last step reached: 2" in rec["reason"]
     sup = rec["extra"]["supervision"]
-    assert sup["time_limit_s"] == 20 and sup["last_step"] == 2 and 20 <= sup["elapsed_s"] < 60
+    assert sup["time_limit_s"] == 45 and sup["last_step"] == 2 and 45 <= sup["elapsed_s"] < 90
     assert rec["run"]["variant"] == "lora" and rec["provenance"]["config_hash"]
     assert rec["provenance"]["device"]["type"] == "cpu" and rec["provenance"]["device"]["name"]  # no GPU slot here
 
