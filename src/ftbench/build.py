@@ -23,6 +23,12 @@ from torch import nn
 
 GIB = 2**30
 GENERATOR = "torch.Generator per parameter on the build device, seeded with sha256('<seed>/<parameter name>')"
+UNSLOTH_REFUSAL = ("Unsloth's FastLanguageModel.from_pretrained loads a checkpoint from a path and patches the model "
+                   "as it loads; this model is built in the training process from its architecture and never "
+                   "written whole (ftbench.build), so Unsloth cannot take it. The same 4-bit model through PEFT "
+                   "with Unsloth's kernels left out is the variant qlora-gc (or qlora-gc-pf)")
+# models whose attention has per-head sink logits, which the variable-length flash kernel does not compute
+SINK_MODEL_TYPES = ("gpt_oss",)
 
 
 def parameter_seed(seed: int, name: str) -> int:
@@ -74,16 +80,12 @@ class SplitExperts(nn.Module):
         return split
 
 
-def split_experts(model) -> int:
+def split_experts(model) -> None:
     """Replace every gpt-oss expert module by SplitExperts (on the meta device: before weights exist)."""
-    n = 0
     for module in model.modules():
-        experts = getattr(module, "experts", None)
-        if type(experts).__name__ == "GptOssExperts":
+        if type(getattr(module, "experts", None)).__name__ == "GptOssExperts":
             with torch.device("meta"):
                 module.experts = SplitExperts(model.config)
-            n += 1
-    return n
 
 
 def hf_config(arch: dict, pad_token_id=None, eos_token_id=None):

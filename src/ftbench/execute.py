@@ -83,11 +83,7 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
         problems = knob_problems(family, v)
         if problems:
             raise Unsupported(f"the {family} runner does not honour " + "; ".join(problems))
-        if ctx.manifest.get("build") == "in_process" and v.framework == "unsloth":  # the reason, not a missing install
-            from .runners.causal_lm import IN_PROCESS_UNSLOTH
-
-            raise Unsupported(IN_PROCESS_UNSLOTH)
-        check_supported(v, device)
+        check_supported(v, device, ctx.manifest)
         ctx.variant, changes = host_variant(v, ctx.settings, device)  # the record's `variant` stays as asked
         changes += host_sharing(device)
         record["extra"]["host_changes"] = changes or None

@@ -18,52 +18,42 @@ def _n_params(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def _causal_lm(arch, out, tok, device):
-    """A causal LM drawn parameter by parameter from the seed (ftbench.build: the same values a training job's
-    in-process build draws on this device type), then written whole."""
-    from .build import draw_parameters, hf_config, skeleton
+def _causal_lm(arch, out, tok, device, wanted=None, limit_gib=24.0):
+    """A random causal LM from one meta-device skeleton (ftbench.build): counted, then either drawn parameter by
+    parameter from the seed and written whole (the same values a training job's in-process build draws on this
+    device type), or, built in process, only what the training job needs to build it: the tokenizer, transformers'
+    config and the resolved architecture in the manifest, never the weights."""
+    from .build import architecture_digest, count_parameters, draw_parameters, hf_config, skeleton
 
-    model = skeleton(arch, hf_config(arch, tok.pad_token_id, tok.eos_token_id))
+    config = hf_config(arch, tok.pad_token_id, tok.eos_token_id)
+    model = skeleton(arch, config)  # on the meta device: checks the architecture, costs no memory
+    n = count_parameters(model)
+    facts = {"parameters": n, "checkpoint_bf16_gib": n * 2 / 2**30}
+    if build_method(arch, wanted, limit_gib, facts["checkpoint_bf16_gib"]) == "in_process":
+        Path(out).mkdir(parents=True, exist_ok=True)
+        config.save_pretrained(out)
+        tok.save_pretrained(out)
+        return {**facts, "build": "in_process", "architecture_config": arch,
+                "architecture_sha256": architecture_digest(arch),
+                "special_tokens": {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id}}
     draw_parameters(model, arch["seed"], device)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return {"parameters": _n_params(model), "build": "checkpoint"}
+    return {**facts, "build": "checkpoint"}
 
 
-def _in_process(arch, out, tok, device):
-    """Only what a training job needs to build the model itself (ftbench.build): the tokenizer, transformers'
-    config and the resolved architecture in the manifest; never the weights."""
-    from .build import architecture_digest, count_parameters, hf_config, skeleton
-
-    config = hf_config(arch, tok.pad_token_id, tok.eos_token_id)
-    n = count_parameters(skeleton(arch, config))  # on the meta device: checks the architecture, costs nothing
-    Path(out).mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(out)
-    tok.save_pretrained(out)
-    return {"parameters": n, "build": "in_process", "architecture_config": arch,
-            "architecture_sha256": architecture_digest(arch),
-            "special_tokens": {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id}}
-
-
-def build_method(arch: dict, wanted: str | None, limit_gib: float) -> tuple[str, float | None]:
-    """(checkpoint | in_process, the bf16 checkpoint's size in GiB where counted) for a random causal LM."""
-    if arch["family"] != "causal_lm":
-        if wanted == "in_process":
-            raise ValueError(f"build: in_process is for causal LMs; {arch['hub_id']} is a {arch['family']} model")
-        return "checkpoint", None
-    from .build import count_parameters, hf_config, skeleton
-
-    gib = count_parameters(skeleton(arch, hf_config(arch))) * 2 / 2**30
+def build_method(arch: dict, wanted: str | None, limit_gib: float, bf16_gib: float) -> str:
+    """checkpoint | in_process for a random causal LM of `bf16_gib` in bf16 (`wanted` auto or None: in process
+    above the limit, and always for gpt-oss, whose split experts no hub-format checkpoint holds)."""
+    gpt_oss = arch["config"].get("model_type") == "gpt_oss"
+    if wanted == "checkpoint" and gpt_oss:
+        raise ValueError("gpt-oss is built in process (its experts split per expert, as Study B trained it): "
+                         "build: checkpoint cannot hold that structure")
     if wanted in ("checkpoint", "in_process"):
-        if wanted == "checkpoint" and arch["config"].get("model_type") == "gpt_oss":
-            raise ValueError("gpt-oss is built in process (its experts split per expert, as Study B trained it): "
-                             "build: checkpoint cannot hold that structure")
-        return wanted, gib
-    if arch["config"].get("model_type") == "gpt_oss" or gib > limit_gib:
-        return "in_process", gib
-    return "checkpoint", gib
+        return wanted
+    return "in_process" if gpt_oss or bf16_gib > limit_gib else "checkpoint"
 
 
 def _lmm(arch, out, tok, device):
@@ -122,7 +112,7 @@ def _diffusion(arch, out, tok, device):
     return {"parameters": sum(counts.values()), "component_parameters": counts}
 
 
-BUILDERS = {"causal_lm": _causal_lm, "lmm": _lmm, "diffusion": _diffusion}
+BUILDERS = {"lmm": _lmm, "diffusion": _diffusion}  # causal LMs: _causal_lm (it may build in process)
 
 
 def local_checkpoint_manifest(path, family: str, out_dir) -> dict:
@@ -159,13 +149,15 @@ def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str =
         torch.manual_seed(seed)
         max_len = 77 if arch["family"] == "diffusion" else 32768
         tok = build_tokenizer(text_corpus(), TOKENIZER_VOCAB, max_len)
-        method, gib = build_method(arch, build, build_limit_gib)
         arch = dict(arch, seed=seed)
-        builder = _in_process if method == "in_process" else BUILDERS[arch["family"]]
-        manifest.update(builder(arch, ckpt, tok, device))
+        if arch["family"] == "causal_lm":
+            manifest.update(_causal_lm(arch, ckpt, tok, device, build, build_limit_gib))
+        elif build == "in_process":
+            raise ValueError(f"build: in_process is for causal LMs; {arch['hub_id']} is a {arch['family']} model")
+        else:
+            manifest.update(BUILDERS[arch["family"]](arch, ckpt, tok, device))
         manifest.update(path=str(ckpt), tokenizer="offline byte-level BPE", materialize_s=time.perf_counter() - t0,
-                        checkpoint_bf16_gib=gib, disk_bytes=disk_bytes(ckpt), build_device=str(device),
-                        architecture_file=arch.get("file"))
+                        disk_bytes=disk_bytes(ckpt), build_device=str(device), architecture_file=arch.get("file"))
     else:
         if arch["scale"] != "full":
             raise ValueError(f"hub weights ({source}) exist only at full scale, config asks for {arch['scale']}")

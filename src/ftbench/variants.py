@@ -13,8 +13,13 @@ from .harness import Unsupported
 from .records import host_change
 
 
-def check_supported(variant: Variant, device: torch.device) -> None:
-    """Raise Unsupported with the reason when this machine cannot run the variant."""
+def check_supported(variant: Variant, device: torch.device, manifest: dict | None = None) -> None:
+    """Raise Unsupported with the reason when this machine cannot run the variant, or (Unsloth) this model, as its
+    manifest describes it, cannot be given to it."""
+    from .build import UNSLOTH_REFUSAL
+
+    if variant.framework == "unsloth" and (manifest or {}).get("build") == "in_process":  # first: true anywhere
+        raise Unsupported(UNSLOTH_REFUSAL)
     cuda = device.type == "cuda"
     if variant.framework == "unsloth":
         if not cuda:

@@ -8,26 +8,18 @@ import time
 import torch
 
 from .. import attention, fp8
-from ..build import build_model
+from ..build import SINK_MODEL_TYPES, build_model
 from ..flops import causal_lm_shape, step_flops
 from ..harness import Unsupported
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_kwargs, compile_model, compute_dtype,
                         load_pretrained, parameter_counts, precision_ran, quantization_config, repeated_blocks)
 
 
-IN_PROCESS_UNSLOTH = ("Unsloth's FastLanguageModel.from_pretrained loads a checkpoint from a path and patches the model "
-                      "as it loads; this model is built in the training process from its architecture and never "
-                      "written whole (ftbench.build), so Unsloth cannot take it. The same 4-bit model through PEFT "
-                      "with Unsloth's kernels left out is the variant qlora-gc (or qlora-gc-pf)")
-
-
 def load_model(ctx, device):
     """Load the checkpoint (random or hub), or build the model in process (ftbench.build), with the variant's
     precision and adapters applied; with how it was built and the FP8 conversion's summary."""
     v, path, lora = ctx.variant, ctx.manifest["path"], ctx.settings.lora
-    in_process = ctx.manifest.get("build") == "in_process"
-    if in_process and v.framework == "unsloth":
-        raise Unsupported(IN_PROCESS_UNSLOTH)
+    in_process = ctx.manifest.get("build") == "in_process"  # Unsloth refused then (variants.check_supported)
     if v.framework == "unsloth":
         from unsloth import FastLanguageModel  # imported first: Unsloth patches transformers
 
@@ -39,8 +31,12 @@ def load_model(ctx, device):
             target_modules=lora.get("target_modules"), bias="none", random_state=3407,
             use_gradient_checkpointing="unsloth" if v.gradient_checkpointing else False)
         return model, tokenizer, {"build": {"method": "checkpoint (Unsloth's from_pretrained)"}}
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    if v.attention == "varlen" and AutoConfig.from_pretrained(path).model_type in SINK_MODEL_TYPES:  # before loading
+        raise Unsupported("attention 'varlen' has no attention sinks (gpt-oss's per-head sink logits): the "
+                          "variable-length flash kernel would train a different model; gpt-oss keeps transformers' "
+                          "eager attention with sinks")
     tokenizer = AutoTokenizer.from_pretrained(path)
     # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
     # FSDP2: each rank loads on the host and the trainer shards the model onto its GPU (it need not fit one)
@@ -51,10 +47,6 @@ def load_model(ctx, device):
         model = load_pretrained(AutoModelForCausalLM, path, v, place)
         build = {"method": "checkpoint", "disk_bytes": ctx.manifest.get("disk_bytes"),
                  "checkpoint_bf16_gib": ctx.manifest.get("checkpoint_bf16_gib")}
-    if v.attention == "varlen" and any(hasattr(m, "sinks") for m in model.modules()):
-        raise Unsupported("attention 'varlen' has no attention sinks (gpt-oss's per-head sink logits): the "
-                          "variable-length flash kernel would train a different model; gpt-oss keeps transformers' "
-                          "eager attention with sinks")
     info = {"build": build}
     if v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs (torchao), before LoRA wraps them
         info["fp8"] = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN)
@@ -149,8 +141,6 @@ def sft_dataset(path, kind):
 def train(ctx, record, device, meter):
     """Load, wrap, train with SFTTrainer for warm-up + measured windows, evaluate; fill the record."""
     if ctx.variant.framework == "unsloth":
-        if ctx.manifest.get("build") == "in_process":  # before importing it: Unsloth patches transformers on import
-            raise Unsupported(IN_PROCESS_UNSLOTH)
         import unsloth  # noqa: F401  (first: it patches transformers and TRL on import)
     from transformers import Trainer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
