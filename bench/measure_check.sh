@@ -35,6 +35,11 @@
 #             training process (never written); unsloth-qlora (records why Unsloth cannot take such a model) and
 #             the same 4-bit model through PEFT (qlora-gc-pf; gpt-oss: qlora-gc), then its profile. One call each
 #   b32-beside Qwen3-32B lora and qlora at batches 1 and 2 (the largest that fits), both datasets
+#   a-eager-bsN[,M..], a-fixed-bsN[,M..], a-dynamic-bsN[,M..]
+#             Study A's seven variants at full scale with gradient checkpointing (issue 25; bench/study_a_sweep.yaml),
+#             at the batch sizes named: eager (bf16-gc, fp8-te-gc, qlora-gc), fixed shape + compile
+#             (fixed-compile-gc, fp8-te-fixed-compile-gc), plain compile (compile-gc, fp8-te-compile-gc: 180 s
+#             limit). FP8 needs Transformer Engine (../shared/device/transformer-engine.sh). One call each
 # Usage, in the project root: bash bench/measure_check.sh [OUTDIR [PART...]]   (records stay under results/runs/)
 set -u
 out=${1:-results/measure_check}
@@ -102,6 +107,18 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
          results/runs/llm/$m/full/$d/{unsloth-qlora,$v}/bs$b/metrics.json
        sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/profiles/llm/$m/full/$d/$v/bs$b/summary.json ;;
+    a-eager-bs*|a-fixed-bs*|a-dynamic-bs*)
+       group=${part#a-}; group=${group%%-*}
+       case $group in
+         eager) vs="bf16-gc fp8-te-gc qlora-gc" ;;
+         fixed) vs="fixed-compile-gc fp8-te-fixed-compile-gc" ;;
+         dynamic) vs="compile-gc fp8-te-compile-gc" ;;
+       esac
+       targets=()
+       for bs in $(echo "${part##*-bs}" | tr , ' '); do
+         for v in $vs; do targets+=("$lmm/$v/bs$bs/metrics.json"); done
+       done
+       sm --configfile config/study_a_random.yaml bench/study_a_sweep.yaml -- "${targets[@]}" ;;
     b32-beside) sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/runs/llm/qwen3-32b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora}/bs{1,2}/metrics.json ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;

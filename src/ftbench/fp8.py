@@ -117,3 +117,13 @@ def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern 
     names = set(select_linears(model, include_vision, pattern))
     convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn in names)
     return {"converted": len(names), "vision_converted": sum(1 for n in names if VISION_PATTERN.search(n))}
+
+
+def te_checkpoint_function():
+    """Activation checkpointing for models with Transformer Engine layers: TE's checkpoint (non-reentrant), which
+    recomputes under the forward's FP8 autocast state, in the form transformers' layers call it."""
+    import functools
+
+    from transformer_engine.pytorch.distributed import checkpoint
+
+    return functools.partial(checkpoint, use_reentrant=False)

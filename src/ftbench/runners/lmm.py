@@ -72,6 +72,10 @@ def load_model(ctx, device):
         info = convert(model, include_vision=v.fp8_vision)
     if v.gradient_checkpointing and v.precision != "nf4":  # apply_lora's k-bit preparation enables it for nf4
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if v.precision == "fp8" and v.fp8_backend == "te":
+            # the recompute in the backward must run the FP8 layers as the forward did (outside te.autocast it
+            # would run them in bf16 and save different tensors): Transformer Engine's own checkpoint does that
+            model._set_gradient_checkpointing(True, fp8.te_checkpoint_function())
         model.enable_input_require_grads()
     model = apply_lora(model, v, {"target_modules": LM_TARGETS, **s.lora}, task_type=None)
     return model, processor, info
