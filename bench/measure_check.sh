@@ -122,6 +122,6 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
     b32-beside) sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/runs/llm/qwen3-32b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora}/bs{1,2}/metrics.json ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
-  esac > "$out/$part.log" 2>&1
+  esac > "$out/${part//,/_}.log" 2>&1
   echo "   exit $? $(date -u +%FT%TZ)"
 done
