@@ -193,6 +193,27 @@ def study_comparisons(wildcards):
     return config["studies"][wildcards.study].get("compare", {})
 
 
+def coverage_tables():
+    """Every study's published tables for the coverage table, active in this config or not (a study not run
+    here still lists its cells, as not measured, unless merged records fill them)."""
+    return [
+        {**t, "study": s, "published": d["published"]}
+        for s, d in config["studies"].items()
+        for t in d.get("coverage", [])
+        if d.get("published")
+    ]
+
+
+def coverage_published(wildcards):
+    return sorted(
+        {str(BASE_DIR / "config" / "published" / t["published"]) for t in coverage_tables()}
+    )
+
+
+def coverage_runs(wildcards):
+    return [f"results/studies/{s}/runs.parquet" for s in STUDIES]
+
+
 def all_targets():
     targets = [
         f"results/studies/{study}/{name}"
@@ -215,6 +236,8 @@ def all_targets():
         f"results/profiles/{s.key}/summary.html" for s in PROFILED if s.study in STUDIES
     ]
     targets += merged_profile_pages()
+    if coverage_tables():
+        targets.append("results/coverage/coverage.html")
     targets += [model_manifest(m) for m in config.get("materialize", [])]
     if config.get("token_stats"):
         targets += [

@@ -119,3 +119,29 @@ rule compare:
         variants=study_variant_table,
     script:
         "../workflow/scripts/compare.py"
+
+
+rule coverage:
+    input:
+        runs=coverage_runs,
+        extra=config.get("merge_runs", []),
+        published=coverage_published,
+    output:
+        html=report(
+            "results/coverage/coverage.html",
+            caption="../report/coverage.rst",
+            category="Coverage",
+            labels={"table": "published cells measured at full scale"},
+        ),
+        front="results/coverage/front.html",
+        csv="results/coverage/coverage.csv",
+    log:
+        "logs/coverage.log",
+    benchmark:
+        "benchmarks/coverage.tsv"
+    conda:
+        "../envs/report.yaml"
+    params:
+        tables=coverage_tables(),
+    script:
+        "../workflow/scripts/coverage.py"

@@ -256,3 +256,17 @@ def test_study_a_records_and_relative_table(pipeline):
     assert rel["bf16"]["step time vs baseline"] == "baseline"
     assert rel["fixed-compile"]["published step time"] == "47-53% faster"
     assert rel["qlora"]["published memory"].startswith("53% less")
+
+
+def test_the_report_opens_with_the_coverage_table_and_tiny_records_fill_no_published_cell(pipeline):
+    wd, report = pipeline
+    # the front page (the workflow description) embeds the coverage fragment before anything else of ours
+    front = report.index("Coverage of the published studies")
+    assert front < report.index("ftbench measures what fine-tuning efficiency techniques buy")
+    page = embedded(report, "results/coverage/coverage.html")
+    counts = {r["study"]: r for r in table(page, "coverage_counts")}
+    assert counts["Study A (LLaVA-NeXT, relative to bf16)"]["published cells"] == "42"
+    assert all(r["measured at full scale"] == "0" for r in counts.values())  # the default pipeline is tiny
+    cells = table(page, "coverage")
+    assert len(cells) == sum(int(r["published cells"]) for r in counts.values())
+    assert {r["status"] for r in cells} == {"not measured"}

@@ -21,7 +21,8 @@ def flatten(record: dict) -> dict:
                device_type=dev.get("type"), gpu_uuid=dev.get("uuid"), driver=dev.get("driver"), cuda=dev.get("cuda"),
                weights_source=prov.get("weights_source"), data_source=prov.get("data_source"),
                git_commit=prov.get("git_commit"), config_hash=prov.get("config_hash"),
-               torch=prov.get("versions", {}).get("torch"), schema_version=record["schema_version"])
+               torch=prov.get("versions", {}).get("torch"), schema_version=record["schema_version"],
+               gpu_memory_gib=dev.get("total_memory_gib") if dev.get("type") == "cuda" else None)
     for group in ("timing", "throughput", "memory", "device_usage", "energy", "flops", "compile", "loss", "data",
                   "precision", "outliers", "measure"):
         for k, v in record[group].items():
@@ -39,6 +40,7 @@ def flatten(record: dict) -> dict:
                 "parallel.samples_per_s_per_gpu": par.get("samples_per_s_per_gpu"),
                 "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
+    row["variant.compile"] = record["variant"].get("compile")
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
     row["extra.host_changes"] = short_host_changes(record.get("extra", {}).get("host_changes"))
     row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1
@@ -72,7 +74,8 @@ def median_step_samples_per_hour() -> pl.Expr:
 
 NUMERIC_GROUPS = ("timing.", "throughput.", "memory.", "device_usage.", "energy.", "flops.", "loss.", "data.",
                   "compile.", "model.parameters", "model.trainable_parameters", "outliers.count", "outliers.time",
-                  "parallel.world_size", "parallel.samples_per_s_per_gpu", "parallel.peak_allocated_gib_max")
+                  "parallel.world_size", "parallel.samples_per_s_per_gpu", "parallel.peak_allocated_gib_max",
+                  "gpu_memory_gib")
 
 
 def typed(df: pl.DataFrame) -> pl.DataFrame:
@@ -192,7 +195,7 @@ def html_page(title: str, blocks: list) -> str:
     parts = []
     for b in blocks:
         if isinstance(b, str):
-            parts.append(b if b.lstrip().startswith("<svg") else f"<p>{b}</p>")
+            parts.append(b if b.lstrip().startswith(("<svg", "<div")) else f"<p>{b}</p>")
         else:
             heading, df, table_id = b
             parts.append(f"<h4>{heading}</h4>" + html_table(df, table_id))

@@ -1,0 +1,280 @@
+"""Coverage: every published cell of every study, with our full-scale GPU record of it beside it, or why there is
+none. One function per published table turns the study's published file (config/published/) into cells and fills
+each from the records; nothing here is typed by hand. Only a record of the published model at full scale on a CUDA
+GPU fills a cell: tiny and proxy runs measure the pipeline, not the study."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .analysis import KEY, html_table, peak_memory, read_runs, typed
+from .compare import _verdict
+
+GIB_PER_GB = 1e9 / 2**30
+
+
+def merged_records(parquets, extra=()) -> pl.DataFrame:
+    """Every study's runs (the aggregate tables) and the merged records of other machines, one row per run key
+    (the aggregate tables, which already hold this config's merged records, win)."""
+    frames = [read_runs(p) for p in [*extra, *parquets]]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pl.DataFrame()
+    df = typed(pl.concat(frames, how="diagonal_relaxed"))
+    return df.unique(subset=[k for k in KEY if k in df.columns], keep="last", maintain_order=True)
+
+
+def full_scale(df: pl.DataFrame) -> pl.DataFrame:
+    """The records that may fill a published cell: full scale, on a CUDA GPU."""
+    if df.is_empty() or "device_type" not in df.columns:
+        return df.clear()
+    return df.filter((pl.col("scale") == "full") & (pl.col("device_type") == "cuda"))
+
+
+def _rows(df: pl.DataFrame, **match) -> list[dict]:
+    for k, v in match.items():
+        df = df.filter(pl.col(k).is_in(v) if isinstance(v, list) else pl.col(k) == v)
+    return list(df.iter_rows(named=True))
+
+
+def _gpu_mem(r: dict) -> float | None:
+    return r.get("gpu_memory_gib")
+
+
+def _pick(rows: list[dict], order: list[str], counts_timeout: bool, published_gib: float | None):
+    """The record that fills a cell, and the status it fills it with: ok first (earlier variants in `order` first);
+    a timeout where the variant compiles (the compile budget ran out: a result); an oom only on a GPU with at least
+    the published GPU's memory (elsewhere it says which GPU to try). None when no record fills it."""
+    rank = {v: i for i, v in enumerate(order)}
+    rows = sorted(rows, key=lambda r: rank.get(r["variant"], len(order)))
+    for r in rows:
+        if r["status"] == "ok":
+            return r
+    for r in rows:
+        if r["status"] == "timeout" and counts_timeout and r.get("variant.compile"):
+            return r
+    for r in rows:
+        if r["status"] == "oom" and published_gib and (_gpu_mem(r) or 0) >= published_gib:
+            return r
+    return None
+
+
+def _why(rows: list[dict], published_gib: float | None) -> str:
+    if not rows:
+        return "not run yet at full scale on a GPU"
+    parts = []
+    for r in rows:
+        text = f"{r['variant']} on the {r['gpu']}: {r['status']}"
+        if r["status"] == "oom":
+            at = r.get("memory.at_failure_gib") or r.get("memory.peak_reserved_gib")
+            text += f" at {at:.1f} GiB" if at else ""
+            if published_gib and (_gpu_mem(r) or 0) < published_gib:
+                text += f" (a GPU with >= {published_gib:.0f} GiB, as the study's, may hold it)"
+        elif r.get("reason"):
+            text += f" ({r['reason'][:120]})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:
+    """Study A's relative table: each of the seven variants (bf16 the baseline) at each published batch size; ours
+    is the step time and peak memory relative to the baseline of the same GPU and batch (the same position in
+    `measured_by`: a gradient-checkpointed variant against the gradient-checkpointed baseline)."""
+    measured_by = measured_by or {}
+    gib = (published.get("gpu") or {}).get("memory_gb", 0) * GIB_PER_GB or None
+    full = full_scale(df)
+    cells = [{"variant": "bf16", "step_time": "baseline", "memory": "baseline"}] + published.get("variants", [])
+    out = []
+    for cell in cells:
+        order = measured_by.get(cell["variant"], [cell["variant"]])
+        for bs in published.get("batch_sizes", []):
+            rows = _rows(full, model=published.get("model"), variant=order, batch_size=bs)
+            base = {"study": "A", "model": published.get("model"), "dataset": published.get("dataset"),
+                    "variant": cell["variant"], "batch": bs, "metric": "step time, memory vs bf16",
+                    "published": f"{cell['step_time']}; memory {cell['memory']}"}
+            r = _pick(rows, order, True, gib)
+            if r is None:
+                out.append({**base, "why": _why(rows, gib)})
+                continue
+            ours, ratio = r["status"], None
+            if r["status"] == "ok":
+                i = order.index(r["variant"])
+                bases = [b for b in _rows(full, model=r["model"], gpu=r["gpu"], batch_size=bs, status="ok",
+                                          variant=measured_by.get("bf16", ["bf16"])[i:i + 1])]
+                b = bases[0] if bases else None
+                step = r["timing.step_time_s"]
+                if b is None:
+                    ours = f"{step:.3g} s/step (no baseline on this GPU)"
+                elif b is r or b["variant"] == r["variant"]:
+                    ours = f"{step:.3g} s/step, {r['peak_gib']:.1f} GiB"
+                else:
+                    ratio = step / b["timing.step_time_s"]
+                    ours = (f"step {_verdict(ratio, r['timing.noise_cv'], b['timing.noise_cv'])}, memory "
+                            f"{r['peak_gib'] / b['peak_gib']:.2f}x")
+            elif r["status"] == "timeout":
+                ours = f"timeout: {(r['reason'] or '')[:110]}"
+            else:
+                ours = f"oom at {r.get('memory.at_failure_gib') or 0:.1f} GiB on the {r['gpu']}"
+            out.append({**base, "GPU": r["gpu"], "measured by": r["variant"], "status": r["status"], "ours": ours,
+                        "ratio": ratio, "noise (CV)": r["timing.noise_cv"], "measured": True})
+    return out
+
+
+def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:
+    """Study B's samples per hour: each published (model, GPU, dataset) cell at the study's method and batch size
+    (the published `table`; the Blackwell card ran the same batches). A cell of a GPU we were not lent stays
+    empty; an H100 cell the H100 cannot hold is filled by a GPU with more memory, and says so."""
+    measured_by = measured_by or {}
+    full = full_scale(df)
+    runs = {(c["model"], c["dataset"]): c for c in published.get("table", [])}
+    out = []
+    for cell in published.get("samples_per_hour", []):
+        how = runs.get((cell["model"], cell["dataset"]), {})
+        variant, bs = how.get("variant", "unsloth-qlora"), how.get("batch_size")
+        order = measured_by.get(variant, [variant])
+        rows = _rows(full, model=cell["model"], dataset=cell["dataset"], variant=order, batch_size=bs)
+        here = [r for r in rows if r["gpu"] == cell["gpu"]]
+        base = {"study": "B", "model": cell["model"], "dataset": cell["dataset"], "variant": variant, "batch": bs,
+                "metric": f"samples/h on the {cell['gpu']}", "published": f"{cell['samples_per_hour']:,}"}
+        r = _pick(here, order, False, None)
+        if r is None and any(x["status"] == "oom" for x in here):  # the published GPU cannot hold ours: a larger one
+            r = _pick([x for x in rows if x["gpu"] != cell["gpu"]], order, False, None)
+        if r is None:
+            why = _why(here, None) if here else (
+                f"no record from the {cell['gpu']} (samples/h are per GPU); ours elsewhere: {_why(rows, None)}"
+                if rows else "not run yet at full scale on a GPU")
+            out.append({**base, "why": why})
+            continue
+        ours = r["throughput.samples_per_hour"]
+        note = None
+        if r["gpu"] != cell["gpu"]:
+            note = f"the {cell['gpu']} ran out of memory; measured on the {r['gpu']}"
+        if r["variant"] != variant:
+            note = "; ".join(x for x in (note, f"{variant} cannot run here ({(_first_reason(rows, variant))}); "
+                                         f"{r['variant']} stands in") if x)
+        out.append({**base, "GPU": r["gpu"], "measured by": r["variant"], "status": "ok",
+                    "ours": f"{ours:,.0f}", "ratio": ours / cell["samples_per_hour"],
+                    "noise (CV)": r["timing.noise_cv"], "why": note, "measured": True,
+                    "x published": _verdict(ours / cell["samples_per_hour"], r["timing.noise_cv"], None)})
+    return out
+
+
+def _first_reason(rows: list[dict], variant: str) -> str:
+    for r in rows:
+        if r["variant"] == variant and r.get("reason"):
+            return r["reason"][:90]
+    return "no record"
+
+
+def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:
+    """Study C's time per step: the worker sweep and the before/after stages, each as a ratio to the stock script
+    (0 workers) of the same GPU, beside the published ratio (the study's GPU is not ours)."""
+    full = full_scale(df)
+    cells = {f"workers-{k}": v for k, v in published.get("workers_ms_per_step", {}).items()}
+    cells.update({s["variant"]: s["ms_per_step"] for s in published.get("steps", [])})
+    stock = cells.get("workers-0")
+    out = []
+    for variant, ms in cells.items():
+        rows = _rows(full, variant=variant)
+        base = {"study": "C", "model": "stable-diffusion-v1-5", "dataset": "naruto", "variant": variant, "batch": 1,
+                "metric": "ms/step vs 0 workers",
+                "published": f"{ms} ms" + (f" ({ms / stock:.2f}x)" if isinstance(ms, (int, float)) and stock else "")}
+        r = _pick(rows, [variant], False, None)
+        if r is None and any(x["status"] in ("error", "crashed") for x in rows) and not isinstance(ms, (int, float)):
+            r = next(x for x in rows if x["status"] in ("error", "crashed"))  # the study's own result was an error
+        if r is None:
+            out.append({**base, "why": _why(rows, None)})
+            continue
+        if r["status"] != "ok":
+            out.append({**base, "GPU": r["gpu"], "measured by": variant, "status": r["status"], "measured": True,
+                        "ours": f"{r['status']}, as published", "why": (r["reason"] or "")[:120]})
+            continue
+        b = next(iter(_rows(full, variant="workers-0", gpu=r["gpu"], status="ok")), None)
+        step = r["timing.step_time_s"]
+        ratio = step / b["timing.step_time_s"] if b and b["variant"] != variant else None
+        out.append({**base, "GPU": r["gpu"], "measured by": variant, "status": "ok", "measured": True,
+                    "ours": f"{step * 1000:.0f} ms" + (f" ({_verdict(ratio, r['timing.noise_cv'], b['timing.noise_cv'])})"
+                                                       if ratio else ""), "ratio": ratio,
+                    "noise (CV)": r["timing.noise_cv"]})
+    return out
+
+
+def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:
+    """Study D (news article), Unsloth's own claim on Alpaca: 1.98x Hugging Face's speed and 47 % less memory. Ours:
+    unsloth-qlora against qlora (PEFT) on the same model, instruction data, batch and GPU, at full scale."""
+    claim = published.get("unsloth_claim")
+    if not claim:
+        return []
+    full = full_scale(df).filter(pl.col("status") == "ok")
+    pairs = (full.filter(pl.col("variant") == "unsloth-qlora").join(
+        full.filter(pl.col("variant") == "qlora"), on=["model", "dataset", "batch_size", "gpu"], suffix="_hf")
+        .filter(pl.col("dataset") == "japanese_alpaca").sort("model", "batch_size", "gpu"))
+    memory = 1 - claim["memory_mb_unsloth"] / claim["memory_mb_hf"]
+    out = []
+    for metric, pub in (("speed-up over Hugging Face", f"{claim['speedup']}x"), ("memory saved", f"{memory:.0%}")):
+        base = {"study": "D", "model": "(Alpaca; ours: Qwen3, japanese_alpaca)", "dataset": "alpaca",
+                "variant": "unsloth-qlora vs qlora", "batch": None, "metric": metric, "published": pub}
+        if pairs.is_empty():
+            out.append({**base, "why": "no full-scale GPU pair of unsloth-qlora and qlora on japanese_alpaca yet"})
+            continue
+        r = pairs.row(0, named=True)
+        if metric.startswith("speed"):
+            ratio = r["timing.step_time_s_hf"] / r["timing.step_time_s"]
+            ours = _verdict(ratio, r["timing.noise_cv"], r["timing.noise_cv_hf"])
+        else:
+            ratio = 1 - r["peak_gib"] / r["peak_gib_hf"]
+            ours = f"{ratio:.0%}"
+        out.append({**base, "model": r["model"], "batch": r["batch_size"], "GPU": r["gpu"],
+                    "measured by": "unsloth-qlora, qlora", "status": "ok", "ours": ours, "ratio": ratio,
+                    "measured": True, "why": f"{len(pairs)} pairs; the first (smallest model, batch) shown"})
+    return out
+
+
+TABLES = {"study_a": study_a, "study_b": study_b, "study_c": study_c, "study_d": study_d}
+NAMES = {"A": "Study A (LLaVA-NeXT, relative to bf16)", "B": "Study B (samples per hour)",
+         "C": "Study C (SD 1.5, time per step)", "D": "Study D (Unsloth's claim)"}
+
+
+def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
+    """All cells: `studies` lists {table: <TABLES key>, published: dict, measured_by: dict}."""
+    if not df.is_empty() and "gpu_memory_gib" not in df.columns:
+        df = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_memory_gib"))
+    if not df.is_empty():
+        df = df.with_columns(peak_gib=peak_memory())
+    rows = []
+    for s in studies:
+        rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"))
+    cols = ["study", "model", "dataset", "variant", "batch", "metric", "published", "GPU", "measured by", "status",
+            "ours", "x published", "noise (CV)", "why", "measured"]
+    table = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame({c: [] for c in cols})
+    for c in cols:
+        if c not in table.columns:
+            table = table.with_columns(pl.lit(None).alias(c))
+    return table.with_columns(pl.col("measured").fill_null(False),
+                              pl.col("status").fill_null("not measured")).select(cols)
+
+
+def summary(table: pl.DataFrame) -> pl.DataFrame:
+    return (table.group_by("study", maintain_order=True)
+            .agg(pl.col("measured").sum().alias("measured at full scale"), pl.len().alias("published cells"))
+            .with_columns(pl.col("study").replace_strict(NAMES, default=pl.col("study")).alias("study"),
+                          (pl.col("measured at full scale") / pl.col("published cells")).round(2).alias("share")))
+
+
+NOTE = ("Every published cell of the four studies, computed from the records and config/published/. A cell is "
+        "measured when a record of the published model at full scale on a CUDA GPU fills it: status ok; a timeout "
+        "where the variant compiles (its compile budget ran out: a result); an oom only on a GPU with at least the "
+        "study's GPU memory. Tiny and proxy records never fill a cell. \"measured by\" names the variant that ran "
+        "it: Study A's variants with gradient checkpointing (-gc; the study's published memory implies it), Study B's "
+        "PEFT stand-in where Unsloth cannot take a model built in process. Ratios: Study A against bf16 of the same "
+        "GPU and batch, Study C against 0 workers of the same GPU, Study B against the published figure itself.")
+
+
+def coverage_html(table: pl.DataFrame) -> str:
+    """The fragment that leads the report (and the body of its page): per study counts, then every cell."""
+    counts = summary(table)
+    lead = "; ".join(f"{r['study']}: {r['measured at full scale']} of {r['published cells']}"
+                     for r in counts.iter_rows(named=True))
+    return (f"<div class='ftbench-coverage'><h3>Coverage of the published studies</h3>"
+            f"<p><b>Published cells measured at full scale on a GPU</b> — {lead}.</p><p>{NOTE}</p>"
+            + html_table(counts, "coverage_counts") + html_table(table.drop("measured"), "coverage") + "</div>")

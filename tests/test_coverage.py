@@ -1,0 +1,94 @@
+"""The coverage table: a published cell is filled only by a full-scale record on a CUDA GPU."""
+
+import polars as pl
+import yaml
+from conftest import ROOT
+from test_analysis import H100, record
+
+from ftbench.analysis import flatten
+from ftbench.coverage import coverage_html, coverage_rows, summary
+
+H200 = "NVIDIA H200"
+STUDY_A = yaml.safe_load((ROOT / "config" / "published" / "study_a.yaml").read_text())
+MEASURED_BY = {"bf16": ["bf16-gc", "bf16"], "qlora": ["qlora-gc", "qlora"], "compile": ["compile-gc", "compile"],
+               "fixed-compile": ["fixed-compile-gc", "fixed-compile"]}
+
+
+def lmm(variant, batch, scale="full", gpu=H100, step=1.0, mem=20.0, status="ok", memory_gib=79.2, reason=None,
+        compile_=None):
+    rec = record("lmm", variant, step, gpu=gpu, batch=batch, scale=scale, model="llava-v1.6-mistral-7b", mem=mem)
+    rec["run"]["dataset"] = "beans"
+    rec["status"], rec["reason"] = status, reason
+    rec["variant"] = {"compile": compile_}
+    if status == "oom":
+        rec["memory"]["at_failure_gib"] = mem
+    if gpu:
+        rec["provenance"]["device"]["total_memory_gib"] = memory_gib
+    return flatten(rec)
+
+
+def cells(rows):
+    table = coverage_rows(pl.DataFrame(rows, infer_schema_length=None),
+                          [{"table": "study_a", "published": STUDY_A, "measured_by": MEASURED_BY}])
+    return table, {(r["variant"], r["batch"]): r for r in table.to_dicts()}
+
+
+def test_study_a_has_42_published_cells_and_tiny_or_proxy_records_fill_none():
+    rows = [lmm("bf16-gc", 1, scale="tiny", gpu=None), lmm("qlora-gc", 1, scale="tiny", gpu=None),
+            lmm("bf16-gc", 2, scale="proxy"), lmm("qlora-gc", 2, scale="proxy"),
+            lmm("bf16-gc", 4, scale="full", gpu=None)]  # full scale, but on a CPU
+    table, by = cells(rows)
+    assert table.height == 42 and not table["measured"].any()
+    assert summary(table).row(0, named=True)["measured at full scale"] == 0
+    assert by[("bf16", 2)]["status"] == "not measured"
+
+
+def test_a_full_scale_gpu_record_fills_its_cell_with_a_ratio_to_the_same_gpus_baseline():
+    rows = [lmm("bf16-gc", 1, step=0.66, mem=17.6), lmm("qlora-gc", 1, step=0.87, mem=9.4),
+            lmm("bf16", 1, step=0.36, mem=36.0),  # the unchecpointed baseline: not the -gc variant's baseline
+            lmm("qlora-gc", 2, gpu=H200, memory_gib=139.8)]  # no bf16-gc at batch 2 on the H200: no ratio
+    _, by = cells(rows)
+    q = by[("qlora", 1)]
+    assert q["measured"] and q["measured by"] == "qlora-gc" and q["GPU"] == "H100 SXM5"
+    assert q["ours"].startswith("step 1.32x") and "memory 0.53x" in q["ours"]
+    assert by[("bf16", 1)]["measured by"] == "bf16-gc"
+    assert "no baseline on this GPU" in by[("qlora", 2)]["ours"]
+
+
+def test_timeouts_count_for_compile_variants_and_ooms_only_on_a_gpu_as_large_as_the_studys():
+    rows = [lmm("compile-gc", 1, status="timeout", reason="exceeded its time limit of 180 s", compile_="default"),
+            lmm("bf16-gc", 1, status="timeout", reason="hung"),  # a timeout of an eager variant says nothing
+            lmm("qlora-gc", 24, status="oom", mem=78.9),  # the H100 (79 GiB) is smaller than the study's 96 GB
+            lmm("bf16-gc", 24, status="oom", mem=139.0, gpu=H200, memory_gib=139.8)]
+    _, by = cells(rows)
+    assert by[("compile", 1)]["measured"] and by[("compile", 1)]["status"] == "timeout"
+    assert not by[("bf16", 1)]["measured"] and "timeout" in by[("bf16", 1)]["why"]
+    assert not by[("qlora", 24)]["measured"] and "may hold it" in by[("qlora", 24)]["why"]
+    assert by[("bf16", 24)]["measured"] and by[("bf16", 24)]["status"] == "oom"
+
+
+def test_study_b_cells_are_per_gpu_and_a_larger_gpu_fills_an_h100_cell_only_after_an_h100_oom():
+    published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
+
+    def llm(model, dataset, variant, batch, gpu, status="ok", sph=None):
+        rec = record("llm", variant, 2.0, gpu=gpu, batch=batch, scale="full", model=model)
+        rec["run"]["dataset"] = dataset
+        rec["status"] = status
+        rec["throughput"]["samples_per_hour"] = sph
+        return flatten(rec)
+
+    rows = [llm("qwen3-32b", "japanese_alpaca", "qlora-gc-pf", 32, H100, sph=43228.0),
+            llm("qwen3-32b", "wikipedia_ja", "qlora-gc-pf", 32, H100, status="oom"),
+            llm("qwen3-32b", "wikipedia_ja", "qlora-gc-pf", 32, H200, sph=7403.0),
+            llm("gpt-oss-120b", "japanese_alpaca", "qlora-gc", 32, H200, sph=5881.0)]  # no H100 record: not filled
+    table = coverage_rows(pl.DataFrame(rows, infer_schema_length=None),
+                          [{"table": "study_b", "published": published,
+                            "measured_by": {"unsloth-qlora": ["unsloth-qlora", "qlora-gc-pf", "qlora-gc"]}}])
+    measured = table.filter(pl.col("measured"))
+    assert measured.height == 2 and table.height == 8
+    wiki = measured.filter(pl.col("dataset") == "wikipedia_ja").row(0, named=True)
+    assert wiki["GPU"] == "H200" and "ran out of memory" in wiki["why"]
+    blackwell = table.filter(pl.col("metric").str.contains("Blackwell"))
+    assert not blackwell["measured"].any()
+    html = coverage_html(table)
+    assert "Study B (samples per hour): 2 of 8" in html

@@ -1,0 +1,18 @@
+import sys
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+from pathlib import Path  # noqa: E402
+
+from ftbench.analysis import html_page  # noqa: E402
+from ftbench.config import load_yaml  # noqa: E402
+from ftbench.coverage import coverage_html, coverage_rows, merged_records  # noqa: E402
+
+base = Path(snakemake.scriptdir).parent.parent
+tables = [{**t, "published": load_yaml(base / "config" / "published" / t["published"])}
+          for t in snakemake.params.tables]
+table = coverage_rows(merged_records(snakemake.input.runs, snakemake.input.extra), tables)
+table.write_csv(snakemake.output.csv)
+fragment = coverage_html(table)
+Path(snakemake.output.front).write_text(fragment)
+Path(snakemake.output.html).write_text(html_page("Coverage of the published studies", [fragment]))
