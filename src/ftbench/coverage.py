@@ -178,7 +178,8 @@ def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         rows = _rows(full, variant=variant)
         base = {"study": "C", "model": "stable-diffusion-v1-5", "dataset": "naruto", "variant": variant, "batch": 1,
                 "metric": "ms/step vs 0 workers",
-                "published": f"{ms} ms" + (f" ({ms / stock:.2f}x)" if isinstance(ms, (int, float)) and stock else "")}
+                "published": (f"{ms} ms" + (f" ({ms / stock:.2f}x)" if stock else "")) if isinstance(ms, (int, float))
+                else str(ms)}
         r = _pick(rows, [variant], False, None)
         if r is None and any(x["status"] in ("error", "crashed") for x in rows) and not isinstance(ms, (int, float)):
             r = next(x for x in rows if x["status"] in ("error", "crashed"))  # the study's own result was an error
@@ -251,7 +252,7 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
         if c not in table.columns:
             table = table.with_columns(pl.lit(None).alias(c))
     return table.with_columns(pl.col("measured").fill_null(False),
-                              pl.col("status").fill_null("not measured")).select(cols)
+                              pl.col("status").fill_null("not measured")).select(cols).sort("study", maintain_order=True)
 
 
 def summary(table: pl.DataFrame) -> pl.DataFrame:

@@ -15,4 +15,4 @@ table = coverage_rows(merged_records(snakemake.input.runs, snakemake.input.extra
 table.write_csv(snakemake.output.csv)
 fragment = coverage_html(table)
 Path(snakemake.output.front).write_text(fragment)
-Path(snakemake.output.html).write_text(html_page("Coverage of the published studies", [fragment]))
+Path(snakemake.output.html).write_text(html_page("ftbench: what the records reproduce", [fragment]))
