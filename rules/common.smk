@@ -206,7 +206,10 @@ def coverage_tables():
 
 def coverage_published(wildcards):
     return sorted(
-        {str(BASE_DIR / "config" / "published" / t["published"]) for t in coverage_tables()}
+        {
+            str(BASE_DIR / "config" / "published" / t["published"])
+            for t in coverage_tables()
+        }
     )
 
 
