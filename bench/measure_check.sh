@@ -33,7 +33,8 @@
 #             Study B's published table at full scale (issue 24; bench/study_b_full.yaml: 2 repeats of >= 8 steps):
 #             Qwen3-32B at batch 32 and gpt-oss-120b at 32 (japanese_alpaca) and 16 (wikipedia_ja), built in the
 #             training process (never written); unsloth-qlora (records why Unsloth cannot take such a model) and
-#             the same 4-bit model through PEFT (qlora-gc-pf; gpt-oss: qlora-gc), then its profile. One call each
+#             the same 4-bit model through PEFT (qlora-gc-pf: packed rows, variable-length attention, gpt-oss's
+#             sinks folded in), then its profile. One call each
 #   b32-beside Qwen3-32B lora and qlora at batches 1 and 2 (the largest that fits), both datasets
 #   a-eager-bsN[,M..], a-fixed-bsN[,M..], a-dynamic-bsN[,M..]
 #             Study A's seven variants at full scale with gradient checkpointing (issue 25; bench/study_a_sweep.yaml),
@@ -100,8 +101,8 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
        case $part in
          b32-alpaca) m=qwen3-32b d=japanese_alpaca v=qlora-gc-pf b=32 ;;
          b32-wiki) m=qwen3-32b d=wikipedia_ja v=qlora-gc-pf b=32 ;;
-         oss-alpaca) m=gpt-oss-120b d=japanese_alpaca v=qlora-gc b=32 ;;
-         oss-wiki) m=gpt-oss-120b d=wikipedia_ja v=qlora-gc b=16 ;;
+         oss-alpaca) m=gpt-oss-120b d=japanese_alpaca v=qlora-gc-pf b=32 ;;
+         oss-wiki) m=gpt-oss-120b d=wikipedia_ja v=qlora-gc-pf b=16 ;;
        esac
        sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/runs/llm/$m/full/$d/{unsloth-qlora,$v}/bs$b/metrics.json

@@ -8,6 +8,16 @@ PyTorch's variable-length flash kernel (`torch.nn.attention.varlen.varlen_attn`)
 SDPA call per sequence elsewhere (the same arithmetic, for CPUs and tests). The runner computes the lengths
 once per step from the loader's position ids (host tensors: no device sync) and passes them to every layer
 through the model's keyword arguments (`cu_seq_lens_q`, `max_length_q`: transformers' own names).
+
+Attention sinks and sliding windows (gpt-oss): each head has a sink logit that joins every query's softmax as
+an extra key with no value, and half the layers see only the last `sliding_window` tokens. The flash kernel
+computes neither the sink nor returns a gradient through its log-sum-exp, so `SinkAttention` folds the sink in
+around it, exactly: with lse the row's log-sum-exp over the real keys and f = sigmoid(lse - sink), the output is
+f * out, and the gradient is the kernel's own backward called with f * grad_out and the final output in place
+of `out` (its softmax-backward term then reads f * <grad_out, final>, which is the sink-softmax's); the sink's
+own gradient is -sum over tokens of (1 - f) <grad_out, final>. No T x T score matrix is ever formed (eager
+attention with sinks forms one per layer: 16 GiB at batch 16 x 2,048 tokens on gpt-oss-120b). The window is
+the kernel's left window (sliding_window - 1 earlier tokens and the token itself).
 """
 
 from __future__ import annotations
@@ -24,10 +34,19 @@ try:  # torch >= 2.9; its keywords changed between releases, so read them once h
     _PARAMS = set(inspect.signature(varlen_attn).parameters)
 except ImportError:  # pragma: no cover - older torch
     varlen_attn, _PARAMS = None, set()
+try:  # the flash kernel's forward (with its log-sum-exp) and backward, for attention with sinks
+    _FLASH_KW = {a.name for a in torch.ops.aten._flash_attention_forward.default._schema.arguments}
+except (AttributeError, RuntimeError):  # pragma: no cover - a build without them
+    _FLASH_KW = set()
 
 
-def kernel(device) -> str:
+def kernel(device, sinks: bool = False) -> str:
     """What computes the attention on this device, for the record."""
+    if sinks:
+        return ("flash attention forward/backward (torch.ops.aten._flash_attention_*, variable length) with the "
+                "sink logits folded in through its log-sum-exp (ftbench.attention.SinkAttention)"
+                if device.type == "cuda" and _FLASH_KW else
+                "attention with sinks per sequence in fp32 (ftbench.attention.SinkAttention; no flash kernel here)")
     if device.type == "cuda" and varlen_attn is not None:
         return "torch.nn.attention.varlen.varlen_attn (flash, variable length)"
     return "causal SDPA per sequence (no variable-length kernel on this device)"
@@ -80,6 +99,117 @@ def _per_sequence(q, k, v, bounds, scale: float):
     return torch.cat(out)
 
 
+def _acc(dtype) -> torch.dtype:
+    """The dtype sums are taken in: fp32, or fp64 for fp64 inputs (tests)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _window_mask(n: int, left: int, device) -> torch.Tensor:
+    """(n, n) booleans: causal, and at most `left` earlier tokens where left >= 0."""
+    i = torch.arange(n, device=device)
+    d = i[:, None] - i[None, :]
+    return (d >= 0) & ((d <= left) if left >= 0 else True)
+
+
+def _math_forward(q, k, v, edges, scale, left):
+    """What the flash kernel returns, one sequence at a time in fp32 (CPUs and tests): out (T, H, D) and the
+    log-sum-exp of each query's scores over its keys, (H, T)."""
+    rep = q.shape[1] // k.shape[1]
+    outs, lses = [], []
+    for a, b in zip(edges, edges[1:]):
+        qs, ks, vs = (x[a:b].transpose(0, 1).to(_acc(q.dtype)) for x in (q, k, v))
+        ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
+        s = (qs @ ks.transpose(1, 2) * scale).masked_fill(~_window_mask(b - a, left, q.device), float("-inf"))
+        lse = s.logsumexp(-1)
+        outs.append(((s - lse[..., None]).exp() @ vs).transpose(0, 1))
+        lses.append(lse)
+    return torch.cat(outs).to(q.dtype), torch.cat(lses, dim=1)
+
+
+def _math_backward(grad, q, k, v, out, lse, edges, scale, left):
+    """The flash kernel's backward, one sequence at a time in fp32: dq, dk, dv from the output's gradient, the
+    output and the log-sum-exp (the softmax is recomputed from them, as the kernel does)."""
+    rep = q.shape[1] // k.shape[1]
+    acc = _acc(q.dtype)
+    dq, dk, dv = (torch.zeros_like(x, dtype=acc) for x in (q, k, v))
+    for a, b in zip(edges, edges[1:]):
+        qs, ks, vs, gs, os_ = (x[a:b].transpose(0, 1).to(acc) for x in (q, k, v, grad, out))
+        ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
+        s = (qs @ ks.transpose(1, 2) * scale).masked_fill(~_window_mask(b - a, left, q.device), float("-inf"))
+        p = (s - lse[:, a:b, None]).exp()
+        ds = p * (gs @ vs.transpose(1, 2) - (gs * os_).sum(-1, keepdim=True))
+        h = k.shape[1]
+        dq[a:b] = (ds @ ks * scale).transpose(0, 1)
+        dk[a:b] = (ds.transpose(1, 2) @ qs * scale).unflatten(0, (h, rep)).sum(1).transpose(0, 1)
+        dv[a:b] = (p.transpose(1, 2) @ gs).unflatten(0, (h, rep)).sum(1).transpose(0, 1)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _flash_forward(q, k, v, bounds, max_length: int, scale: float, left: int):
+    """The flash kernel on a packed row (grouped-query heads native): out (T, H, D), lse (H, T)."""
+    kw = {"scale": scale}
+    if left >= 0:
+        if "window_size_left" not in _FLASH_KW:
+            raise RuntimeError("this PyTorch's flash kernel takes no sliding window")
+        kw.update(window_size_left=left, window_size_right=0)
+    out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+        q, k, v, bounds, bounds, max_length, max_length, 0.0, left < 0, False, **kw)
+    if tuple(lse.shape) != (q.shape[1], q.shape[0]):
+        raise RuntimeError(f"the flash kernel's log-sum-exp has shape {tuple(lse.shape)}, expected (heads, tokens) "
+                           f"{(q.shape[1], q.shape[0])}")
+    return out, lse, rng, unused
+
+
+class SinkAttention(torch.autograd.Function):
+    """Causal attention over a packed row with per-head sink logits (and an optional left window); see the
+    module's docstring for the arithmetic. q (T, Hq, D), k and v (T, Hkv, D), sinks (Hq,) or None."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, bounds, max_length, scale, left):
+        flash = q.is_cuda and bool(_FLASH_KW)
+        if flash:
+            out, lse, rng, unused = _flash_forward(q, k, v, bounds, max_length, scale, left)
+        else:
+            edges = bounds.tolist()
+            out, lse = _math_forward(q, k, v, edges, scale, left)
+            rng = unused = None
+        f = None
+        if sinks is not None:  # the share of each query's softmax left to the real keys, (T, H, 1)
+            f = torch.sigmoid(lse - sinks.to(lse.dtype)[:, None]).transpose(0, 1)[..., None]
+            out = (out.to(f.dtype) * f).to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse, bounds, f, rng, unused)
+        ctx.flash, ctx.max_length, ctx.scale, ctx.left, ctx.has_sinks = flash, max_length, scale, left, sinks is not None
+        ctx.sink_dtype = sinks.dtype if sinks is not None else None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, bounds, f, rng, unused = ctx.saved_tensors
+        grad = grad.contiguous()
+        g = (grad.to(f.dtype) * f).to(q.dtype) if f is not None else grad
+        if ctx.flash:
+            kw = {"scale": ctx.scale}
+            if ctx.left >= 0:
+                kw.update(window_size_left=ctx.left, window_size_right=0)
+            dq, dk, dv = torch.ops.aten._flash_attention_backward(
+                g, q, k, v, out, lse, bounds, bounds, ctx.max_length, ctx.max_length, 0.0, ctx.left < 0, rng,
+                unused, **kw)
+        else:
+            dq, dk, dv = _math_backward(g, q, k, v, out, lse, bounds.tolist(), ctx.scale, ctx.left)
+        dsinks = None
+        if f is not None and ctx.needs_input_grad[3]:
+            dsinks = (-(1 - f[..., 0]) * (grad.to(f.dtype) * out.to(f.dtype)).sum(-1)).sum(0).to(ctx.sink_dtype)
+        return dq, dk, dv, dsinks, None, None, None, None
+
+
+def sink_attention(q, k, v, sinks, bounds, max_length: int, scale: float, sliding_window=None):
+    """Attention with sinks and/or a sliding window over a packed row (T, H, D)."""
+    left = sliding_window - 1 if sliding_window else -1
+    if q.is_cuda and q.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+        q, k, v = (x.to(torch.get_autocast_dtype("cuda")) for x in (q, k, v))
+    return SinkAttention.apply(q, k, v, sinks, bounds, max_length, scale, left)
+
+
 def varlen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention-function signature: query (1, Hq, T, D), key and value (1, Hkv, T, D);
     returns (1, T, Hq, D) and no weights."""
@@ -91,6 +221,11 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
         raise NotImplementedError("attention 'varlen' has no dropout")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    sinks, window = kwargs.get("s_aux"), kwargs.get("sliding_window")
+    if sinks is not None or window:  # gpt-oss: sink logits, and a left window in half its layers
+        out = sink_attention(q.contiguous(), k.contiguous(), v.contiguous(), sinks, bounds,
+                             int(kwargs.get("max_length_q") or q.shape[0]), scale, window)
+        return out.unsqueeze(0), None
     if q.is_cuda and varlen_attn is not None:
         if q.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
             # fp32 activations under 16-bit autocast (a k-bit model's norms, upcast by PEFT's preparation): the
@@ -100,6 +235,11 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
     else:
         out = _per_sequence(q, k, v, bounds, scale)
     return out.unsqueeze(0), None
+
+
+def has_sinks(model) -> bool:
+    """Whether the model's attention has sink logits (gpt-oss)."""
+    return any(name.endswith(".sinks") or name == "sinks" for name, _ in model.named_parameters())
 
 
 def use_varlen(model) -> None:

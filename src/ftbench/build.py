@@ -27,8 +27,6 @@ UNSLOTH_REFUSAL = ("Unsloth's FastLanguageModel.from_pretrained loads a checkpoi
                    "as it loads; this model is built in the training process from its architecture and never "
                    "written whole (ftbench.build), so Unsloth cannot take it. The same 4-bit model through PEFT "
                    "with Unsloth's kernels left out is the variant qlora-gc (or qlora-gc-pf)")
-# models whose attention has per-head sink logits, which the variable-length flash kernel does not compute
-SINK_MODEL_TYPES = ("gpt_oss",)
 
 
 def parameter_seed(seed: int, name: str) -> int:

@@ -163,7 +163,22 @@ def apply_lora(model, variant: Variant, lora: dict, task_type: str | None = "CAU
 
     if variant.precision == "nf4":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=variant.gradient_checkpointing)
+        unpackable_for_cpu(model)
     return get_peft_model(model, lora_config(lora, task_type))
+
+
+def unpackable_for_cpu(model) -> int:
+    """On a CPU with AVX512-BF16, bitsandbytes repacks a 4-bit weight for its inference kernel the first time the
+    layer runs without gradients (evaluation), which needs a multiple of 32 rows and whole quantization blocks per
+    row. Layers that cannot be repacked keep the plain dequantizing path (the same arithmetic); returns how many."""
+    n = 0
+    for module in model.modules():
+        state = getattr(getattr(module, "weight", None), "quant_state", None)
+        if getattr(module, "support_avx512bf16_for_cpu", False) and state is not None and (
+                state.shape[0] % 32 or state.shape[1] % state.blocksize):
+            module.support_avx512bf16_for_cpu = False
+            n += 1
+    return n
 
 
 def adapted_modules(model) -> dict:

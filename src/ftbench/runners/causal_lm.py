@@ -8,7 +8,7 @@ import time
 import torch
 
 from .. import attention, fp8
-from ..build import SINK_MODEL_TYPES, build_model
+from ..build import build_model
 from ..flops import causal_lm_shape, step_flops
 from ..harness import Unsupported
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_kwargs, compile_model, compute_dtype,
@@ -31,12 +31,8 @@ def load_model(ctx, device):
             target_modules=lora.get("target_modules"), bias="none", random_state=3407,
             use_gradient_checkpointing="unsloth" if v.gradient_checkpointing else False)
         return model, tokenizer, {"build": {"method": "checkpoint (Unsloth's from_pretrained)"}}
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if v.attention == "varlen" and AutoConfig.from_pretrained(path).model_type in SINK_MODEL_TYPES:  # before loading
-        raise Unsupported("attention 'varlen' has no attention sinks (gpt-oss's per-head sink logits): the "
-                          "variable-length flash kernel would train a different model; gpt-oss keeps transformers' "
-                          "eager attention with sinks")
     tokenizer = AutoTokenizer.from_pretrained(path)
     # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
     # FSDP2: each rank loads on the host and the trainer shards the model onto its GPU (it need not fit one)
@@ -160,7 +156,7 @@ def train(ctx, record, device, meter):
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
         attention.use_varlen(model)
-        record["extra"]["attention_kernel"] = attention.kernel(device)
+        record["extra"]["attention_kernel"] = attention.kernel(device, attention.has_sinks(model))
     if v.compile_scope == "layers":  # the decoder layers compiled in place; the LM head and loss stay eager
         compile_model(model, v)
 

@@ -1,0 +1,137 @@
+"""Attention with sinks and sliding windows over a packed row (ftbench.attention.SinkAttention): the sink folded
+in through the kernel's log-sum-exp gives gpt-oss's eager attention, forward and gradients, without a T x T mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import ROOT
+from ftbench import attention
+from ftbench.architectures import load_architecture
+
+
+def _eager(q, k, v, sinks, edges, scale, window):
+    """gpt-oss's own eager attention (transformers), each sequence of the row on its own, its mask causal and
+    windowed as transformers' sliding-window mask is."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    module = type("M", (), {"sinks": sinks, "num_key_value_groups": q.shape[1] // k.shape[1], "training": False})
+    outs = []
+    for a, b in zip(edges, edges[1:]):
+        n = b - a
+        i = torch.arange(n)
+        ok = (i[:, None] >= i[None, :]) & ((i[:, None] - i[None, :] < window) if window else True)
+        mask = torch.zeros(n, n).masked_fill(~ok, float("-inf"))[None, None]
+        out, _ = eager_attention_forward(module, *(x[a:b].transpose(0, 1)[None] for x in (q, k, v)), mask, scale)
+        outs.append(out[0])
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_sink_attention_equals_gpt_oss_eager_attention_with_its_gradients(window):
+    g = torch.Generator().manual_seed(0)
+    edges = [0, 5, 14, 15, 20]  # a one-token sequence too
+    q = torch.randn(20, 4, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(20, 2, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    sinks = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(20, 4, 8, generator=g, dtype=torch.float64)
+    want = _eager(q, k, v, sinks, edges, 0.35, window)
+    got = attention.sink_attention(q, k, v, sinks, torch.tensor(edges, dtype=torch.int32), 16, 0.35, window)
+    torch.testing.assert_close(got, want)
+    for a, b, name in zip(torch.autograd.grad(got, (q, k, v, sinks), grad),
+                          torch.autograd.grad(want, (q, k, v, sinks), grad), ("q", "k", "v", "sinks")):
+        torch.testing.assert_close(a, b, msg=lambda m: f"gradient of {name}: {m}")
+
+
+def test_sink_attention_without_sinks_is_windowed_causal_attention():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(9, 2, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    got = attention.sink_attention(q, k, v, None, torch.tensor([0, 9], dtype=torch.int32), 9, 0.5, 4)
+    i = torch.arange(9)
+    ok = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 4)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(x.transpose(0, 1) for x in (q, k, v)), attn_mask=ok, scale=0.5).transpose(0, 1)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got.sum(), (q, k, v)), torch.autograd.grad(want.sum(), (q, k, v))):
+        torch.testing.assert_close(a, b)
+
+
+def test_gpt_oss_trains_on_a_packed_row_with_varlen_attention_as_each_sequence_alone():
+    """A tiny gpt-oss (sinks in every layer, a sliding window in half of them) on one packed row with
+    `attention: varlen` gives the loss and gradients of each sequence run alone through its eager attention."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ftbench.attention import step_kwargs, use_varlen
+
+    cfg = dict(load_architecture(ROOT / "config/architectures/gpt-oss-120b.yaml", "tiny")["config"])
+    cfg["sliding_window"] = 4  # shorter than the sequences below, so the window matters
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    for layer in model.model.layers:
+        torch.nn.init.normal_(layer.self_attn.sinks, std=1.0)
+    assert {layer.self_attn.sliding_window for layer in model.model.layers} == {None, 4}
+    lengths = (7, 11, 3)
+    seqs = [torch.randint(5, 3000, (n,)) for n in lengths]
+
+    def summed_loss(logits, ids):  # summed over next-token predictions
+        return torch.nn.functional.cross_entropy(logits[0, :-1], ids[1:], reduction="sum")
+
+    alone = sum(summed_loss(model(input_ids=s[None]).logits, s) for s in seqs)
+    alone.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    use_varlen(model)
+    row = torch.cat(seqs)[None]
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    logits = model(input_ids=row, position_ids=pos, **step_kwargs(pos, 64)).logits
+    edges = [0, 7, 18, 21]
+    packed = sum(summed_loss(logits[:, a:b], row[0, a:b]) for a, b in zip(edges, edges[1:]))
+    packed.backward()
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+    assert any("sinks" in n for n in want)
+    for n, p in model.named_parameters():
+        if n in want:
+            torch.testing.assert_close(p.grad, want[n], rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
+
+
+def test_the_flash_path_calls_the_kernel_with_the_window_and_folds_the_sink(monkeypatch):
+    """The CUDA path (run here with the flash kernel's forward and backward replaced by the per-sequence ones
+    under its signature): the row's bounds, a causal flag only without a window, left window = sliding_window - 1,
+    and the same output and gradients as the CPU path."""
+    calls = []
+
+    def fwd(q, k, v, cu_q, cu_k, max_q, max_k, dropout, causal, debug, *, scale=None, window_size_left=None,
+            window_size_right=None):
+        calls.append(("fwd", max_q, causal, window_size_left, window_size_right))
+        assert cu_q is cu_k and dropout == 0.0
+        out, lse = attention._math_forward(q, k, v, cu_q.tolist(), scale,
+                                           -1 if window_size_left is None else window_size_left)
+        return out, lse, torch.zeros(2), torch.zeros(0), torch.zeros(0)
+
+    def bwd(g, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout, causal, rng, unused, *, scale=None,
+            window_size_left=None, window_size_right=None):
+        calls.append(("bwd", max_q, causal, window_size_left, window_size_right))
+        return attention._math_backward(g, q, k, v, out, lse, cu_q.tolist(), scale,
+                                        -1 if window_size_left is None else window_size_left)
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(12, 4, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(12, 2, 8, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    sinks = torch.randn(4, generator=g, dtype=torch.float64)
+    bounds = torch.tensor([0, 5, 12], dtype=torch.int32)
+    want = [attention.sink_attention(q, k, v, sinks, bounds, 2048, 0.3, w) for w in (None, 3)]
+    want_grads = [torch.autograd.grad(w.sum(), (q, k, v)) for w in want]
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", fwd, raising=False)
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_backward", bwd, raising=False)
+    monkeypatch.setattr(attention, "_FLASH_KW", {"window_size_left", "window_size_right", "scale"})
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    for w, out_want, grads_want in zip((None, 3), want, want_grads):
+        out = attention.sink_attention(q, k, v, sinks, bounds, 2048, 0.3, w)
+        torch.testing.assert_close(out, out_want)
+        for a, b in zip(torch.autograd.grad(out.sum(), (q, k, v)), grads_want):
+            torch.testing.assert_close(a, b)
+    assert calls == [("fwd", 2048, True, None, None), ("bwd", 2048, True, None, None),
+                     ("fwd", 2048, False, 2, 0), ("bwd", 2048, False, 2, 0)]
