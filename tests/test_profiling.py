@@ -71,3 +71,19 @@ def test_profiles_measured_elsewhere_become_pages_of_the_report(tmp_path):
     assert "NVIDIA H100 80GB HBM3" in page and "lora-pf-liger" in page and "LigerRopeFunction" in page
     # readable tables: named columns, shares in percent (not 0-1 fractions under snake_case keys)
     assert "GPU busy %" in page and "share %" in page and "busy_share" not in page
+
+
+def test_a_config_can_profile_fewer_steps():
+    """`training.profile_active_steps` (bench/study_b_full.yaml: 1) shortens the profiler's active window; the
+    default keeps SCHEDULE's."""
+    from conftest import ROOT
+    from ftbench.config import RunSpec, load_yaml, train_settings
+    from ftbench.profiling import SCHEDULE, schedule
+
+    assert schedule(None) == SCHEDULE and schedule(1) == {**SCHEDULE, "active": 1}
+    cfg = load_yaml(ROOT / "config/config.yaml")
+    spec = RunSpec("llm", "gpt-oss-120b", "tiny", "wikipedia_ja", "qlora-gc-pf", 16)
+    assert train_settings(cfg, spec).profile_active_steps is None
+    full = load_yaml(ROOT / "bench/study_b_full.yaml")
+    cfg["studies"]["llm"]["training"] = {**cfg["studies"]["llm"]["training"], **full["studies"]["llm"]["training"]}
+    assert train_settings(cfg, spec).profile_active_steps == 1

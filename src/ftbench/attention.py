@@ -52,22 +52,44 @@ def kernel(device, sinks: bool = False) -> str:
     return "causal SDPA per sequence (no variable-length kernel on this device)"
 
 
-def sequence_bounds(position_ids: torch.Tensor) -> torch.Tensor:
+def trailing_pads(input_ids: torch.Tensor, position_ids: torch.Tensor, pad_id: int) -> int:
+    """How many tokens end a padding-free row as padding: TRL's collator pads the row on the right with pad tokens
+    at position 0 each (one row: 1-D tensors)."""
+    pad = ((position_ids == 0) & (input_ids == pad_id)).flip(0)
+    return int(pad.cumprod(0).sum())
+
+
+def sequence_bounds(position_ids: torch.Tensor, pads: int = 0, max_length: int | None = None,
+                    slots: int | None = None) -> torch.Tensor:
     """Cumulative sequence boundaries of a padding-free row, [0, end of sequence 1, ..., T], as int32 (what
-    flash kernels call cu_seqlens), from its position ids (restarting at 0 at each sequence)."""
+    flash kernels call cu_seqlens), from its position ids (restarting at 0 at each sequence).
+
+    With `slots` (rows of one shape: variant knob token_budget), the `pads` trailing pad tokens form sequences of
+    at most `max_length` tokens of their own (they carry no labels), and the boundaries are padded to `slots` + 1
+    entries by repeating T (empty sequences, which the kernels skip), so every step passes a tensor of one shape;
+    a row with more sequences takes the next multiple of `slots` (a new shape, still correct)."""
     if position_ids.shape[0] != 1:
         raise ValueError(f"a padding-free batch is one row; got position ids of shape {tuple(position_ids.shape)}")
     pos = position_ids[0]
-    starts = (pos == 0).nonzero().flatten()
+    n = pos.numel()
+    starts = (pos[:n - pads] == 0).nonzero().flatten()
     if starts.numel() == 0 or int(starts[0]) != 0:
         raise ValueError("position ids of a padding-free row start at 0")
-    return torch.cat([starts, torch.tensor([pos.numel()], device=pos.device)]).to(torch.int32)
+    parts = [starts]
+    if pads:
+        parts.append(torch.arange(n - pads, n, max_length or pads, device=pos.device))
+    bounds = torch.cat([*parts, torch.tensor([n], device=pos.device)]).to(torch.int32)
+    if slots:
+        width = slots * -(-(bounds.numel() - 1) // slots) + 1
+        bounds = torch.cat([bounds, bounds.new_full((width - bounds.numel(),), n)])
+    return bounds
 
 
-def step_kwargs(position_ids: torch.Tensor, max_length: int) -> dict:
+def step_kwargs(position_ids: torch.Tensor, max_length: int, pads: int = 0, slots: int | None = None) -> dict:
     """The keyword arguments a forward pass carries to each layer's attention. `max_length` bounds every
-    sequence's length (the loader truncates to it): a constant, so compiled layers see no new value per step."""
-    bounds = sequence_bounds(position_ids)
+    sequence's length (the loader truncates to it): a constant, so compiled layers see no new value per step.
+    `pads` and `slots`: a fixed-shape row's trailing padding and its fixed number of sequence slots."""
+    bounds = sequence_bounds(position_ids, pads, max_length, slots) if slots else sequence_bounds(position_ids)
     return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": max_length, "max_length_k": max_length}
 
 
@@ -95,7 +117,7 @@ def _per_sequence(q, k, v, bounds, scale: float):
     gqa = k.shape[1] != q.shape[1]
     out = [torch.nn.functional.scaled_dot_product_attention(
         q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1), is_causal=True, scale=scale,
-        enable_gqa=gqa).transpose(0, 1) for a, b in zip(edges, edges[1:])]
+        enable_gqa=gqa).transpose(0, 1) for a, b in zip(edges, edges[1:]) if b > a]
     return torch.cat(out)
 
 
@@ -117,6 +139,8 @@ def _math_forward(q, k, v, edges, scale, left):
     rep = q.shape[1] // k.shape[1]
     outs, lses = [], []
     for a, b in zip(edges, edges[1:]):
+        if b == a:  # an empty slot (fixed-shape rows)
+            continue
         qs, ks, vs = (x[a:b].transpose(0, 1).to(_acc(q.dtype)) for x in (q, k, v))
         ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
         s = (qs @ ks.transpose(1, 2) * scale).masked_fill(~_window_mask(b - a, left, q.device), float("-inf"))
@@ -133,6 +157,8 @@ def _math_backward(grad, q, k, v, out, lse, edges, scale, left):
     acc = _acc(q.dtype)
     dq, dk, dv = (torch.zeros_like(x, dtype=acc) for x in (q, k, v))
     for a, b in zip(edges, edges[1:]):
+        if b == a:
+            continue
         qs, ks, vs, gs, os_ = (x[a:b].transpose(0, 1).to(acc) for x in (q, k, v, grad, out))
         ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
         s = (qs @ ks.transpose(1, 2) * scale).masked_fill(~_window_mask(b - a, left, q.device), float("-inf"))

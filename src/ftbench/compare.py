@@ -353,19 +353,28 @@ def decision_guide(df: pl.DataFrame, published: dict, memory_gib=(16, 24, 48, 80
     return [note, ("What to use, by memory budget and run length", table, "decision_guide")]
 
 
-def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
+def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True, eval_loss=False, title="Ladder",
+           **_) -> list:
     """The technique ladder: each rung a variant that adds one technique to the rung before, measured at the
     same model, dataset, GPU and batch size; real (unpadded) tokens/s, MFU, peak memory, the loss over the first
     steps (the same samples for every rung: a faster rung that trains a different model shows here), x previous
     and x baseline with their noise verdicts. Variants `beside` the ladder (Unsloth) are rows of their own. Ends
-    with the fastest configuration per GPU among everything in the table, at any batch size, and its memory."""
+    with the fastest configuration per GPU among everything in the table, at any batch size, and its memory.
+    `by_batch` false: rungs at different batch sizes side by side (each rung at its own batch: `frontier`);
+    `eval_loss`: the loss compared is the evaluation set's (rungs that reorder the training samples)."""
     names = list(rungs) + [b for b in beside if b not in rungs]
     df = df.filter(pl.col("variant").is_in(names)).with_columns(memory_gib=peak_memory())
-    keys = ["model", "scale", "dataset", "gpu", "batch_size"]
+    keys = ["model", "scale", "dataset", "gpu"] + (["batch_size"] if by_batch else [])
     rows = []
     for group in df.partition_by(keys, maintain_order=True):
         by = {r["variant"]: r for r in group.iter_rows(named=True)}
         base, prev = by.get(rungs[0]) if rungs else None, None
+        if not by_batch:  # a rung measured at several batches: its fastest that ran
+            by = {}
+            for r in sorted(group.iter_rows(named=True),
+                            key=lambda r: (r["status"] == "ok", r["throughput.tokens_per_s"] or 0)):
+                by[r["variant"]] = r
+            base = by.get(rungs[0]) if rungs else None
         for i, name in enumerate(names):
             r = by.get(name)
             if r is None:
@@ -378,14 +387,15 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
                     return None
                 return _verdict(tps / other["throughput.tokens_per_s"], r["timing.noise_cv"], other["timing.noise_cv"])
 
-            loss, base_loss = r.get("loss.mean_first_steps"), (base or {}).get("loss.mean_first_steps")
-            same_steps = base is not None and r.get("loss.first_steps") == base.get("loss.first_steps")
+            col = "loss.eval" if eval_loss else "loss.mean_first_steps"
+            loss, base_loss = r.get(col), (base or {}).get(col)
+            same_steps = base is not None and (eval_loss or r.get("loss.first_steps") == base.get("loss.first_steps"))
             rows.append({"model": r["model"], "scale": r["scale"], "dataset": r["dataset"], "gpu": r["gpu"],
                          "batch": r["batch_size"], "rung": str(i) if name in rungs else "beside", "variant": name,
                          "status": r["status"],
                          "tokens/s (real)": tps, "MFU %": 100 * r["flops.mfu"] if ok and r["flops.mfu"] else None,
                          "peak memory GiB": r["memory_gib"] if ok else None,
-                         "loss, first steps (mean)": loss if ok else None,
+                         ("loss, evaluation set" if eval_loss else "loss, first steps (mean)"): loss if ok else None,
                          "loss vs baseline": (loss - base_loss) if ok and same_steps and loss is not None
                          and base_loss is not None else None,
                          "x previous": times(prev) if name in rungs else None,
@@ -398,8 +408,14 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
             "The loss is the mean over the first warm-up + window steps, which see the same samples in every rung; "
             "'loss vs baseline' is its difference from rung 0 (random weights: equal losses mean the same "
             "computation, not a good model). " + NOISE_NOTE)
+    if eval_loss:
+        note = note.replace("The loss is the mean over the first warm-up + window steps, which see the same samples in "
+                            "every rung", "Each rung runs at its own batch (its fastest measured); the loss is the "
+                            "evaluation set's, the same sequences for every rung (packed rows reorder the training "
+                            "samples)")
+    kind = title.lower()
     if not rows:
-        return [note, ("Ladder", pl.DataFrame({"result": ["no rung ran"]}), "ladder")]
+        return [note, (title, pl.DataFrame({"result": ["no rung ran"]}), kind)]
     table = pl.DataFrame(rows, infer_schema_length=None)
     best = []  # per GPU, model and scale (a proxy model's tokens/s says nothing of the full one's) and dataset
     measured = table.filter(pl.col("tokens/s (real)").is_not_null())
@@ -409,7 +425,14 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
                     f"<b>{top['variant']}</b> at batch {top['batch']}, {top['tokens/s (real)']:,.0f} real tokens/s, "
                     f"{top['peak memory GiB']:.1f} GiB peak.")
     lead = "Fastest configuration measured: " + (" ".join(best) if best else "none ran.")
-    return [lead, note, ("Ladder", table, "ladder")]
+    return [lead, note, (title, table, kind)]
+
+
+def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
+    """The speed frontier past the ladder's top (one GPU, LoRA): each rung adds one technique (rows of a token
+    budget, CUDA graphs, no per-step metric syncs, fused projections and optimizer, activation offloading, FP8),
+    each at its own batch; loss on the evaluation set."""
+    return ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier")
 
 
 def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
@@ -502,7 +525,7 @@ def gpu_kinds(df: pl.DataFrame, published: dict, reference: str | None = None, *
             svg_string(gpu_bars(bars)), ("GPU kinds side by side", table, "gpu_kinds")]
 
 
-COMPARISONS = {"study_b_table": study_b_table, "scaling": scaling, "ladder": ladder, "decision_guide": decision_guide, "lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
+COMPARISONS = {"study_b_table": study_b_table, "scaling": scaling, "ladder": ladder, "frontier": frontier, "decision_guide": decision_guide, "lmm_vs_published": lmm_vs_published, "samples_per_hour_vs_published": samples_per_hour_vs_published, "unsloth_vs_peft": unsloth_vs_peft,
                "diffusion_vs_published": diffusion_vs_published, "gpu_kinds": gpu_kinds}
 
 

@@ -44,6 +44,13 @@ class Variant:
     gradient_checkpointing: bool = False
     padding_free: bool = False  # causal LM: a batch is one row of concatenated sequences (position ids restart)
     liger: bool = False  # causal LM: Liger Kernel's fused RMSNorm, SwiGLU and RoPE (Triton, CUDA only)
+    # causal LM, padding-free: rows of exactly this many tokens (sequences packed whole, best fit decreasing; the
+    # tail padded, not counted as real tokens): one shape for every step (ftbench.packing)
+    token_budget: int | None = None
+    trainer_metrics: bool = True  # causal LM: TRL's per-step entropy/accuracy metrics (two host syncs a step)
+    activation_offloading: bool = False  # causal LM: saved activations in pinned host memory (TRL's offloading)
+    optim: str | None = None  # the optimizer (a transformers optim name), over training.optim
+    fused_projections: bool = False  # causal LM: q/k/v and gate/up as one GEMM each, LoRA per projection
     # how attention keeps a batch's sequences apart: mask (a padding or block-diagonal mask: SDPA's masked
     # kernels) | varlen (causal LM, padding-free: per-sequence kernel on the cumulative lengths, no mask;
     # ftbench.attention) | causal (LMM: no padding mask, the causal one alone; right padding means no real token
@@ -129,6 +136,7 @@ class TrainSettings:
     gradient_accumulation_steps: int = 1
     logging_steps: int = 1
     memory_log_every: int = 10
+    profile_active_steps: int | None = None  # profiled steps of a profile job (None: ftbench.profiling.SCHEDULE's 3)
     seed: int = 42
     lora: dict = field(default_factory=dict)
     optim: str = "adamw_torch"

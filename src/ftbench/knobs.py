@@ -22,7 +22,9 @@ HONOURED = {
                   "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
-                  "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"}},
+                  "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
+                  "token_budget": ANY, "trainer_metrics": ANY, "activation_offloading": ANY, "optim": ANY,
+                  "fused_projections": ANY},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
             "fp8_backend": ANY, "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
@@ -62,6 +64,13 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("attention='varlen' without padding_free (it reads the packed row's sequence boundaries)")
     if variant.attention == "varlen" and variant.framework == "unsloth":
         problems.append("attention='varlen' with framework='unsloth' (Unsloth chooses its own attention)")
+    if variant.token_budget and not variant.padding_free:
+        problems.append("token_budget without padding_free (its rows are packed rows)")
+    if variant.token_budget and variant.framework == "unsloth":
+        problems.append("token_budget with framework='unsloth' (Unsloth packs its own way)")
+    if variant.fused_projections and (variant.framework == "unsloth" or variant.precision in ("nf4", "fp8")):
+        problems.append("fused_projections with Unsloth, nf4 or fp8 (the fused weights are bf16/fp32 copies of "
+                        "the projections)")
     if variant.compile_backend != DEFAULTS["compile_backend"] and not variant.compile:
         problems.append(f"compile_backend={variant.compile_backend!r} without compile")
     if variant.nf4_compute != DEFAULTS["nf4_compute"] and variant.precision != "nf4":

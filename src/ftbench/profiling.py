@@ -1,4 +1,5 @@
-"""Profiling: torch.profiler on a run (wait 1, warm-up 1, active 3) and a summary of its Chrome trace."""
+"""Profiling: torch.profiler on a run (wait 1, warm-up 1, active 3, or `training.profile_active_steps`) and a summary
+of its Chrome trace."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ import os
 import shutil
 
 SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # each profiled step adds trace to export and parse
-STEPS_NEEDED = sum(SCHEDULE.values()) + 1
 DATA_LOADING_MARKERS = ("enumerate(DataLoader)", "ftbench.data")
 IDLE_GAP_US = 50.0  # a gap between device kernels longer than this counts as idle
 CAUSE_GAP_US = 10_000.0  # gaps this long are attributed to the host operator running through them
 HOST_CATEGORIES = ("cpu_op", "python_function", "user_annotation")
 
 
-def make_profiler(device: torch.device, trace_path: str, ops_path: str, top: int = 15):
+def schedule(active: int | None = None) -> dict:
+    """The profiler's schedule: SCHEDULE, with `active` profiled steps where given (a step of a large model can
+    hold hundreds of thousands of kernels: gpt-oss-120b's experts, one at a time)."""
+    return {**SCHEDULE, "active": active} if active else dict(SCHEDULE)
+
+
+def make_profiler(device: torch.device, trace_path: str, ops_path: str, top: int = 15, plan: dict | None = None):
     """A profiler that, when its active window closes, writes the Chrome trace and the top operators
     by self time on the device (self CPU time on a machine without a GPU)."""
     import torch  # here, not at the top: the report's environment renders profile pages without PyTorch
@@ -40,7 +46,7 @@ def make_profiler(device: torch.device, trace_path: str, ops_path: str, top: int
         with open(ops_path, "w") as f:
             json.dump({"by": key, "operators": ops}, f, indent=2)
 
-    return torch.profiler.profile(activities=acts, schedule=torch.profiler.schedule(repeat=1, **SCHEDULE),
+    return torch.profiler.profile(activities=acts, schedule=torch.profiler.schedule(repeat=1, **(plan or SCHEDULE)),
                                   on_trace_ready=on_ready, record_shapes=False, with_stack=False)
 
 
@@ -136,15 +142,17 @@ def profile_run(ctx, trace_path, summary_path) -> dict:
 
     device = pick_device()
     ops_path = str(Path(summary_path).with_suffix(".ops.json"))
+    plan = schedule(ctx.settings.profile_active_steps)
     m = ctx.settings.measure  # one window long enough for the profiler's schedule
     measure = dataclasses.replace(m, repeats=1, min_seconds=0, max_window_steps=None,
-                                  steps=max(m.steps, STEPS_NEEDED - m.warmup_steps))
+                                  steps=max(m.steps, sum(plan.values()) + 1 - m.warmup_steps))
     settings = dataclasses.replace(ctx.settings, measure=measure)
-    ctx = dataclasses.replace(ctx, settings=settings, profiler=make_profiler(device, str(trace_path), ops_path))
+    ctx = dataclasses.replace(ctx, settings=settings,
+                              profiler=make_profiler(device, str(trace_path), ops_path, plan=plan))
     with tempfile.TemporaryDirectory() as tmp:
         record = execute(ctx, f"{tmp}/metrics.json", f"{tmp}/steps.csv", f"{tmp}/memory.csv")
     summary = {"run": record["run"], "status": record["status"], "reason": record["reason"],
-               "step_time_s": record["timing"]["step_time_s"], "schedule": SCHEDULE,
+               "step_time_s": record["timing"]["step_time_s"], "schedule": plan,
                "gpu": (record["provenance"].get("device") or {}).get("name")}
     if record["status"] == "ok":
         ops = json.loads(Path(ops_path).read_text())["operators"]

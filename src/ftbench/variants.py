@@ -49,6 +49,9 @@ def check_supported(variant: Variant, device: torch.device, manifest: dict | Non
     if variant.parallel == "fsdp2" and not cuda:
         raise Unsupported("FSDP2 through accelerate shards over GPUs only (accelerate has no FSDP for CPU ranks); "
                           "data parallel (ddp) runs on CPU ranks")
+    if variant.activation_offloading and not cuda:
+        raise Unsupported("activation offloading moves saved activations from a GPU to pinned host memory; this "
+                          "machine has no CUDA GPU")
     if variant.pin_memory and not cuda:
         raise Unsupported("pin_memory pins host memory for copies to a CUDA GPU; this machine has none")
 

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from .. import attention, fp8
+from .. import attention, fp8, fused, packing
 from ..build import build_model
 from ..flops import causal_lm_shape, step_flops
 from ..harness import Unsupported
@@ -46,7 +46,10 @@ def load_model(ctx, device):
     info = {"build": build}
     if v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs (torchao), before LoRA wraps them
         info["fp8"] = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN)
-    return apply_lora(model, v, lora), tokenizer, info
+    model = apply_lora(model, v, lora)
+    if v.fused_projections:  # q/k/v and gate/up as one GEMM each, LoRA kept per projection (ftbench.fused)
+        info["fused_projections"] = fused.fuse_projections(model)
+    return model, tokenizer, info
 
 
 def trainer_compile_args(variant) -> dict:
@@ -80,8 +83,7 @@ def batch_sequences(input_ids, attention_mask, position_ids, pad_id=None) -> tup
     if input_ids.shape[0] == 1 and position_ids is not None:
         n = end = input_ids.shape[1]
         if pad_id is not None:  # the length of the trailing run of pad tokens at position 0
-            pad = ((position_ids[0] == 0) & (input_ids[0] == pad_id)).flip(0)
-            end = n - int(pad.cumprod(0).sum())
+            end = n - attention.trailing_pads(input_ids[0], position_ids[0], pad_id)
         starts = (position_ids[0, :end] == 0).nonzero().flatten().tolist() + [end]
         if len(starts) > 2:
             lens = [b - a for a, b in zip(starts, starts[1:])]
@@ -110,11 +112,14 @@ def truncate(ds, length: int):
                               if isinstance(x, list) and len(x) == len(ex["input_ids"])})
 
 
-def pad_multiple(variant, settings) -> int | None:
+def pad_multiple(variant, settings, batch_size: int = 1) -> int | None:
     """What each batch's length is padded up to a multiple of: nothing (dynamic padding), a bucket size
-    (bucketed: few distinct shapes, for compilers and per-shape kernel plans), or the fixed length; with FP8
-    GEMMs also a multiple of 16 (their shape rule; a padding-free row gets trailing pad tokens)."""
+    (bucketed: few distinct shapes, for compilers and per-shape kernel plans), the fixed length, or a token
+    budget's whole row (B rows of `token_budget` tokens: one shape); with FP8 GEMMs also a multiple of 16 (their
+    shape rule; a padding-free row gets trailing pad tokens)."""
     multiple = {"bucketed": settings.bucket_multiple, "fixed": settings.fixed_length}.get(variant.shape_policy)
+    if variant.token_budget:
+        multiple = packing.row_tokens(batch_size, variant.token_budget)
     if variant.precision == "fp8":
         multiple = math.lcm(multiple or 1, fp8.ALIGN)
     return multiple
@@ -125,6 +130,15 @@ def fused_head_available() -> bool:
     from trl.trainer import utils
 
     return utils._ChunkedLogProbFunction is not None
+
+
+def fused_head_loss(model, inputs, num_items_in_batch=None):
+    """The loss TRL's SFTTrainer computes from its fused LM head (per-token log-probabilities in chunks, the full
+    logits never formed), without its per-step entropy and token-accuracy metrics, which read two values back to
+    the host every step (variant knob trainer_metrics: false)."""
+    outputs = model(**{**inputs, "use_cache": False}, fused_lm_head=True)
+    num_tokens = outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
+    return (-outputs.log_probs).sum() / torch.as_tensor(num_tokens).clamp(min=1)
 
 
 def sft_dataset(path, kind):
@@ -150,9 +164,10 @@ def train(ctx, record, device, meter):
                            build=info.get("build"))
     shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
     compute = DTYPE_NAMES[compute_dtype(v)]
-    multiple = pad_multiple(v, s)
+    multiple = pad_multiple(v, s, ctx.spec.batch_size)
     record["precision"].update(precision_ran(model, compute, fp8_info.get("converted")))
     record["extra"]["fp8"] = fp8_info or None
+    record["extra"]["fused_projections"] = info.get("fused_projections")
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
         attention.use_varlen(model)
@@ -164,7 +179,7 @@ def train(ctx, record, device, meter):
         output_dir=str(ctx.spec.run_dir) + "/trainer", max_steps=s.max_steps,
         per_device_train_batch_size=ctx.spec.batch_size, per_device_eval_batch_size=ctx.spec.batch_size,
         gradient_accumulation_steps=s.gradient_accumulation_steps, learning_rate=s.learning_rate,
-        optim=s.optim, max_grad_norm=s.max_grad_norm, bf16=compute == "bf16", fp16=compute == "fp16",
+        optim=v.optim or s.optim, max_grad_norm=s.max_grad_norm, bf16=compute == "bf16", fp16=compute == "fp16",
         # padding-free: TRL refuses a max_length it would not enforce; the datasets are truncated below instead
         max_length=None if v.padding_free else s.max_seq_length, logging_steps=s.logging_steps,
         save_strategy="no", eval_strategy="no", report_to="none", seed=s.seed, data_seed=s.seed,
@@ -177,9 +192,12 @@ def train(ctx, record, device, meter):
         pad_to_multiple_of=multiple, use_cpu=device.type == "cpu", disable_tqdm=True,
         # padding-free: TRL's collator concatenates a batch into one row with position ids restarting at each
         # sequence; the trainer below adds the block-diagonal mask that keeps them apart (document_mask)
-        padding_free=v.padding_free, use_liger_kernel=v.liger,
+        padding_free=v.padding_free, use_liger_kernel=v.liger, activation_offloading=v.activation_offloading,
         lr_scheduler_type="linear", warmup_steps=0, **trainer_compile_args(v), **parallel_args(v, model))
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
+
+    slots = packing.bound_slots(ctx.spec.batch_size, v.token_budget, s.max_seq_length) if v.token_budget else None
+    pad_id = tokenizer.pad_token_id
 
     class MeasuredSFTTrainer(SFTTrainer):
         """SFTTrainer that remembers each micro-batch's tensors and loss (references only: no host sync)."""
@@ -187,6 +205,8 @@ def train(ctx, record, device, meter):
         pending: list = []
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if fused_head_available() and not v.trainer_metrics and not return_outputs:
+                return fused_head_loss(model, inputs, num_items_in_batch)
             if fused_head_available():
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             # TRL's fused LM head is a Triton kernel; without Triton (CPU-only machines) use the model's loss
@@ -195,7 +215,8 @@ def train(ctx, record, device, meter):
         def _prepare_inputs(self, inputs):
             if v.attention == "varlen" and inputs.get("position_ids") is not None:
                 # from the loader's host tensors, before they move: no device sync
-                inputs = {**inputs, **attention.step_kwargs(inputs["position_ids"], s.max_seq_length)}
+                pads = attention.trailing_pads(inputs["input_ids"][0], inputs["position_ids"][0], pad_id) if slots else 0
+                inputs = {**inputs, **attention.step_kwargs(inputs["position_ids"], s.max_seq_length, pads, slots)}
             inputs = super()._prepare_inputs(inputs)
             if (v.padding_free and v.attention == "mask" and inputs.get("position_ids") is not None
                     and inputs.get("attention_mask") is None):
@@ -240,16 +261,24 @@ def train(ctx, record, device, meter):
     if v.padding_free:  # the truncation TRL applies with max_length otherwise (the first tokens kept)
         trainer.train_dataset, trainer.eval_dataset = (truncate(ds, s.max_seq_length)
                                                        for ds in (trainer.train_dataset, trainer.eval_dataset))
+    if v.token_budget:  # sequences packed whole into rows of the budget (ftbench.packing)
+        trainer.train_dataset, trainer.eval_dataset = (packing.pack_rows(ds, v.token_budget)
+                                                       for ds in (trainer.train_dataset, trainer.eval_dataset))
     trainer.train()
     meter.finish()
     record["extra"]["gradient_checkpointing_active"] = bool(getattr(trainer.model, "is_gradient_checkpointing", False)
                                                             or getattr(model, "is_gradient_checkpointing", False))
     if v.parallel:  # what the trainer wrapped the model in: DistributedDataParallel, or FSDP2's FSDP<class>
         record["extra"]["parallel_wrapper"] = type(trainer.model_wrapped).__name__
-    record["extra"]["loss_path"] = "trl_fused_lm_head" if fused_head_available() else "model_cross_entropy"
+    record["extra"]["loss_path"] = ("model_cross_entropy" if not fused_head_available() else "trl_fused_lm_head" if
+                                    v.trainer_metrics else "trl_fused_lm_head, without TRL's per-step metrics")
     n_train = len(train_ds)
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size
     record["extra"]["pad_multiple"] = multiple
+    if v.token_budget:
+        record["extra"]["packing"] = {"rows": len(trainer.train_dataset), "budget": v.token_budget,
+                                      "strategy": "bfd (TRL's best fit decreasing; sequences whole)",
+                                      "sequence_slots": slots}
     record["extra"]["train_samples"] = n_train
     with meter.eval():
         record["loss"]["eval"] = trainer.evaluate()["eval_loss"]

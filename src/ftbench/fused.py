@@ -1,0 +1,131 @@
+"""Fused projections (variant knob `fused_projections`, causal LM): q/k/v and gate/up each as one GEMM.
+
+A decoder layer multiplies the same input by q_proj, k_proj and v_proj, and by gate_proj and up_proj: five GEMMs
+(and with LoRA, five more pairs) where two would do. Here the frozen weights of each group are concatenated once,
+after LoRA is applied (each projection's base weight becomes a view of the concatenation: no second copy), and
+the layer's forward computes the group as one GEMM, its LoRA A matrices as one more (their concatenation is
+rebuilt each step from the trainable parameters, so gradients reach each), then each projection's B on its own
+slice. The LoRA modules stay where PEFT put them, so the trainable parameters, the optimizer's view and the
+adapter PEFT saves are exactly those of the unfused model (an adapter from this rung loads into a plain PEFT
+model: tests/test_fused.py). Attention and MLP forwards are those of transformers' Llama-family layers (Qwen3's
+q/k norms included); any other layer is left as it is and counted as such.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+def _base(p):
+    return getattr(p, "base_layer", p)
+
+
+class FusedProjections(nn.Module):
+    """Projections of one input, computed together. `projections`: PEFT LoRA linears (or plain nn.Linear), kept
+    where they are in the model (held here in a plain list, not as submodules); returns one output each."""
+
+    def __init__(self, projections: list[nn.Module]):
+        super().__init__()
+        self._parts = list(projections)
+        bases = [_base(p) for p in projections]
+        self.sizes = [b.out_features for b in bases]
+        with torch.no_grad():
+            weight = torch.cat([b.weight for b in bases])
+            bias = torch.cat([b.bias for b in bases]) if all(b.bias is not None for b in bases) else None
+            if bias is None and any(b.bias is not None for b in bases):
+                raise ValueError("fused projections: some have a bias and some not")
+        start = 0
+        for b, n in zip(bases, self.sizes):  # each base weight a view of the fused one: no second copy
+            b.weight = nn.Parameter(weight[start:start + n], requires_grad=False)
+            if bias is not None:
+                b.bias = nn.Parameter(bias[start:start + n], requires_grad=False)
+            start += n
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+
+    def _adapters(self):
+        """(A weights, B weights, scalings) of the active LoRA adapter of every projection, or None when any
+        projection has none, has dropout, or is disabled (then each adds its own LoRA term)."""
+        out = []
+        for p in self._parts:
+            names = getattr(p, "active_adapters", None)
+            if not names or getattr(p, "disable_adapters", False) or getattr(p, "merged", False) or len(names) != 1:
+                return None
+            name = names[0]
+            if name not in p.lora_A or not isinstance(p.lora_dropout[name], nn.Identity):
+                return None
+            out.append((p.lora_A[name].weight, p.lora_B[name].weight, p.scaling[name]))
+        return out
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outs = F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        adapters = self._adapters()
+        if adapters is None:
+            if all(getattr(p, "active_adapters", None) is None for p in self._parts):
+                return outs
+            # a projection with dropout or several adapters: PEFT's own LoRA term per projection
+            return tuple(o + (p(x) - F.linear(x, _base(p).weight, _base(p).bias)) for o, p in zip(outs, self._parts))
+        a_all = torch.cat([a for a, _, _ in adapters])
+        xa = x.to(a_all.dtype) if not torch.is_autocast_enabled(x.device.type) else x
+        low = F.linear(xa, a_all).split([a.shape[0] for a, _, _ in adapters], dim=-1)
+        return tuple((o + F.linear(h, b) * s).to(o.dtype) for o, h, (_, b, s) in zip(outs, low, adapters))
+
+
+def _attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+    """transformers' Llama-family attention forward (Qwen3's q/k norms where the layer has them), with q/k/v from
+    one fused projection."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    module = type(self).__module__
+    rotary = __import__(module, fromlist=["apply_rotary_pos_emb"]).apply_rotary_pos_emb
+    eager = __import__(module, fromlist=["eager_attention_forward"]).eager_attention_forward
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    q, k, v = self.qkv(hidden_states)
+    q, k, v = q.view(hidden_shape), k.view(hidden_shape), v.view(hidden_shape)
+    if hasattr(self, "q_norm"):
+        q, k = self.q_norm(q), self.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = rotary(q, k, cos, sin)
+    if past_key_values is not None:
+        k, v = past_key_values.update(k, v, self.layer_idx)
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
+    out, weights = attend(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.attention_dropout,
+                          scaling=self.scaling, sliding_window=getattr(self, "sliding_window", None), **kwargs)
+    return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+
+
+def _mlp_forward(self, x):
+    gate, up = self.gate_up(x)
+    return self.down_proj(self.act_fn(gate) * up)
+
+
+ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
+MLP = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
+
+
+def fuse_projections(model) -> dict:
+    """Fuse every supported attention's q/k/v and MLP's gate/up in place (after LoRA is applied, before compile).
+    Returns counts for the record."""
+    counts = {"attention": 0, "mlp": 0, "left_unfused": []}
+    for module in list(model.modules()):  # a list: fusing adds submodules
+        kind = type(module).__name__
+        if kind in ATTENTION:
+            module.qkv = FusedProjections([module.q_proj, module.k_proj, module.v_proj])
+            module.forward = types.MethodType(_attention_forward, module)
+            counts["attention"] += 1
+        elif kind in MLP:
+            module.gate_up = FusedProjections([module.gate_proj, module.up_proj])
+            module.forward = types.MethodType(_mlp_forward, module)
+            counts["mlp"] += 1
+        elif kind.endswith(("Attention", "MLP")) and kind not in counts["left_unfused"]:
+            counts["left_unfused"].append(kind)
+    if not counts["attention"] and not counts["mlp"]:
+        raise ValueError(f"fused_projections: no layer of {type(model).__name__} has a known form "
+                         f"({', '.join(ATTENTION + MLP)}); found {counts['left_unfused']}")
+    return counts

@@ -1,0 +1,85 @@
+"""Rows of a token budget (ftbench.packing, variant knob token_budget): sequences packed whole, one shape per step,
+real tokens counted without the padding, a fixed number of sequence slots for variable-length attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ftbench import attention, packing
+from ftbench.runners.causal_lm import batch_sequences
+
+PAD = 0
+
+
+def _tokenized(lengths, seed=0):
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(5, 4000, (n,), generator=g).tolist() for n in lengths]
+    return Dataset.from_dict({"input_ids": ids, "labels": ids,  # and the chat a tokenized SFT dataset keeps
+                              "messages": [[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+                                           for _ in lengths]})
+
+
+def test_sequences_are_packed_whole_into_rows_of_the_budget():
+    lengths = [700, 1200, 90, 2048, 333, 1500, 12, 2048, 640, 800, 1024, 77]
+    ds = _tokenized(lengths)
+    rows = packing.pack_rows(ds, 4096)
+    assert all(sum(r) == len(ids) <= 4096 for r, ids in zip(rows["seq_lengths"], rows["input_ids"]))
+    assert sorted(n for r in rows["seq_lengths"] for n in r) == sorted(lengths)  # none split, none lost
+    originals = {tuple(x) for x in ds["input_ids"]}
+    for r, ids in zip(rows["seq_lengths"], rows["input_ids"]):  # each sequence's tokens are one original sequence
+        edges = [0, *torch.tensor(r).cumsum(0).tolist()]
+        assert all(tuple(ids[a:b]) in originals for a, b in zip(edges, edges[1:]))
+    assert len(rows) <= -(-sum(lengths) // 4096) + 1  # best fit decreasing wastes less than a row here
+    with pytest.raises(ValueError, match="shorter than a sequence"):
+        packing.pack_rows(ds, 1024)
+
+
+def test_every_step_has_one_shape_and_counts_only_real_tokens():
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    rows = packing.pack_rows(_tokenized([1500, 900, 2000, 300, 1800, 700, 64, 1000]), 2048)
+    collate = DataCollatorForLanguageModeling(pad_token_id=PAD, padding_free=True,
+                                              pad_to_multiple_of=packing.row_tokens(2, 2048))
+    for i in range(0, len(rows) - 1, 2):
+        pair = [rows[i], rows[i + 1]]
+        batch = collate(pair)
+        assert batch["input_ids"].shape == (1, 4096)
+        computed, real = batch_sequences(batch["input_ids"], None, batch["position_ids"], PAD)
+        assert real == [n for r in pair for n in r["seq_lengths"]]  # the sequences, not the padding
+        assert sum(computed) == 4096 and (batch["labels"][0, sum(real):] == -100).all()
+
+
+def test_fixed_slots_give_one_bounds_shape_and_the_same_attention():
+    """Bounds padded to a fixed number of slots (empty sequences) and the padding split into pieces of at most
+    max_length: the real tokens' attention output is unchanged, and the shape is the same for every row."""
+    g = torch.Generator().manual_seed(0)
+    shapes = set()
+    for lengths in ([5, 9, 3], [17], [2, 2, 2, 2, 2, 2]):
+        n, pads = 40, 40 - sum(lengths)
+        pos = torch.cat([*(torch.arange(k) for k in lengths), torch.zeros(pads, dtype=torch.long)])[None]
+        ids = torch.cat([torch.randint(5, 50, (sum(lengths),), generator=g), torch.full((pads,), PAD)])
+        assert attention.trailing_pads(ids, pos[0], PAD) == pads
+        fixed = attention.step_kwargs(pos, 20, pads, slots=12)
+        b = fixed["cu_seq_lens_q"]
+        shapes.add(tuple(b.shape))
+        assert b[0] == 0 and b[-1] == n and (b.diff() >= 0).all() and (b.diff() <= 20).all()
+        q, k, v = (torch.randn(1, 2, n, 4, generator=g) for _ in range(3))
+        got, _ = attention.varlen_attention(None, q, k, v, None, **fixed)
+        want, _ = attention.varlen_attention(None, q, k, v, None, **attention.step_kwargs(pos, 64))
+        real = sum(lengths)
+        torch.testing.assert_close(got[:, :real], want[:, :real])
+    assert shapes == {(13,)}
+    many = torch.zeros(1, 30, dtype=torch.long)  # 30 one-token sequences: more than 12 slots, the next multiple
+    assert attention.sequence_bounds(many, 0, 8, slots=12).shape == (37,)
+
+
+def test_token_budget_needs_padding_free():
+    from ftbench.config import Variant
+    from ftbench.knobs import knob_problems
+
+    assert knob_problems("causal_lm", Variant("x", padding_free=True, attention="varlen", token_budget=4096)) == []
+    assert "without padding_free" in knob_problems("causal_lm", Variant("x", token_budget=4096))[0]
+    assert "fused_projections" in knob_problems("causal_lm", Variant("x", precision="nf4", fused_projections=True))[0]
