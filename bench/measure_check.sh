@@ -36,6 +36,11 @@
 #             the same 4-bit model through PEFT (qlora-gc-pf: packed rows, variable-length attention, gpt-oss's
 #             sinks folded in), then its profile. One call each
 #   b32-beside Qwen3-32B lora and qlora at batches 1 and 2 (the largest that fits), both datasets
+#   frontier-a, frontier-b, frontier-c, frontier-profile
+#             the frontier past the ladder (issue 26; Qwen3-8B, wikipedia_ja, LoRA r=8 on the seven projections):
+#             a: rung 0 (lora-pf-varlen-compile at 4), lora-tb and lora-tb-cg at 1 (rows of 4,096 tokens);
+#             b: lora-tb-cg-lean at 1, lora-tb-cg-lean-fused at 1 and 2; c: lora-tb8k-cg-lean-fused-offload at 1
+#             and 2, lora-tb-cg-lean-fp8 at 1 and 2 (~8-10 min each); then the top rung's profile
 #   a-eager-bsN[,M..], a-fixed-bsN[,M..], a-dynamic-bsN[,M..]
 #             Study A's seven variants at full scale with gradient checkpointing (issue 25; bench/study_a_sweep.yaml),
 #             at the batch sizes named: eager (bf16-gc, fp8-te-gc, qlora-gc), fixed shape + compile
@@ -120,6 +125,21 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
          for v in $vs; do targets+=("$lmm/$v/bs$bs/metrics.json"); done
        done
        sm --configfile config/study_a_random.yaml bench/study_a_sweep.yaml -- "${targets[@]}" ;;
+    frontier-a|frontier-b|frontier-c|frontier-profile)
+       llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
+       case $part in
+         frontier-a) targets="$llm/lora-pf-varlen-compile/bs4 $llm/lora-tb/bs1 $llm/lora-tb-cg/bs1" ;;
+         frontier-b) targets="$llm/lora-tb-cg-lean/bs1 $llm/lora-tb-cg-lean-fused/bs1 $llm/lora-tb-cg-lean-fused/bs2" ;;
+         frontier-c) targets="$llm/lora-tb8k-cg-lean-fused-offload/bs1 $llm/lora-tb8k-cg-lean-fused-offload/bs2
+                              $llm/lora-tb-cg-lean-fp8/bs1 $llm/lora-tb-cg-lean-fp8/bs2" ;;
+         frontier-profile) targets="" ;;
+       esac
+       if [ -n "$targets" ]; then
+         sm --configfile config/study_b_random.yaml -- $(for t in $targets; do echo "$t/metrics.json"; done)
+       else
+         sm --configfile config/study_b_random.yaml -- \
+           results/profiles/llm/qwen3-8b/full/wikipedia_ja/lora-tb-cg-lean-fused/bs2/summary.json
+       fi ;;
     b32-beside) sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/runs/llm/qwen3-32b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora}/bs{1,2}/metrics.json ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;

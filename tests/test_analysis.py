@@ -169,6 +169,35 @@ def test_ladder_rungs_against_previous_and_baseline_with_loss_and_the_fastest_co
     assert "lora-pf-liger-compile</b> at batch 8" in lead and "2,600 real tokens/s" in lead and "70.0 GiB" in lead
 
 
+def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
+    """compare.frontier: each rung at its fastest batch (rung 0, the ladder's top, at 4; token-budget rungs at 1-2),
+    x previous over the rungs that ran, the evaluation loss against rung 0's (packing reorders training samples)."""
+    from ftbench.compare import frontier
+
+    def run(variant, tps, batch, status="ok", eval_loss=2.0, noise=0.01):
+        rec = record("llm", variant, 1.0, gpu=H100, batch=batch, mem=40.0, noise=noise)
+        rec["status"], rec["reason"] = status, None if status == "ok" else "FP8 needs a CUDA GPU"
+        rec["throughput"]["tokens_per_s"] = tps
+        rec["loss"].update(eval=eval_loss, mean_first_steps=9.0 + batch, first_steps=8)
+        return rec
+
+    recs = [run("lora-pf-varlen-compile", 10000, 4), run("lora-pf-varlen-compile", 9000, 2),
+            run("lora-tb", 11000, 1), run("lora-tb-cg", 13200, 1, eval_loss=2.001), run("lora-tb-cg", 14000, 2),
+            run("lora-tb-cg-lean-fp8", None, 1, status="unsupported")]
+    df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
+    lead, note, (title, table, _) = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"],
+                                             beside=["lora-tb-cg-lean-fp8"])
+    rows = {r["variant"]: r for r in table.iter_rows(named=True)}
+    assert title == "Frontier" and len(table) == 4  # one row per rung: its fastest batch
+    assert rows["lora-pf-varlen-compile"]["batch"] == 4 and rows["lora-tb-cg"]["batch"] == 2
+    assert rows["lora-tb"]["x previous"] == "1.1x" and rows["lora-tb-cg"]["x previous"] == "1.27x"
+    assert rows["lora-tb-cg"]["x baseline"] == "1.4x"
+    assert rows["lora-tb"]["loss vs baseline"] == pytest.approx(0.0)  # the evaluation set's, not the first steps'
+    assert rows["lora-tb-cg-lean-fp8"]["rung"] == "beside" and rows["lora-tb-cg-lean-fp8"]["status"] == "unsupported"
+    assert "loss, evaluation set" in table.columns and "evaluation set" in note
+    assert "lora-tb-cg</b> at batch 2" in lead and "14,000 real tokens/s" in lead
+
+
 def test_scaling_pairs_a_multi_gpu_run_with_its_one_gpu_run_and_the_guide_leaves_it_out():
     from ftbench.compare import decision_guide, scaling
 

@@ -86,10 +86,14 @@ def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
     comparison = embedded(report, "results/studies/llm/comparison.html")
     assert "Study B&#x27;s published table" in comparison or "Study B's published table" in comparison
     assert "0 of 4 published cells measured" in comparison
+    # the frontier past the ladder: its rungs, each at its own batch, the loss on the evaluation set
+    frontier = table(comparison, "frontier")
+    assert {"lora-pf-varlen-compile", "lora-tb", "lora-tb-cg-lean-fused"} <= {r["variant"] for r in frontier}
+    assert all(num(r["loss, evaluation set"]) > 0 for r in frontier if r["variant"] in ("lora-tb", "lora-tb-cg-lean-fused"))
     assert {r["variant"] for r in rows} >= {"lora", "lora-gc", "qlora", "unsloth-qlora", "unsloth-lora"}
     cuda_only = {v for v, knobs in cfg["variants"].items()
                  if knobs.get("framework") == "unsloth" or knobs.get("liger") or knobs.get("sdpa_backend")
-                 or knobs.get("precision") == "fp8"}
+                 or knobs.get("precision") == "fp8" or knobs.get("activation_offloading")}
     assert {"unsloth-lora", "lora-efficient", "lora-pf-liger", "lora-pf-varlen-fp8-compile"} <= cuda_only
     for r in rows:
         if cfg["variants"].get(r["variant"], {}).get("parallel") == "fsdp2":  # accelerate shards GPU ranks only
