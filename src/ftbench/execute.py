@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import ranks
-from .config import RunSpec, TrainSettings, Variant
+from .config import RunSpec, TrainSettings
+from .knobs import Variant
 from .flops import peak_precision, peak_tflops
 from .records import host_change
 from .harness import (Meter, Unsupported, guarded, new_record, pick_device, provenance, write_csv,

@@ -65,7 +65,7 @@ def write(result: dict, json_path, html_path, title: str) -> None:
 
 def generate_job(params: dict, json_path, html_path) -> dict:
     """The generate job (run by its supervisor's child): answers before and after the run's adapter."""
-    from .config import Variant
+    from .knobs import Variant
     from .harness import pick_device
 
     manifest = json.loads(Path(params["manifest"]).read_text())

@@ -1,4 +1,5 @@
-"""The knobs each runner honours, declared in one place the config check reads before any job runs.
+"""Variants as data: the knobs a variant sets (`Variant`) and the knobs each runner honours, declared in one place
+the config check reads before any job runs. A leaf module: ftbench.config imports it, never the other way.
 
 A variant whose knob a runner does not act on is refused (a config error naming the variant and the knob),
 never silently trained as something else. Machine-dependent limits (no CUDA, compute capability, missing
@@ -8,13 +9,67 @@ library) are not config errors: the job records them as `unsupported` (ftbench.v
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
-from .config import Variant
+
+class ConfigError(ValueError):
+    """A config that is wrong in a way the JSON schema cannot see."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One named set of knobs; every key of a variant in config maps to a field here."""
+
+    name: str
+    peft: str = "lora"  # lora | none
+    precision: str = "bf16"  # bf16 | fp16 | fp32 | nf4 | fp8
+    nf4_compute: str = "bf16"  # nf4: the dtype 4-bit weights dequantize to for each GEMM (bf16 | fp32)
+    fp8_backend: str | None = None  # te | torchao (precision fp8 only)
+    fp8_recipe: str = "delayed"  # delayed | current (Transformer Engine)
+    fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
+    compile: str | None = None  # None | default | reduce-overhead | max-autotune
+    compile_backend: str = "inductor"  # torch.compile's backend: inductor | aot_eager (graphs captured, no codegen)
+    compile_scope: str = "model"  # model (one torch.compile of the whole model) | layers (each repeated block)
+    shape_policy: str = "dynamic"  # dynamic (AnyRes, dynamic padding) | fixed | bucketed
+    sdpa_backend: str | None = None  # None (PyTorch picks) | flash | efficient | cudnn | math
+    framework: str = "hf"  # hf | unsloth
+    gradient_checkpointing: bool = False
+    padding_free: bool = False  # causal LM: a batch is one row of concatenated sequences (position ids restart)
+    liger: bool = False  # causal LM: Liger Kernel's fused RMSNorm, SwiGLU and RoPE (Triton, CUDA only)
+    # causal LM, padding-free: rows of exactly this many tokens (sequences packed whole, best fit decreasing; the
+    # tail padded, not counted as real tokens): one shape for every step (ftbench.packing)
+    token_budget: int | None = None
+    trainer_metrics: bool = True  # causal LM: TRL's per-step entropy/accuracy metrics (two host syncs a step)
+    activation_offloading: bool = False  # causal LM: saved activations in pinned host memory (TRL's offloading)
+    optim: str | None = None  # the optimizer (a transformers optim name), over training.optim
+    fused_projections: bool = False  # causal LM: q/k/v and gate/up as one GEMM each, LoRA per projection
+    # how attention keeps a batch's sequences apart: mask (a padding or block-diagonal mask: SDPA's masked
+    # kernels) | varlen (causal LM, padding-free: per-sequence kernel on the cumulative lengths, no mask;
+    # ftbench.attention) | causal (LMM: no padding mask, the causal one alone; right padding means no real token
+    # sees the pads after it, and pads carry no labels)
+    attention: str = "mask"
+    dataloader_workers: int = 0
+    pin_memory: bool = False
+    cached_latents: bool = False  # diffusion: train from pre-encoded latents
+    clip_grad_sync_free: bool = False  # diffusion: clip gradients without a host sync
+    time_limit_s: float | None = None  # the job's time budget, over the study's (ftbench.supervise)
+    gpus: int = 1  # GPUs (ranks) the job trains on; more than 1 needs `parallel`
+    parallel: str | None = None  # None | ddp (data parallel) | fsdp2 (fully sharded, FSDP2): causal LM only
+
+    @classmethod
+    def from_config(cls, name: str, knobs: dict) -> "Variant":
+        known = {f.name for f in dataclasses.fields(cls)} - {"name"}
+        unknown = sorted(set(knobs) - known)
+        if unknown:
+            raise ConfigError(f"variants.{name}: unknown knob(s) {unknown}; known: {sorted(known)}")
+        return cls(name=name, **knobs)
+
+
 
 ANY = None  # any value of the knob's type
 
 # family -> knob -> the values that runner honours (ANY: all). A knob absent from a family's table must keep
-# its default (the dataclass default in ftbench.config.Variant).
+# its default (the dataclass default in Variant above).
 HONOURED = {
     # TRL SFTTrainer (ftbench.runners.causal_lm)
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,

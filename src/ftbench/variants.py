@@ -8,7 +8,7 @@ import importlib.util
 
 import torch
 
-from .config import Variant
+from .knobs import Variant
 from .harness import Unsupported
 from .records import host_change
 
