@@ -136,6 +136,29 @@ def test_memory_logs_and_records_of_study_b(pipeline):
             assert num(log[-1]["elapsed_s"]) > 0 and num(log[-1]["host_peak_rss_gib"]) > 0
 
 
+def test_token_budget_rows_have_one_shape_and_compile_once(pipeline):
+    """The frontier's rungs: rows of exactly 4,096 tokens every step (real tokens counted without the padding), the
+    compiled layers never recompile (the ladder's top rung, with a new row length every step, does), and the fused
+    projections' rung says what it fused and trains to the same evaluation loss."""
+    import csv
+
+    wd, _ = pipeline
+    runs = wd / "results/runs/llm/qwen3-8b/tiny/japanese_alpaca"
+    for variant in ("lora-tb", "lora-tb-cg-lean-fused"):
+        rec = json.loads((runs / variant / "bs1/metrics.json").read_text())
+        assert rec["status"] == "ok" and rec["extra"]["packing"]["budget"] == 4096
+        steps = list(csv.DictReader(open(runs / variant / "bs1/steps.csv")))
+        assert {s["shape"] for s in steps} == {"1x4096"} and all(num(s["padded_tokens"]) == 4096 for s in steps)
+        assert all(0 < num(s["tokens"]) <= 4096 for s in steps) and any(num(s["tokens"]) < 4096 for s in steps)
+        assert rec["compile"]["recompiles"] == 0
+    fused = json.loads((runs / "lora-tb-cg-lean-fused/bs1/metrics.json").read_text())
+    assert fused["extra"]["fused_projections"] == {"attention": 2, "mlp": 2, "left_unfused": []}
+    plain = json.loads((runs / "lora-tb/bs1/metrics.json").read_text())
+    assert fused["loss"]["eval"] == pytest.approx(plain["loss"]["eval"], rel=1e-4)
+    top = json.loads((runs / "lora-pf-varlen-compile/bs4/metrics.json").read_text())
+    assert top["compile"]["recompiles"] > 0  # what one shape per step removes
+
+
 def test_bucketed_lengths_pad_every_batch_to_the_bucket_multiple(pipeline):
     import csv
 

@@ -408,10 +408,12 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             "The loss is the mean over the first warm-up + window steps, which see the same samples in every rung; "
             "'loss vs baseline' is its difference from rung 0 (random weights: equal losses mean the same "
             "computation, not a good model). " + NOISE_NOTE)
+    if not by_batch:
+        note = note.replace("(same model, data and batch size)", "(same model and data; each rung at its own "
+                                                                   "batch, its fastest measured)")
     if eval_loss:
         note = note.replace("The loss is the mean over the first warm-up + window steps, which see the same samples in "
-                            "every rung", "Each rung runs at its own batch (its fastest measured); the loss is the "
-                            "evaluation set's, the same sequences for every rung (packed rows reorder the training "
+                            "every rung", "The loss is the evaluation set's, the same sequences for every rung (packed rows reorder the training "
                             "samples)")
     kind = title.lower()
     if not rows:

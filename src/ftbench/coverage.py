@@ -251,8 +251,9 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
     for c in cols:
         if c not in table.columns:
             table = table.with_columns(pl.lit(None).alias(c))
-    return table.with_columns(pl.col("measured").fill_null(False),
-                              pl.col("status").fill_null("not measured")).select(cols).sort("study", maintain_order=True)
+    return (table.with_columns(pl.col("measured").fill_null(False), pl.col("status").fill_null("not measured"),
+                               (100 * pl.col("noise (CV)").cast(pl.Float64)).round(2).alias("noise (CV)"))  # in %
+            .select(cols).rename({"noise (CV)": "noise (CV %)"}).sort("study", maintain_order=True))
 
 
 def summary(table: pl.DataFrame) -> pl.DataFrame:
@@ -271,11 +272,22 @@ NOTE = ("Every published cell of the four studies, computed from the records and
         "GPU and batch, Study C against 0 workers of the same GPU, Study B against the published figure itself.")
 
 
+# Snakemake's report (9.27) shows its front page in a flex container that centres its content vertically
+# (`items-center ... h-screen overflow-auto`): content taller than the window overflows at the top too, where no
+# scrolling reaches, so a reader saw the coverage table from its middle; and the description column is 32rem wide
+# (`prose max-w-lg`), so the table ran under the rule graph beside it (both seen in headless Chromium,
+# 2026-11-25). The front page starts at the top, the description takes the width the table needs, and the rule
+# graph wraps below it.
+FRONT_STYLE = ("<style>div.flex.items-center.h-screen.overflow-auto { align-items: flex-start; } "
+               "div.grow.flex.gap-3.items-start { flex-wrap: wrap; } "
+               "div.prose.max-w-lg:has(.ftbench-coverage) { max-width: 78rem; }</style>")
+
+
 def coverage_html(table: pl.DataFrame) -> str:
     """The fragment that leads the report (and the body of its page): per study counts, then every cell."""
     counts = summary(table)
     lead = "; ".join(f"{r['study']}: {r['measured at full scale']} of {r['published cells']}"
                      for r in counts.iter_rows(named=True))
-    return (f"<div class='ftbench-coverage'><h3>Coverage of the published studies</h3>"
+    return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Coverage of the published studies</h3>"
             f"<p><b>Published cells measured at full scale on a GPU</b> — {lead}.</p><p>{NOTE}</p>"
             + html_table(counts, "coverage_counts") + html_table(table.drop("measured"), "coverage") + "</div>")

@@ -13,6 +13,7 @@ q/k norms included); any other layer is left as it is and counted as such.
 
 from __future__ import annotations
 
+import importlib
 import types
 
 import torch
@@ -78,11 +79,7 @@ class FusedProjections(nn.Module):
 def _attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
     """transformers' Llama-family attention forward (Qwen3's q/k norms where the layer has them), with q/k/v from
     one fused projection."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    module = type(self).__module__
-    rotary = __import__(module, fromlist=["apply_rotary_pos_emb"]).apply_rotary_pos_emb
-    eager = __import__(module, fromlist=["eager_attention_forward"]).eager_attention_forward
+    rotary, eager = self._fused_helpers
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
     q, k, v = self.qkv(hidden_states)
@@ -94,6 +91,8 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask,
     q, k = rotary(q, k, cos, sin)
     if past_key_values is not None:
         k, v = past_key_values.update(k, v, self.layer_idx)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
     out, weights = attend(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.attention_dropout,
                           scaling=self.scaling, sliding_window=getattr(self, "sliding_window", None), **kwargs)
@@ -117,6 +116,9 @@ def fuse_projections(model) -> dict:
         kind = type(module).__name__
         if kind in ATTENTION:
             module.qkv = FusedProjections([module.q_proj, module.k_proj, module.v_proj])
+            # the model file's own rotary embedding and eager attention, looked up once (not in the traced forward)
+            source = importlib.import_module(type(module).__module__)
+            module._fused_helpers = (source.apply_rotary_pos_emb, source.eager_attention_forward)
             module.forward = types.MethodType(_attention_forward, module)
             counts["attention"] += 1
         elif kind in MLP:
