@@ -36,6 +36,8 @@
 #             the same 4-bit model through PEFT (qlora-gc-pf: packed rows, variable-length attention, gpt-oss's
 #             sinks folded in), then its profile. One call each
 #   b32-beside Qwen3-32B lora and qlora at batches 1 and 2 (the largest that fits), both datasets
+#   sink-check gpt-oss's attention with sinks through the flash kernel against its eager attention, values and
+#             gradients, at its head layout (bench/sink_check.py; seconds): before oss-wiki and oss-alpaca
 #   frontier-a, frontier-b, frontier-c, frontier-profile
 #             the frontier past the ladder (issue 26; Qwen3-8B, wikipedia_ja, LoRA r=8 on the seven projections):
 #             a: rung 0 (lora-pf-varlen-compile at 4), lora-tb and lora-tb-cg at 1 (rows of 4,096 tokens);
@@ -125,6 +127,7 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
          for v in $vs; do targets+=("$lmm/$v/bs$bs/metrics.json"); done
        done
        sm --configfile config/study_a_random.yaml bench/study_a_sweep.yaml -- "${targets[@]}" ;;
+    sink-check) python3 bench/sink_check.py ;;
     frontier-a|frontier-b|frontier-c|frontier-profile)
        llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        case $part in
