@@ -136,6 +136,18 @@ def test_memory_logs_and_records_of_study_b(pipeline):
             assert num(log[-1]["elapsed_s"]) > 0 and num(log[-1]["host_peak_rss_gib"]) > 0
 
 
+def test_gpt_oss_on_packed_rows_with_its_sinks_trains_what_the_padded_eager_run_trains(pipeline):
+    """gpt-oss (built in process, 4-bit, split experts) with `attention: varlen` (its sinks and sliding windows
+    through ftbench.attention.SinkAttention) against padded rows through transformers' eager attention: the same
+    evaluation loss on the same sequences."""
+    wd, _ = pipeline
+    runs = wd / "results/runs/llm/gpt-oss-120b/tiny/japanese_alpaca"
+    packed, padded = (json.loads((runs / v / "bs4/metrics.json").read_text()) for v in ("qlora-gc-pf", "qlora-gc"))
+    assert packed["status"] == padded["status"] == "ok"
+    assert "sinks" in packed["extra"]["attention_kernel"] and packed["model"]["build"]["method"] == "in_process"
+    assert packed["loss"]["eval"] == pytest.approx(padded["loss"]["eval"], rel=1e-4)
+
+
 def test_token_budget_rows_have_one_shape_and_compile_once(pipeline):
     """The frontier's rungs: rows of exactly 4,096 tokens every step (real tokens counted without the padding), the
     compiled layers never recompile (the ladder's top rung, with a new row length every step, does), and the fused

@@ -42,7 +42,10 @@ class SplitExperts(nn.Module):
     layer per expert (`gate_up_projs.N`, `down_projs.N`), which bitsandbytes quantizes like any linear layer; the
     stock module keeps them as 3-D parameters that stay bf16. Same arithmetic as transformers' GptOssExperts
     (interleaved gate/up, clamped, gated SiLU with alpha 1.702, `up + 1`), one expert at a time over the tokens
-    routed to it. LoRA's projection names do not match these, so only attention is adapted, as in the study."""
+    routed to it. The (token, slot) pairs are sorted by expert once per layer and split by the experts' counts, read
+    back in one host sync per layer (upstream reads the hit experts, then each expert's tokens: one sync per expert,
+    128 a layer at full scale). LoRA's projection names do not match these, so only attention is adapted, as in the
+    study."""
 
     def __init__(self, config):
         super().__init__()
@@ -53,11 +56,18 @@ class SplitExperts(nn.Module):
 
     def forward(self, hidden_states, router_indices=None, routing_weights=None):
         out = torch.zeros_like(hidden_states)
+        k = router_indices.shape[-1]
         with torch.no_grad():
-            mask = nn.functional.one_hot(router_indices, num_classes=self.num_experts).permute(2, 1, 0)
-            hit = (mask.sum(dim=(-1, -2)) > 0).nonzero().flatten().tolist()  # a host sync per layer, as upstream
-        for e in hit:
-            top_k_pos, token_idx = torch.where(mask[e])
+            flat = router_indices.reshape(-1)
+            order = flat.argsort(stable=True)  # (token, slot) pairs grouped by expert, tokens in order within each
+            counts = torch.bincount(flat, minlength=self.num_experts).tolist()  # the layer's one host sync
+        start = 0
+        for e, n in enumerate(counts):
+            if not n:
+                continue
+            pairs = order[start:start + n]
+            start += n
+            token_idx, top_k_pos = pairs // k, pairs % k
             gate_up = self.gate_up_projs[e](hidden_states[token_idx])
             gate, up = gate_up[..., ::2], gate_up[..., 1::2]
             gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
