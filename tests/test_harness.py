@@ -8,6 +8,7 @@ import torch
 
 from ftbench import harness
 from ftbench.config import MeasureSettings
+from ftbench.summary import summarize
 from ftbench.harness import (RECORD_TEMPLATE, DeviceSampler, Meter, Unsupported, guarded, memory_now, new_record,
                              provenance, write_json_atomic)
 
@@ -28,7 +29,7 @@ def test_meter_excludes_warmup_and_reports_windows_quantiles_and_noise():
     measured_run(meter, [0.05, 0.03] + [0.01, 0.012, 0.011] * 3)
     assert meter.done and len(meter.rows) == 8  # training stops once the last window closes
     rec = new_record({}, {})
-    meter.summarize(rec, peak_tflops=None, peak_precision=None)
+    summarize(meter, rec, peak_tflops=None, peak_precision=None)
     t, m = rec["timing"], rec["measure"]
     assert m["timer"] == "host_clock" and [w["steps"] for w in m["windows"]] == [3, 3] and not m["truncated"]
     assert t["steps_measured"] == 6 and t["first_step_s"] >= 0.05
@@ -58,7 +59,7 @@ def test_a_slow_step_is_an_outlier_with_its_reason_and_dominates_throughput():
         time.sleep(dt)
         meter.step(1, shape="1x64" if i != 3 else "1x128")
     rec = new_record({}, {})
-    meter.summarize(rec, None, None)
+    summarize(meter, rec, None, None)
     out = rec["outliers"]
     assert out["count"] == 1 and out["steps"][0]["step"] == 4 and out["steps"][0]["x_median"] > 3
     assert out["steps"][0]["reasons"] == ["new shape 1x128"]
@@ -70,7 +71,7 @@ def test_an_early_end_truncates_the_window_and_says_so():
     meter = Meter(CPU, MeasureSettings(warmup_steps=1, steps=5, repeats=2))
     measured_run(meter, [0.001] * 4)  # data ran out after 4 steps
     rec = new_record({}, {})
-    meter.summarize(rec, None, None)
+    summarize(meter, rec, None, None)
     assert rec["measure"]["truncated"] is True and rec["timing"]["steps_measured"] == 3
 
 
@@ -107,7 +108,7 @@ def test_the_timing_path_never_synchronises_inside_a_window(monkeypatch):
     assert syncs == [0, 2, 5, 8]
     assert len(meter.memory_log) == 8  # the memory log reads allocator statistics, which need no sync
     rec = new_record({}, {})
-    meter.summarize(rec, 989.4, "bf16")
+    summarize(meter, rec, 989.4, "bf16")
     assert rec["measure"]["timer"] == "cuda_events" and all(r["loss"] == 1.5 for r in meter.rows)
     assert rec["energy"]["source"] == "nvml_total_energy_counter"
     assert rec["energy"]["per_step_j"] == pytest.approx(5 / 3) and rec["energy"]["per_token_j"] == pytest.approx(0.5 / 3)
@@ -169,7 +170,7 @@ def test_compile_accounting_keeps_training_apart_from_evaluation():
     meter.finish()
     f(torch.ones(2, 3))  # evaluation meets a new shape: a graph compiled after training, not a recompile of it
     rec = new_record({}, {})
-    meter.summarize(rec, peak_tflops=None, peak_precision=None)
+    summarize(meter, rec, peak_tflops=None, peak_precision=None)
     c = rec["compile"]
     assert c["unique_graphs"] == c["graphs_first_step"] == 1 and c["recompiles"] == 0
     assert c["eval_graphs"] == 1 and c["eval_compile_s"] >= 0

@@ -18,6 +18,7 @@ from .flops import peak_precision, peak_tflops
 from .records import host_change
 from .harness import (Meter, Unsupported, guarded, new_record, pick_device, provenance, write_csv,
                       write_record)
+from .summary import summarize
 
 RUNNERS = {"causal_lm": "ftbench.runners.causal_lm", "diffusion": "ftbench.runners.diffusion",
            "lmm": "ftbench.runners.lmm"}
@@ -99,7 +100,7 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
         (Path(ctx.adapter_dir) / "status.txt").write_text(f"{record['status']} {record['reason'] or ''}\n")
     gemm = record["precision"]["gemm"]
     peak = peak_tflops(record["provenance"]["device"]["name"] if device.type == "cuda" else None, gemm)
-    meter.summarize(record, peak, peak_precision(gemm) if peak else None)
+    summarize(meter, record, peak, peak_precision(gemm) if peak else None)
     if ranks.world_size() > 1:
         record = ranks.gather(record, v.parallel)
         if ranks.rank() != 0:  # rank 0 writes the job's record, with every rank's figures in it

@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from .config import MeasureSettings
-from .flops import mfu
 from .gpus import cpu_name
 from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_record_from_template,  # noqa: F401  (the record's
                       write_json_atomic)  # shape and its writer live with its readers, torch-free)
@@ -408,117 +407,11 @@ class Meter:
     def measured(self) -> list[dict]:
         return [r for r in self.rows if r["phase"] == "measure"]
 
-    def summarize(self, record: dict, peak_tflops: float | None, peak_precision: str | None) -> None:
-        """Fill the record's measure, timing, outliers, throughput, memory, usage, energy, FLOPs and compile."""
-        m, rows, windows = self.measure, self.measured, self.windows
-        record["measure"].update(timer="cuda_events" if self.cuda else "host_clock", warmup_steps=m.warmup_steps,
-                                 min_steps=m.steps, min_seconds=m.min_seconds, repeats=m.repeats,
-                                 truncated=any(w["truncated"] for w in windows) or len(windows) < m.repeats,
-                                 windows=[{k: v for k, v in w.items() if k != "host_span"} for w in windows])
-        t = record["timing"]
-        t.update({k: v for k, v in self.timing.items() if k in t})
-        if self.rows:
-            t["first_step_s"] = self.rows[0]["step_time_s"]
-            t["train_s"] = self.rows[-1]["t_end_s"]
-        mem = memory_now(self.device)
-        for key in ("peak_allocated_gib", "peak_reserved_gib", "host_peak_rss_gib"):
-            record["memory"][key] = mem[key]
-        record["memory"]["device_peak_used_gib"] = self.sampler.peak_used_gib()
-        if self.device.type == "cuda":  # the caching allocator at its limit frees its cache and retries: slow steps
-            record["memory"]["alloc_retries"] = torch.cuda.memory_stats(self.device).get("num_alloc_retries")
-        if self.sampler.process_peak_bytes is not None:
-            record["memory"]["process_peak_used_gib"] = self.sampler.process_peak_bytes / GIB
-        self._compile(record)
-        losses = [r["loss"] for r in self.rows if r.get("loss") is not None]
-        if losses:  # the first steps see the same samples in every variant of a study (same seed and batch)
-            n = min(len(losses), m.warmup_steps + m.steps)
-            record["loss"].update(first=losses[0], last=losses[-1], first_steps=n,
-                                  mean_first_steps=statistics.fmean(losses[:n]))
-        if not rows:
-            return
-        times = [r["step_time_s"] for r in rows]
-        window_s = sum(times)
-        median = statistics.median(times)
-        q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
-        across = cv([w["samples_per_s"] for w in windows])
-        within = cv(times)
-        t.update(step_time_s=median, step_time_p10_s=q[0], step_time_p90_s=q[-1],
-                 step_time_mean_s=statistics.fmean(times), cv_within=within, cv_across_repeats=across,
-                 cv_median_across_repeats=cv([w["median_step_s"] for w in windows]),
-                 noise_cv=across if across is not None else (within / len(times) ** 0.5 if within is not None
-                                                             else None),
-                 steps_measured=len(rows), window_s=window_s, host_window_s=sum(w["host_s"] for w in windows))
-        t["first_step_overhead_s"] = max(t["first_step_s"] - median, 0.0)
-        self._outliers(record, median, window_s)
-        samples = sum(r["samples"] for r in rows)
-        thr = record["throughput"]
-        thr.update(samples_per_s=samples / window_s, samples_per_hour=3600 * samples / window_s,
-                   samples_per_hour_median_step=3600 * statistics.median(r["samples"] for r in rows) / median)
-        tokens = [r.get("tokens") for r in rows]
-        if None not in tokens:
-            thr.update(tokens_per_s=sum(tokens) / window_s, tokens_per_sample=sum(tokens) / samples)
-        padded = [r.get("padded_tokens") for r in rows]
-        if None not in padded:
-            thr["padded_tokens_per_s"] = sum(padded) / window_s
-        waits = [r.get("data_wait_s") for r in rows]
-        if None not in waits:
-            record["data"]["wait_share"] = sum(waits) / window_s
-        record["device_usage"].update(self.sampler.summary([w["host_span"] for w in windows]))
-        energies = [w["energy_j"] for w in windows]
-        if windows and None not in energies:
-            e = sum(energies)
-            record["energy"].update(source="nvml_total_energy_counter", window_j=e, per_step_j=e / len(rows),
-                                    per_sample_j=e / samples,
-                                    per_token_j=e / sum(tokens) if None not in tokens and sum(tokens) else None)
-        model = [r.get("flops_model") for r in rows]
-        hardware = [r.get("flops_hardware") for r in rows]
-        f = record["flops"]
-        f.update(peak_tflops=peak_tflops, peak_precision=peak_precision)
-        if None not in model:
-            f.update(model_per_step=statistics.fmean(model), model_tflops=sum(model) / window_s / 1e12,
-                     mfu=mfu(sum(model) / window_s, peak_tflops))
-        if None not in hardware:
-            f.update(hardware_per_step=statistics.fmean(hardware), hardware_tflops=sum(hardware) / window_s / 1e12,
-                     hfu=mfu(sum(hardware) / window_s, peak_tflops))  # the same ratio, of executed FLOPs
+    def compile_spent(self):
+        """TorchDynamo/Inductor's time accounting and graph count when training finished (or now)."""
+        from torch._dynamo.utils import calculate_time_spent
 
-    def _outliers(self, record: dict, median: float, window_s: float) -> None:
-        """Steps slower than `outlier_factor` medians, with why where known: graphs compiled during the step
-        (a recompile) or a batch shape no earlier step had."""
-        factor = self.measure.outlier_factor
-        seen, prev_graphs, out = set(), None, []
-        for r in self.rows:
-            reasons = []
-            graphs = r.get("compiled_graphs")
-            if graphs is not None and prev_graphs is not None and graphs > prev_graphs:
-                reasons.append(f"recompile ({graphs - prev_graphs} graph{'s' if graphs - prev_graphs > 1 else ''})")
-            shape = r.get("shape")
-            if shape is not None and shape not in seen and seen:
-                reasons.append(f"new shape {shape}")
-            if shape is not None:
-                seen.add(shape)
-            prev_graphs = graphs if graphs is not None else prev_graphs
-            if r["phase"] == "measure" and r["step_time_s"] > factor * median:
-                out.append({"step": r["step"], "time_s": r["step_time_s"], "x_median": r["step_time_s"] / median,
-                            "reasons": reasons or ["unknown"]})
-        spent = sum(o["time_s"] for o in out)
-        # dominated: the outliers move throughput by more than a tenth against the median-step figure
-        record["outliers"].update(factor=factor, count=len(out), time_s=spent, time_share=spent / window_s,
-                                  dominated=spent / window_s > 0.1 if out else False, steps=out[:20])
-
-    def _compile(self, record: dict) -> None:
-        """TorchDynamo/Inductor's own accounting of compile time, and graph counts (compiled variants)."""
-        if not self.count_graphs or not self.rows:
-            return
-        from torch._dynamo.utils import calculate_time_spent, counters
-
-        now, graphs_now = calculate_time_spent(), compiled_graphs()
-        spent, graphs = self._trained or (now, graphs_now)
-        first = self.rows[0].get("compiled_graphs") or 0
-        record["compile"].update(compile_s=spent.get("total_wall_time"), frame_compile_s=spent.get(
-            "entire_frame_compile"), backward_compile_s=spent.get("entire_backward_compile"), unique_graphs=graphs,
-            graphs_first_step=first, recompiles=graphs - first, graph_breaks=sum(counters["graph_break"].values()),
-            eval_graphs=graphs_now - graphs,
-            eval_compile_s=(now.get("total_wall_time") or 0) - (spent.get("total_wall_time") or 0))
+        return self._trained or (calculate_time_spent(), compiled_graphs())
 
     def write_steps(self, path):
         write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "t_end_s", "samples",
