@@ -231,7 +231,9 @@ class SinkAttention(torch.autograd.Function):
 def sink_attention(q, k, v, sinks, bounds, max_length: int, scale: float, sliding_window=None):
     """Attention with sinks and/or a sliding window over a packed row (T, H, D)."""
     left = sliding_window - 1 if sliding_window else -1
-    if q.is_cuda and q.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
+    if q.is_cuda and torch.is_autocast_enabled("cuda") and torch.float32 in (q.dtype, k.dtype, v.dtype):
+        # fp32 activations under 16-bit autocast (a k-bit model's upcast embeddings and norms make the rotated
+        # q and k fp32 while v stays 16-bit): the flash kernel takes one 16-bit dtype
         q, k, v = (x.to(torch.get_autocast_dtype("cuda")) for x in (q, k, v))
     return SinkAttention.apply(q, k, v, sinks, bounds, max_length, scale, left)
 

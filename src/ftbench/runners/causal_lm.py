@@ -224,6 +224,9 @@ def train(ctx, record, device, meter):
             return inputs
 
         def training_step(self, model, inputs, num_items_in_batch=None):
+            if v.compile == "reduce-overhead" and device.type == "cuda":
+                # CUDA graphs: a new training step begins here (their outputs from the last step may be reused)
+                torch.compiler.cudagraph_mark_step_begin()
             loss = super().training_step(model, inputs, num_items_in_batch)
             self.pending.append((inputs["input_ids"], inputs.get("attention_mask"), inputs.get("position_ids"), loss))
             return loss
