@@ -205,7 +205,8 @@ def train(ctx, record, device, meter):
         pending: list = []
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            if fused_head_available() and not v.trainer_metrics and not return_outputs:
+            if (fused_head_available() and not v.trainer_metrics and not return_outputs
+                    and not getattr(self, "aux_loss_enabled", False)):  # (an MoE's router loss: TRL's path)
                 return fused_head_loss(model, inputs, num_items_in_batch)
             if fused_head_available():
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
