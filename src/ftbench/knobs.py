@@ -34,6 +34,10 @@ class Variant:
     sdpa_backend: str | None = None  # None (PyTorch picks) | flash | efficient | cudnn | math
     framework: str = "hf"  # hf | unsloth
     gradient_checkpointing: bool = False
+    # with gradient_checkpointing, what the backward recomputes: full (the whole layer's forward) | selective (the
+    # GEMM and attention outputs are kept, the cheap ops between them recomputed: PyTorch's selective activation
+    # checkpointing; causal LM)
+    checkpoint_policy: str = "full"
     padding_free: bool = False  # causal LM: a batch is one row of concatenated sequences (position ids restart)
     liger: bool = False  # causal LM: Liger Kernel's fused RMSNorm, SwiGLU and RoPE (Triton, CUDA only)
     # causal LM, padding-free: rows of exactly this many tokens (sequences packed whole, best fit decreasing; the
@@ -79,7 +83,7 @@ HONOURED = {
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "token_budget": ANY, "trainer_metrics": ANY, "activation_offloading": ANY, "optim": ANY,
-                  "fused_projections": ANY},
+                  "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
             "fp8_backend": ANY, "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
@@ -119,6 +123,10 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("attention='varlen' without padding_free (it reads the packed row's sequence boundaries)")
     if variant.attention == "varlen" and variant.framework == "unsloth":
         problems.append("attention='varlen' with framework='unsloth' (Unsloth chooses its own attention)")
+    if variant.checkpoint_policy != "full" and not variant.gradient_checkpointing:
+        problems.append(f"checkpoint_policy={variant.checkpoint_policy!r} without gradient_checkpointing")
+    if variant.checkpoint_policy != "full" and variant.framework == "unsloth":
+        problems.append("checkpoint_policy with framework='unsloth' (Unsloth checkpoints its own way)")
     if variant.token_budget and not variant.padding_free:
         problems.append("token_budget without padding_free (its rows are packed rows)")
     if variant.token_budget and variant.framework == "unsloth":

@@ -115,6 +115,35 @@ def host_variant(variant: Variant, settings, device: torch.device) -> tuple[Vari
     return dataclasses.replace(variant, **knobs), changes
 
 
+# the ops whose outputs selective checkpointing keeps: the GEMMs and attention kernels (the costly FLOPs); everything
+# between them (norms, activations, rotary, casts) is recomputed in the backward
+SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_mm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+             "_varlen_attn")
+
+
+def _keep_gemms(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    name = getattr(op, "__name__", str(op)).split(".")[0]
+    return CheckpointPolicy.MUST_SAVE if name in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def selective_context():
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_keep_gemms)
+
+
+def checkpoint_kwargs(variant: Variant) -> dict:
+    """torch.utils.checkpoint's arguments for the variant (non-reentrant; selective: the GEMM and attention outputs
+    kept, the rest recomputed)."""
+    kwargs = {"use_reentrant": False}
+    if variant.checkpoint_policy == "selective":
+        kwargs["context_fn"] = selective_context
+    return kwargs
+
+
 def compile_kwargs(variant: Variant) -> dict:
     """torch.compile's arguments for the variant: Inductor takes the mode; other backends take none."""
     if variant.compile_backend == "inductor":

@@ -10,9 +10,9 @@ import torch
 from .. import attention, fp8, fused, packing
 from ..build import build_model
 from ..flops import causal_lm_shape, step_flops
-from ..harness import Unsupported
-from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_kwargs, compile_model, compute_dtype,
-                        load_pretrained, parameter_counts, precision_ran, quantization_config, repeated_blocks)
+from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwargs, compile_kwargs, compile_model,
+                        compute_dtype, load_pretrained, parameter_counts, precision_ran, quantization_config,
+                        repeated_blocks)
 
 
 def load_model(ctx, device):
@@ -188,7 +188,7 @@ def train(ctx, record, device, meter):
         # TRL's SFTConfig turns gradient checkpointing on by default: the variant decides, explicitly
         # (Unsloth applies its own in get_peft_model).
         gradient_checkpointing=v.gradient_checkpointing and v.framework != "unsloth",
-        gradient_checkpointing_kwargs={"use_reentrant": False},
+        gradient_checkpointing_kwargs=checkpoint_kwargs(v),
         pad_to_multiple_of=multiple, use_cpu=device.type == "cpu", disable_tqdm=True,
         # padding-free: TRL's collator concatenates a batch into one row with position ids restarting at each
         # sequence; the trainer below adds the block-diagonal mask that keeps them apart (document_mask)
@@ -233,6 +233,8 @@ def train(ctx, record, device, meter):
             return loss
 
     row_pad_id = tokenizer.pad_token_id if v.padding_free and multiple else None
+    # HFU counts a recomputed forward's GEMMs; selective checkpointing keeps them (only cheap ops are recomputed)
+    recompute = v.gradient_checkpointing and v.checkpoint_policy == "full"
 
     def step_fields(batches) -> dict:
         """A step's samples, real and padded tokens, FLOPs and loss, read after the window's synchronisation."""
@@ -241,7 +243,7 @@ def train(ctx, record, device, meter):
         real = [t for _, r in seqs for t in r]
         return {"samples": len(real), "tokens": sum(real), "padded_tokens": sum(padded),
                 "loss": sum(b[-1].item() for b in batches) / len(batches),
-                **step_flops(real, padded, shape, trainable, v.gradient_checkpointing)}
+                **step_flops(real, padded, shape, trainable, recompute)}
 
     class HarnessCallback(TrainerCallback):
         """Closes each optimizer step on the meter and stops training once the last window has closed."""
