@@ -155,3 +155,28 @@ def test_evaluation_of_a_4bit_model_on_a_cpu_with_odd_widths(tmp_path):
     ids = torch.randint(0, 4000, (1, 12))
     with torch.no_grad():
         assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+def test_kbit_upcast_false_keeps_the_unquantized_parameters_in_the_compute_dtype(tmp_path):
+    """qlora-gc-pf-bf16: PEFT's k-bit preparation casts the embeddings, LM head and norms to fp32; with
+    kbit_upcast false they stay bf16 (as in Unsloth's 4-bit models), only LoRA trains, and a step runs."""
+    from ftbench.config import Variant
+    from ftbench.variants import apply_lora, quantization_config
+
+    arch = load_architecture(ARCH / "qwen3-8b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path, 42, build="in_process")
+    lora = {"target_modules": ["q_proj", "v_proj"]}
+    dtypes = {}
+    for upcast in (True, False):
+        v = Variant(name="q", precision="nf4", gradient_checkpointing=True, kbit_upcast=upcast)
+        model, _ = build_model(manifest, 42, "cpu", torch.bfloat16, quantization_config(v))
+        model = apply_lora(model, v, lora)
+        dtypes[upcast] = {n: p.dtype for n, p in model.named_parameters() if "lora_" not in n
+                          and type(p).__name__ != "Params4bit"}
+        assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    assert set(dtypes[True].values()) == {torch.float32}
+    assert set(dtypes[False].values()) == {torch.bfloat16} and dtypes[False].keys() == dtypes[True].keys()
+    ids = torch.randint(0, 3000, (1, 12))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert any(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)

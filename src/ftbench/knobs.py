@@ -24,6 +24,9 @@ class Variant:
     peft: str = "lora"  # lora | none
     precision: str = "bf16"  # bf16 | fp16 | fp32 | nf4 | fp8
     nf4_compute: str = "bf16"  # nf4: the dtype 4-bit weights dequantize to for each GEMM (bf16 | fp32)
+    # nf4, causal LM: PEFT's k-bit preparation casts every parameter it does not quantize (embeddings, LM head,
+    # norms) to fp32; false keeps them in the compute dtype, as Unsloth's 4-bit models do
+    kbit_upcast: bool = True
     fp8_backend: str | None = None  # te | torchao (precision fp8 only)
     fp8_recipe: str = "delayed"  # delayed | current (Transformer Engine)
     fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
@@ -83,7 +86,7 @@ HONOURED = {
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "token_budget": ANY, "trainer_metrics": ANY, "activation_offloading": ANY, "optim": ANY,
-                  "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}},
+                  "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
             "fp8_backend": ANY, "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
@@ -123,6 +126,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("attention='varlen' without padding_free (it reads the packed row's sequence boundaries)")
     if variant.attention == "varlen" and variant.framework == "unsloth":
         problems.append("attention='varlen' with framework='unsloth' (Unsloth chooses its own attention)")
+    if not variant.kbit_upcast and (variant.precision != "nf4" or variant.framework == "unsloth"):
+        problems.append("kbit_upcast=False without PEFT's 4-bit path (precision nf4, framework hf)")
     if variant.checkpoint_policy != "full" and not variant.gradient_checkpointing:
         problems.append(f"checkpoint_policy={variant.checkpoint_policy!r} without gradient_checkpointing")
     if variant.checkpoint_policy != "full" and variant.framework == "unsloth":
