@@ -67,6 +67,13 @@ def peak_memory() -> pl.Expr:
     return pl.coalesce("memory.peak_reserved_gib", "memory.host_peak_rss_gib")
 
 
+def full_scale(df: pl.DataFrame) -> pl.DataFrame:
+    """The records that may fill a published cell: full scale, on a CUDA GPU."""
+    if df.is_empty() or "device_type" not in df.columns:
+        return df.clear()
+    return df.filter((pl.col("scale") == "full") & (pl.col("device_type") == "cuda"))
+
+
 def median_step_samples_per_hour() -> pl.Expr:
     """Samples per hour at the median step time: what a run gives once one-off per-shape costs are paid."""
     return 3600 * pl.col("batch_size") / pl.col("timing.step_time_s")

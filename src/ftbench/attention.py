@@ -89,7 +89,7 @@ def step_kwargs(position_ids: torch.Tensor, max_length: int, pads: int = 0, slot
     """The keyword arguments a forward pass carries to each layer's attention. `max_length` bounds every
     sequence's length (the loader truncates to it): a constant, so compiled layers see no new value per step.
     `pads` and `slots`: a fixed-shape row's trailing padding and its fixed number of sequence slots."""
-    bounds = sequence_bounds(position_ids, pads, max_length, slots) if slots else sequence_bounds(position_ids)
+    bounds = sequence_bounds(position_ids, pads, max_length, slots)
     return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": max_length, "max_length_k": max_length}
 
 
@@ -133,17 +133,24 @@ def _window_mask(n: int, left: int, device) -> torch.Tensor:
     return (d >= 0) & ((d <= left) if left >= 0 else True)
 
 
-def _math_forward(q, k, v, edges, scale, left):
-    """What the flash kernel returns, one sequence at a time in fp32 (CPUs and tests): out (T, H, D) and the
-    log-sum-exp of each query's scores over its keys, (H, T)."""
+def _sequences(q, k, v, edges, scale, left):
+    """Each non-empty sequence of the row (empty slots of fixed-shape rows skipped): its span, its q, k and v as
+    (H, t, D) in the summing dtype with the KV heads repeated per query head, and its masked scores (H, t, t)."""
     rep = q.shape[1] // k.shape[1]
-    outs, lses = [], []
     for a, b in zip(edges, edges[1:]):
-        if b == a:  # an empty slot (fixed-shape rows)
+        if b == a:
             continue
         qs, ks, vs = (x[a:b].transpose(0, 1).to(_acc(q.dtype)) for x in (q, k, v))
         ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
         s = (qs @ ks.transpose(1, 2) * scale).masked_fill(~_window_mask(b - a, left, q.device), float("-inf"))
+        yield a, b, qs, ks, vs, s
+
+
+def _math_forward(q, k, v, edges, scale, left):
+    """What the flash kernel returns, one sequence at a time in fp32 (CPUs and tests): out (T, H, D) and the
+    log-sum-exp of each query's scores over its keys, (H, T)."""
+    outs, lses = [], []
+    for _, _, _, _, vs, s in _sequences(q, k, v, edges, scale, left):
         lse = s.logsumexp(-1)
         outs.append(((s - lse[..., None]).exp() @ vs).transpose(0, 1))
         lses.append(lse)
@@ -153,18 +160,12 @@ def _math_forward(q, k, v, edges, scale, left):
 def _math_backward(grad, q, k, v, out, lse, edges, scale, left):
     """The flash kernel's backward, one sequence at a time in fp32: dq, dk, dv from the output's gradient, the
     output and the log-sum-exp (the softmax is recomputed from them, as the kernel does)."""
-    rep = q.shape[1] // k.shape[1]
-    acc = _acc(q.dtype)
+    acc, h, rep = _acc(q.dtype), k.shape[1], q.shape[1] // k.shape[1]
     dq, dk, dv = (torch.zeros_like(x, dtype=acc) for x in (q, k, v))
-    for a, b in zip(edges, edges[1:]):
-        if b == a:
-            continue
-        qs, ks, vs, gs, os_ = (x[a:b].transpose(0, 1).to(acc) for x in (q, k, v, grad, out))
-        ks, vs = ks.repeat_interleave(rep, 0), vs.repeat_interleave(rep, 0)
-        s = (qs @ ks.transpose(1, 2) * scale).masked_fill(~_window_mask(b - a, left, q.device), float("-inf"))
+    for a, b, qs, ks, vs, s in _sequences(q, k, v, edges, scale, left):
+        gs, os_ = (x[a:b].transpose(0, 1).to(acc) for x in (grad, out))
         p = (s - lse[:, a:b, None]).exp()
         ds = p * (gs @ vs.transpose(1, 2) - (gs * os_).sum(-1, keepdim=True))
-        h = k.shape[1]
         dq[a:b] = (ds @ ks * scale).transpose(0, 1)
         dk[a:b] = (ds.transpose(1, 2) @ qs * scale).unflatten(0, (h, rep)).sum(1).transpose(0, 1)
         dv[a:b] = (p.transpose(1, 2) @ gs).unflatten(0, (h, rep)).sum(1).transpose(0, 1)
@@ -204,7 +205,7 @@ class SinkAttention(torch.autograd.Function):
             f = torch.sigmoid(lse - sinks.to(lse.dtype)[:, None]).transpose(0, 1)[..., None]
             out = (out.to(f.dtype) * f).to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse, bounds, f, rng, unused)
-        ctx.flash, ctx.max_length, ctx.scale, ctx.left, ctx.has_sinks = flash, max_length, scale, left, sinks is not None
+        ctx.flash, ctx.max_length, ctx.scale, ctx.left = flash, max_length, scale, left
         ctx.sink_dtype = sinks.dtype if sinks is not None else None
         return out
 
@@ -231,10 +232,6 @@ class SinkAttention(torch.autograd.Function):
 def sink_attention(q, k, v, sinks, bounds, max_length: int, scale: float, sliding_window=None):
     """Attention with sinks and/or a sliding window over a packed row (T, H, D)."""
     left = sliding_window - 1 if sliding_window else -1
-    if q.is_cuda and torch.is_autocast_enabled("cuda") and torch.float32 in (q.dtype, k.dtype, v.dtype):
-        # fp32 activations under 16-bit autocast (a k-bit model's upcast embeddings and norms make the rotated
-        # q and k fp32 while v stays 16-bit): the flash kernel takes one 16-bit dtype
-        q, k, v = (x.to(torch.get_autocast_dtype("cuda")) for x in (q, k, v))
     return SinkAttention.apply(q, k, v, sinks, bounds, max_length, scale, left)
 
 
@@ -249,17 +246,17 @@ def varlen_attention(module, query, key, value, attention_mask, scaling=None, dr
         raise NotImplementedError("attention 'varlen' has no dropout")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, D)
+    if q.is_cuda and torch.is_autocast_enabled("cuda") and torch.float32 in (q.dtype, k.dtype, v.dtype):
+        # fp32 activations under 16-bit autocast (a k-bit model's norms and embeddings, upcast by PEFT's
+        # preparation, make the rotated q and k fp32): flash kernels take one 16-bit dtype; SDPA's autocast casts
+        # the same way
+        q, k, v = (x.to(torch.get_autocast_dtype("cuda")) for x in (q, k, v))
+    max_length = int(kwargs.get("max_length_q") or q.shape[0])
     sinks, window = kwargs.get("s_aux"), kwargs.get("sliding_window")
     if sinks is not None or window:  # gpt-oss: sink logits, and a left window in half its layers
-        out = sink_attention(q.contiguous(), k.contiguous(), v.contiguous(), sinks, bounds,
-                             int(kwargs.get("max_length_q") or q.shape[0]), scale, window)
-        return out.unsqueeze(0), None
-    if q.is_cuda and varlen_attn is not None:
-        if q.dtype == torch.float32 and torch.is_autocast_enabled("cuda"):
-            # fp32 activations under 16-bit autocast (a k-bit model's norms, upcast by PEFT's preparation): the
-            # flash kernel takes 16-bit inputs only; SDPA's autocast casts the same way
-            q, k, v = (x.to(torch.get_autocast_dtype("cuda")) for x in (q, k, v))
-        out = _flash(q, k, v, bounds, int(kwargs.get("max_length_q") or q.shape[0]), scale)
+        out = sink_attention(q.contiguous(), k.contiguous(), v.contiguous(), sinks, bounds, max_length, scale, window)
+    elif q.is_cuda and varlen_attn is not None:
+        out = _flash(q, k, v, bounds, max_length, scale)
     else:
         out = _per_sequence(q, k, v, bounds, scale)
     return out.unsqueeze(0), None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .analysis import html_page, median_step_samples_per_hour, peak_memory
+from .analysis import full_scale, html_page, median_step_samples_per_hour, peak_memory
 
 NOISE_SIGMAS = 2  # a ratio is a difference only when it lies outside this many combined noise CVs of 1
 NOISE_NOTE = ("Noise: each run's relative uncertainty is its CV across repeated windows (or, with one window, the "
@@ -76,8 +76,7 @@ def study_b_table(df: pl.DataFrame, published: dict, stand_ins: dict | None = No
     stand_ins = stand_ins or {}
     cells = published.get("table", [])
     rows = []
-    full = df.filter((pl.col("scale") == "full") & (pl.col("device_type") == "cuda")) if "device_type" in df.columns \
-        else df.clear()
+    full = full_scale(df)
     for cell in cells:
         order = [cell["variant"], *stand_ins.get(cell["variant"], [])]
         found = full.filter((pl.col("model") == cell["model"]) & (pl.col("dataset") == cell["dataset"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .analysis import KEY, html_table, peak_memory, read_runs, typed
+from .analysis import KEY, full_scale, html_table, peak_memory, read_runs, typed
 from .compare import _verdict
 
 GIB_PER_GB = 1e9 / 2**30
@@ -22,13 +22,6 @@ def merged_records(parquets, extra=()) -> pl.DataFrame:
         return pl.DataFrame()
     df = typed(pl.concat(frames, how="diagonal_relaxed"))
     return df.unique(subset=[k for k in KEY if k in df.columns], keep="last", maintain_order=True)
-
-
-def full_scale(df: pl.DataFrame) -> pl.DataFrame:
-    """The records that may fill a published cell: full scale, on a CUDA GPU."""
-    if df.is_empty() or "device_type" not in df.columns:
-        return df.clear()
-    return df.filter((pl.col("scale") == "full") & (pl.col("device_type") == "cuda"))
 
 
 def _rows(df: pl.DataFrame, **match) -> list[dict]:
@@ -99,9 +92,8 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
             ours, ratio = r["status"], None
             if r["status"] == "ok":
                 i = order.index(r["variant"])
-                bases = [b for b in _rows(full, model=r["model"], gpu=r["gpu"], batch_size=bs, status="ok",
-                                          variant=measured_by.get("bf16", ["bf16"])[i:i + 1])]
-                b = bases[0] if bases else None
+                b = next(iter(_rows(full, model=r["model"], gpu=r["gpu"], batch_size=bs, status="ok",
+                                    variant=measured_by.get("bf16", ["bf16"])[i:i + 1])), None)
                 step = r["timing.step_time_s"]
                 if b is None:
                     ours = f"{step:.3g} s/step (no baseline on this GPU)"

@@ -91,7 +91,7 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask,
     q, k = rotary(q, k, cos, sin)
     if past_key_values is not None:
         k, v = past_key_values.update(k, v, self.layer_idx)
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # transformers only where a model trains
 
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
     out, weights = attend(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.attention_dropout,

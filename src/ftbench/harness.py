@@ -407,11 +407,10 @@ class Meter:
     def measured(self) -> list[dict]:
         return [r for r in self.rows if r["phase"] == "measure"]
 
-    def compile_spent(self):
-        """TorchDynamo/Inductor's time accounting and graph count when training finished (or now)."""
-        from torch._dynamo.utils import calculate_time_spent
-
-        return self._trained or (calculate_time_spent(), compiled_graphs())
+    @property
+    def trained_compile(self):
+        """TorchDynamo/Inductor's time accounting and graph count when training finished (None before)."""
+        return self._trained
 
     def write_steps(self, path):
         write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "t_end_s", "samples",

@@ -117,7 +117,7 @@ def _compile(meter, record: dict) -> None:
     from torch._dynamo.utils import calculate_time_spent, counters
 
     now, graphs_now = calculate_time_spent(), compiled_graphs()
-    spent, graphs = meter.compile_spent()
+    spent, graphs = meter.trained_compile or (now, graphs_now)
     first = meter.rows[0].get("compiled_graphs") or 0
     record["compile"].update(compile_s=spent.get("total_wall_time"), frame_compile_s=spent.get(
         "entire_frame_compile"), backward_compile_s=spent.get("entire_backward_compile"), unique_graphs=graphs,

@@ -193,14 +193,13 @@ def apply_lora(model, variant: Variant, lora: dict, task_type: str | None = "CAU
         return model
     from peft import get_peft_model, prepare_model_for_kbit_training
 
-    if variant.precision == "nf4" and variant.kbit_upcast:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=variant.gradient_checkpointing)
-    elif variant.precision == "nf4":  # PEFT's preparation without its fp32 copies of what is not quantized
-        for p in model.parameters():
-            p.requires_grad_(False)
-        if variant.gradient_checkpointing:
-            model.enable_input_require_grads()
     if variant.precision == "nf4":
+        if variant.kbit_upcast:
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=variant.gradient_checkpointing)
+        else:  # PEFT's preparation without its fp32 copies of what is not quantized
+            model.requires_grad_(False)
+            if variant.gradient_checkpointing:
+                model.enable_input_require_grads()
         unpackable_for_cpu(model)
     return get_peft_model(model, lora_config(lora, task_type))
 

@@ -8,9 +8,8 @@ from ftbench.analysis import html_page  # noqa: E402
 from ftbench.config import load_yaml  # noqa: E402
 from ftbench.coverage import coverage_html, coverage_rows, merged_records  # noqa: E402
 
-base = Path(snakemake.scriptdir).parent.parent
-tables = [{**t, "published": load_yaml(base / "config" / "published" / t["published"])}
-          for t in snakemake.params.tables]
+published = {Path(p).name: load_yaml(p) for p in snakemake.input.published}  # the rule's inputs, by file name
+tables = [{**t, "published": published[Path(t["published"]).name]} for t in snakemake.params.tables]
 table = coverage_rows(merged_records(snakemake.input.runs, snakemake.input.extra), tables)
 table.write_csv(snakemake.output.csv)
 fragment = coverage_html(table)
