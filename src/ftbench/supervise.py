@@ -215,7 +215,7 @@ def _child(job_path) -> None:
 
         generate_job(params, p["json"], p["html"])
         return
-    from .ranks import rank
+    from .ranks import finish, rank
 
     if rank() != 0:  # several ranks: rank 0 keeps the records, progress and adapter
         os.environ.pop("FTBENCH_PROGRESS", None)
@@ -229,6 +229,7 @@ def _child(job_path) -> None:
         from .profiling import profile_run
 
         profile_run(ctx, p["trace"], p["summary"])
+    finish()
 
 
 if __name__ == "__main__":
