@@ -87,3 +87,54 @@ def test_a_config_can_profile_fewer_steps():
     full = load_yaml(ROOT / "bench/study_b_full.yaml")
     cfg["studies"]["llm"]["training"] = {**cfg["studies"]["llm"]["training"], **full["studies"]["llm"]["training"]}
     assert train_settings(cfg, spec).profile_active_steps == 1
+
+
+def test_top_operators_sum_kernel_time_on_a_gpu_and_self_time_on_a_host():
+    """With kernels in the trace: kernels by summed device time, shares of all device time. Without: host operators
+    by self time, nested ones subtracted from their caller thread by thread."""
+    from ftbench.profiling import top_operators
+
+    gpu = [{"name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": 500},
+           {"name": "gemm", "cat": "kernel", "ts": 10, "dur": 300},
+           {"name": "gemm", "cat": "kernel", "ts": 400, "dur": 300},
+           {"name": "copy", "cat": "gpu_memcpy", "ts": 800, "dur": 200},
+           {"name": "ProfilerStep#1", "cat": "gpu_user_annotation", "ts": 0, "dur": 5000}]  # not device work
+    assert top_operators(gpu) == [{"name": "gemm", "self_time_ms": 0.6, "share": 0.75, "calls": 2},
+                                  {"name": "copy", "self_time_ms": 0.2, "share": 0.25, "calls": 1}]
+    host = [{"name": "aten::linear", "cat": "cpu_op", "ts": 0, "dur": 100, "tid": 1},
+            {"name": "aten::addmm", "cat": "cpu_op", "ts": 10, "dur": 60, "tid": 1},
+            {"name": "aten::empty", "cat": "cpu_op", "ts": 20, "dur": 10, "tid": 1},
+            {"name": "aten::empty", "cat": "cpu_op", "ts": 75, "dur": 5, "tid": 1},
+            {"name": "aten::addmm", "cat": "cpu_op", "ts": 15, "dur": 40, "tid": 2},  # another thread: not nested
+            {"name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100, "tid": 1}]
+    rows = {r["name"]: (r["self_time_ms"] * 1e3, r["calls"]) for r in top_operators(host)}
+    assert rows == {"aten::addmm": (pytest.approx(90), 2), "aten::linear": (pytest.approx(35), 1),
+                    "aten::empty": (pytest.approx(15), 2)}
+    assert top_operators(host, top=1)[0]["share"] == pytest.approx(90 / 140)
+
+
+def test_a_profile_is_summarized_from_the_profilers_results_in_memory(tmp_path):
+    """The trace summary comes from the profiler's events as it closes its window (no trace parsed back), and
+    agrees with the trace it exports: the same steps, the same operator names."""
+    import gzip
+    import json
+
+    import torch
+
+    from ftbench.profiling import make_profiler, trace_events
+
+    summary = tmp_path / "summary.trace.json"
+    prof = make_profiler(torch.device("cpu"), str(tmp_path / "trace.json.gz"), str(summary),
+                         plan={"wait": 0, "warmup": 1, "active": 2})
+    layer = torch.nn.Linear(32, 32)
+    with prof:
+        for _ in range(3):
+            layer(torch.randn(4, 32)).sum().backward()
+            prof.step()
+    s = json.loads(summary.read_text())
+    assert s["device"] == "cpu" and s["steps"] == 2 and 0 < s["busy_share"] <= 1
+    names = {r["name"] for r in s["top_operators"]}
+    assert "aten::addmm" in names or "aten::linear" in names, names
+    exported = json.load(gzip.open(tmp_path / "trace.json.gz", "rt"))["traceEvents"]
+    steps = {e["name"] for e in exported if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep")}
+    assert {e["name"] for e in trace_events(prof) if e["cat"] == "user_annotation"} >= steps and len(steps) == 2

@@ -13,6 +13,7 @@ DATA_LOADING_MARKERS = ("enumerate(DataLoader)", "ftbench.data")
 IDLE_GAP_US = 50.0  # a gap between device kernels longer than this counts as idle
 CAUSE_GAP_US = 10_000.0  # gaps this long are attributed to the host operator running through them
 HOST_CATEGORIES = ("cpu_op", "python_function", "user_annotation")
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def schedule(active: int | None = None) -> dict:
@@ -21,9 +22,9 @@ def schedule(active: int | None = None) -> dict:
     return {**SCHEDULE, "active": active} if active else dict(SCHEDULE)
 
 
-def make_profiler(device: torch.device, trace_path: str, ops_path: str, top: int = 15, plan: dict | None = None):
-    """A profiler that, when its active window closes, writes the Chrome trace and the top operators
-    by self time on the device (self CPU time on a machine without a GPU)."""
+def make_profiler(device: torch.device, trace_path: str, summary_path: str, top: int = 15, plan: dict | None = None):
+    """A profiler that, when its active window closes, writes the Chrome trace and its summary (`summarize_trace`,
+    top operators included) as JSON to `summary_path`, both from the profiler's results in memory."""
     import torch  # here, not at the top: the report's environment renders profile pages without PyTorch
 
     acts = [torch.profiler.ProfilerActivity.CPU]
@@ -37,17 +38,68 @@ def make_profiler(device: torch.device, trace_path: str, ops_path: str, top: int
             with open(plain, "rb") as src, gzip.open(trace_path, "wb", compresslevel=1) as dst:
                 shutil.copyfileobj(src, dst)
             os.remove(plain)
-        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        rows = sorted((a for a in prof.key_averages() if not a.key.startswith("ProfilerStep")),
-                      key=lambda a: -getattr(a, key))[:top]
-        total = sum(getattr(a, key) for a in prof.key_averages()) or 1.0
-        ops = [{"name": a.key[:120], "self_time_ms": getattr(a, key) / 1e3, "share": getattr(a, key) / total,
-                "calls": a.count} for a in rows]
-        with open(ops_path, "w") as f:
-            json.dump({"by": key, "operators": ops}, f, indent=2)
+        events = trace_events(prof)
+        with open(summary_path, "w") as f:
+            json.dump(summarize_trace(events, top_operators(events, top)), f, indent=2)
 
     return torch.profiler.profile(activities=acts, schedule=torch.profiler.schedule(repeat=1, **(plan or SCHEDULE)),
                                   on_trace_ready=on_ready, record_shapes=False, with_stack=False)
+
+
+def trace_events(prof) -> list[dict]:
+    """The profiler's events as its Chrome trace holds them (name, cat, ts and dur in microseconds, thread), read
+    from its results in memory. One gpt-oss-120b step is ~10^6 events: parsing the exported trace back, or
+    PyTorch's key_averages(), took longer than a lent GPU's 10-minute call (H100, 2026-11-25)."""
+    events = prof.profiler.kineto_results.events()
+    base = min((e.start_ns() for e in events), default=0)
+
+    def category(e):
+        if hasattr(e, "activity_type"):
+            return e.activity_type()
+        on_device = str(e.device_type()).rsplit(".", 1)[-1] != "CPU"
+        if e.is_user_annotation():
+            return "gpu_user_annotation" if on_device else "user_annotation"
+        return "kernel" if on_device else "cpu_op"
+
+    return [{"ph": "X", "name": e.name(), "cat": category(e), "ts": (e.start_ns() - base) / 1e3,
+             "dur": e.duration_ns() / 1e3, "tid": e.start_thread_id()} for e in events]
+
+
+def top_operators(events: list[dict], top: int = 15) -> list[dict]:
+    """Where the device's time goes: kernels, copies and memsets by summed device time; on a machine without a
+    GPU, host operators by self time (their time less that of the operators they call, thread by thread). Share:
+    of that summed time, so the rows of one table add up to at most 1."""
+    times: dict[str, list] = {}
+    device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES]
+    if device:
+        for e in device:
+            t = times.setdefault(e["name"], [0.0, 0])
+            t[0] += e["dur"]
+            t[1] += 1
+    else:
+        threads: dict = {}
+        for e in events:
+            if e.get("cat") == "cpu_op":
+                threads.setdefault(e.get("tid", 0), []).append(e)
+        for ops in threads.values():
+            stack: list[list] = []  # [end, name, self time]
+            for e in sorted(ops, key=lambda e: (e["ts"], -e["dur"])):
+                while stack and stack[-1][0] <= e["ts"]:
+                    _close(times, stack.pop())
+                if stack:
+                    stack[-1][2] -= e["dur"]
+                stack.append([e["ts"] + e["dur"], e["name"], e["dur"]])
+            while stack:
+                _close(times, stack.pop())
+    total = sum(t[0] for t in times.values()) or 1.0
+    rows = sorted(times.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"name": name[:120], "self_time_ms": t / 1e3, "share": t / total, "calls": n} for name, (t, n) in rows]
+
+
+def _close(times: dict, frame: list) -> None:
+    t = times.setdefault(frame[1], [0.0, 0])
+    t[0] += max(frame[2], 0.0)
+    t[1] += 1
 
 
 def _union_us(intervals) -> float:
@@ -64,20 +116,13 @@ def _clip(intervals, lo, hi):
     return [(max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi]
 
 
-def load_trace(path) -> list[dict]:
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
-    return data["traceEvents"] if isinstance(data, dict) else data
-
-
 def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     """Device busy vs idle share per step and overall, data-loading share, idle gaps, top operators."""
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
     # the host-side step annotations (the device-side copies, cat gpu_user_annotation, would count twice)
     steps = sorted((e for e in complete if e.get("name", "").startswith("ProfilerStep#")
                     and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
-    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in DEVICE_CATEGORIES]
     device = "cuda" if kernels else "cpu"
     if not kernels:  # on a CPU the "device" is the host: top-level operators stand in for kernels
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") == "cpu_op"]
@@ -141,22 +186,21 @@ def profile_run(ctx, trace_path, summary_path) -> dict:
     from .execute import execute
 
     device = pick_device()
-    ops_path = str(Path(summary_path).with_suffix(".ops.json"))
+    trace_summary = Path(summary_path).with_suffix(".trace.json")  # written as the profiler's window closes
     plan = schedule(ctx.settings.profile_active_steps)
     m = ctx.settings.measure  # one window long enough for the profiler's schedule
-    measure = dataclasses.replace(m, repeats=1, min_seconds=0, max_window_steps=None,
-                                  steps=max(m.steps, sum(plan.values()) + 1 - m.warmup_steps))
+    measure = dataclasses.replace(m, repeats=1, min_seconds=0, max_window_steps=None,  # no steps past the window's
+                                  steps=max(1, sum(plan.values()) + 1 - m.warmup_steps))
     settings = dataclasses.replace(ctx.settings, measure=measure)
     ctx = dataclasses.replace(ctx, settings=settings,
-                              profiler=make_profiler(device, str(trace_path), ops_path, plan=plan))
+                              profiler=make_profiler(device, str(trace_path), str(trace_summary), plan=plan))
     with tempfile.TemporaryDirectory() as tmp:
         record = execute(ctx, f"{tmp}/metrics.json", f"{tmp}/steps.csv", f"{tmp}/memory.csv")
     summary = {"run": record["run"], "status": record["status"], "reason": record["reason"],
                "step_time_s": record["timing"]["step_time_s"], "schedule": plan,
                "gpu": (record["provenance"].get("device") or {}).get("name")}
     if record["status"] == "ok":
-        ops = json.loads(Path(ops_path).read_text())["operators"]
-        summary.update(summarize_trace(load_trace(trace_path), ops))
+        summary.update(json.loads(trace_summary.read_text()))
     else:  # keep the DAG whole: an empty trace stands for a run that could not be profiled
         with gzip.open(trace_path, "wt") as f:
             json.dump({"traceEvents": []}, f)
@@ -216,10 +260,12 @@ def profile_page(summary_path, html_path) -> None:
                        profile_table(summary["idle_causes"], "idle_causes"), "idle_causes"))
     if summary.get("per_step"):
         blocks.append(("Per step", profile_table(summary["per_step"], "per_step"), "per_step"))
-        blocks.append(("Top operators by self time", profile_table(summary["top_operators"], "top_operators"),
+        blocks.append(("Where the device's time goes: kernels by device time (host operators by self time "
+                       "without a GPU)", profile_table(summary["top_operators"], "top_operators"),
                        "top_ops"))
-        blocks.append("Share: of the profiler's summed self time over all its rows; an operator and the kernels it "
-                      "launches both count, so shares compare rows with each other, they are not fractions of a step.")
+        blocks.append("Share: of the summed device time of all kernels, copies and memsets (on a machine without a "
+                      "GPU: of the summed self time of all host operators); kernels that overlap each count whole, so a "
+                      "share is of the device's work, not of the step's wall time.")
     run = summary["run"]
     title = f"Profile: {run['model']} / {run['dataset']} / {run['variant']} / batch {run['batch_size']}"
     Path(html_path).write_text(html_page(title, blocks))
