@@ -111,7 +111,8 @@ def study_profiles(wildcards):
 
 
 # profile summaries measured elsewhere (a merge_runs folder's profiles/), each rendered as a page of its own
-MERGED_SOURCES = {Path(f).name: f for f in config.get("merge_runs", [])}
+MERGE_RUNS = ftc.merge_sources(config)  # patterns expanded
+MERGED_SOURCES = {Path(f).name: f for f in MERGE_RUNS}
 
 
 def merged_profile_pages():

@@ -1,7 +1,8 @@
 rule aggregate:
     input:
         metrics=study_metrics,
-        extra=config.get("merge_runs", []),
+        extra=MERGE_RUNS,
+        profiles=study_profiles,
     output:
         parquet="results/studies/{study}/runs.parquet",
         csv="results/studies/{study}/runs.csv",
@@ -124,7 +125,7 @@ rule compare:
 rule coverage:
     input:
         runs=coverage_runs,
-        extra=config.get("merge_runs", []),
+        extra=MERGE_RUNS,
         published=coverage_published,
     output:
         html=report(

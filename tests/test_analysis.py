@@ -278,7 +278,55 @@ def test_study_b_table_fills_a_published_cell_only_from_a_full_scale_gpu_record_
     qwen = [r for r in rows if r["model"] == "qwen3-32b"]
     assert len(qwen) == 1 and qwen[0]["samples/h"] == 43228 and qwen[0]["x published"] == "1.6x"
     assert qwen[0]["measured by"].startswith("qlora-gc-pf (PEFT") and "Unsloth cannot take it" in qwen[0]["why"]
-    assert qwen[0]["ours"] == "GPU-bound"
+    assert qwen[0]["ours"] == "GPU-bound (NVML)" and qwen[0]["profiled busy %"] is None
     oss = [r for r in rows if r["model"] == "gpt-oss-120b"]
     assert len(oss) == 1 and oss[0]["status"] == "oom" and oss[0]["samples/h"] is None
     assert "1 of 2 published cells measured" in note
+
+
+def test_a_profile_joins_its_run_across_merged_folders_and_gives_study_b_its_verdict(tmp_path):
+    """A profile summary measured in one folder describes the same run (key and GPU kind) measured in another:
+    the Study B table then reads its verdict from the trace (kernels under 80 % of the profiled steps), with the
+    host operator through the longest idle time; a profile on another GPU kind, or not ok, joins nothing."""
+    from ftbench.compare import study_b_table
+
+    rec = record("llm", "qlora-gc-pf", 15.0, gpu=H100, batch=32, scale="full", model="gpt-oss-120b", util=90.0)
+    rec["run"]["dataset"] = "japanese_alpaca"
+    rec["throughput"]["samples_per_hour"] = 7508.0
+    write(tmp_path / "runs", rec)
+
+    def profile(folder, gpu, busy, status="ok"):
+        run = dict(rec["run"])
+        path = tmp_path / folder / "profiles/llm/gpt-oss-120b/full/japanese_alpaca/qlora-gc-pf/bs32/summary.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"run": run, "status": status, "gpu": gpu, "device": "cuda", "busy_share": busy,
+                                    "cpu_bound": busy < 0.8, "per_step": [{"idle_gaps": 114300,
+                                                                           "idle_gap_ms_total": 11992.0}],
+                                    "idle_causes": [{"host_op": "(no host operator)", "idle_ms": 1004.0},
+                                                    {"host_op": "IndexAddBackward0", "idle_ms": 619.0}]}))
+        return tmp_path / folder
+
+    published = {"table": [{"model": "gpt-oss-120b", "dataset": "japanese_alpaca", "variant": "unsloth-qlora",
+                            "batch_size": 32, "samples_per_hour": 9200, "bound": "CPU-bound"}]}
+    folders = [tmp_path / "runs", profile("h200", "NVIDIA H200", 0.95), profile("h100-later", H100, 0.093)]
+    df = aggregate([], folders, study="llm")
+    assert df.height == 1 and df["profile.busy_pct"].item() == pytest.approx(9.3)
+    row = study_b_table(df, published, stand_ins={"unsloth-qlora": ["qlora-gc-pf"]})[1][1].to_dicts()[0]
+    assert row["ours"] == "host-bound (trace profile)" and row["GPU busy %"] == 90.0  # NVML alone said GPU-bound
+    assert row["profiled busy %"] == 9.3  # most idle time in short gaps, not in the host operators of long ones
+    assert row["idle mostly in"] == ("114300 gaps between kernels, most under 10 ms (10369 of 11992 ms idle): launch "
+                                     "and Python overhead")
+    profile("h100-later", H100, 0.093, status="error")
+    row = study_b_table(aggregate([], folders, study="llm"), published,
+                        stand_ins={"unsloth-qlora": ["qlora-gc-pf"]})[1][1].to_dicts()[0]
+    assert row["ours"] == "GPU-bound (NVML)" and row["profiled busy %"] is None
+
+
+def test_idle_cause_names_the_host_operator_only_where_long_gaps_hold_most_idle_time():
+    from ftbench.analysis import idle_cause
+
+    s = {"device": "cuda", "per_step": [{"idle_gaps": 3, "idle_gap_ms_total": 100.0}],
+         "idle_causes": [{"host_op": "aten::_cudnn_attention_backward", "idle_ms": 60.0}]}
+    assert idle_cause(s) == "aten::_cudnn_attention_backward (60 of 100 ms idle)"
+    assert idle_cause({**s, "device": "cpu"}) is None
+    assert idle_cause({**s, "per_step": [{"idle_gaps": 0, "idle_gap_ms_total": 0.0}]}) is None

@@ -1,6 +1,7 @@
 """Config validation: bad input stops before any job, with a message naming the key."""
 
 import copy
+import re
 from pathlib import Path
 import dataclasses
 
@@ -200,3 +201,18 @@ def test_cpu_parallel_jobs_ask_for_no_gpu_only_on_a_local_host_without_one(tmp_p
     one.write_text("tiny_jobs_per_gpu: 1\n")
     assert gpu_requests("--configfile", str(ROOT / "config/config.yaml"), str(one),
                         env={"FTBENCH_GPU_IDS": "0"}) == {"1"}
+
+
+def test_merge_runs_expands_patterns_in_name_order_and_refuses_an_entry_that_names_nothing(tmp_path, monkeypatch):
+    """`merge_runs: ["measurements/*"]` merges every lease's folder (not the README beside them), in name order;
+    a path or pattern that matches nothing stops the run before any job, naming it."""
+    for name in ("h200-2026-11-24", "h100-2026-11-25-b", "h100-2026-11-25"):
+        (tmp_path / "m" / name).mkdir(parents=True)
+    (tmp_path / "m" / "README.md").write_text("notes")
+    (tmp_path / "runs.parquet").write_bytes(b"")
+    monkeypatch.chdir(tmp_path)
+    cfg = {"merge_runs": ["m/*", "runs.parquet", "m/h100-2026-11-25"]}
+    assert ftc.merge_sources(cfg) == ["m/h100-2026-11-25", "m/h100-2026-11-25-b", "m/h200-2026-11-24", "runs.parquet"]
+    for bad in ("m/h100-2026-11-26", "other/*"):
+        with pytest.raises(ftc.ConfigError, match=f"merge_runs: '{re.escape(bad)}' names no runs table or folder"):
+            ftc.merge_sources({"merge_runs": [bad]})

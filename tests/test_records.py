@@ -83,3 +83,19 @@ def test_second_h100_session_records_validate_and_the_workers_bring_the_noise_un
     assert regional["extra"]["image_tokens_per_sample"] == 2928  # AnyRes kept
     errors = sorted(root.glob("llm/qwen3-8b/full/wikipedia_ja/lora-pf-liger-compile/bs*/metrics.json"))
     assert [read_record(f)["status"] for f in errors] == ["error", "error"]
+
+
+def test_tokens_noise_comes_from_the_windows_real_tokens_and_is_derived_for_older_records_from_their_steps():
+    """Rows of a token budget hold 2 to 9 sequences of ~4,096 tokens, so windows' samples/s vary where their
+    tokens/s do not: a tokens/s figure gets the CV of the windows' tokens/s. Records written before windows
+    counted tokens get it from the steps they logged (H100, 2026-11-25: lora-tb, 3 windows of 54-55 steps)."""
+    from ftbench.records import tokens_cv, windows_from_steps
+
+    run = ROOT / "measurements/h100-2026-11-25-b/llm/qwen3-8b/full/wikipedia_ja/lora-tb/bs1"
+    rec = read_record(run / "metrics.json")
+    jsonschema.validate(rec, SCHEMA)
+    windows = windows_from_steps(run / "steps.csv")
+    assert [round(w["device_s"], 6) for w in windows] == [round(w["device_s"], 6) for w in rec["measure"]["windows"]]
+    assert rec["timing"]["noise_cv"] > 0.05 > 0.02 > rec["timing"]["noise_cv_tokens"] > 0
+    assert tokens_cv([{"tokens": 100, "device_s": 1.0}, {"tokens": 100, "device_s": 1.0}]) == 0
+    assert tokens_cv([{"tokens": None, "device_s": 1.0}, {"tokens": 100, "device_s": 1.0}]) is None

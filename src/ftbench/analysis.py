@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -100,10 +101,47 @@ def read_runs(path) -> pl.DataFrame:
     return typed(pl.DataFrame([flatten(read_record(f)) for f in files], infer_schema_length=None))
 
 
-def aggregate(paths, extra_tables=(), study: str | None = None) -> pl.DataFrame:
+PROFILE_COLUMNS = ("profile.busy_pct", "profile.cpu_bound", "profile.idle_cause")
+
+
+def idle_cause(summary: dict) -> str | None:
+    """Where a profile's idle device time goes, in a phrase: the host operator through the longest idle gaps where
+    gaps of 10 ms or more hold most of it, else the short gaps between kernels (launch and Python overhead)."""
+    steps = summary.get("per_step") or []
+    idle = sum(st["idle_gap_ms_total"] for st in steps)
+    if summary.get("device") != "cuda" or not idle:
+        return None
+    causes = summary.get("idle_causes") or []
+    long_ = sum(c["idle_ms"] for c in causes)
+    if long_ > idle - long_:
+        return f"{causes[0]['host_op']} ({causes[0]['idle_ms']:.0f} of {idle:.0f} ms idle)"
+    return (f"{sum(st['idle_gaps'] for st in steps)} gaps between kernels, most under 10 ms ({idle - long_:.0f} of "
+            f"{idle:.0f} ms idle): launch and Python overhead")
+
+
+def profile_rows(summaries) -> pl.DataFrame:
+    """Profile summaries (results/profiles/.../summary.json, or a merged folder's profiles/) as rows keyed like the
+    runs: the trace's GPU busy share, whether it reads host-bound, and the host operator through the longest idle
+    time. A profile of the same run on the same GPU kind describes it wherever either was measured."""
+    rows = []
+    for path in summaries:
+        s = json.loads(Path(path).read_text())
+        if s.get("status") != "ok" or s.get("busy_share") is None:
+            continue
+        rows.append({**{k: s["run"][k] for k in KEY[:-1]},
+                     "gpu": gpu_name(s.get("gpu")) if s.get("device") == "cuda" else "cpu",
+                     "profile.busy_pct": 100 * s["busy_share"], "profile.cpu_bound": s.get("cpu_bound"),
+                     "profile.idle_cause": idle_cause(s)})
+    schema = {**{k: pl.String for k in KEY}, "batch_size": pl.Int64, "profile.busy_pct": pl.Float64,
+              "profile.cpu_bound": pl.Boolean, "profile.idle_cause": pl.String}
+    return pl.DataFrame(rows, schema=schema).unique(subset=KEY, keep="last", maintain_order=True)
+
+
+def aggregate(paths, extra_tables=(), study: str | None = None, profiles=()) -> pl.DataFrame:
     """All runs, plus runs from other machines (tables, records or folders of records; their rows of `study`
     only); a run's GPU is part of its key, so the same run measured on two GPUs stays two rows, and a run
-    measured here replaces the same run of a merged table."""
+    measured here replaces the same run of a merged table. Profiles (`profile_rows`: the given summaries and every
+    merged folder's profiles/) join their runs by key."""
     rows = [flatten(read_record(p)) for p in paths]
     merged = []
     for t in extra_tables:
@@ -116,6 +154,10 @@ def aggregate(paths, extra_tables=(), study: str | None = None) -> pl.DataFrame:
     # tables merged from older versions lack the columns added since: every column a record gives is there
     df = typed(df.with_columns(pl.lit(None).alias(c) for c in RECORD_COLUMNS if c not in df.columns))
     df = df.unique(subset=KEY, keep="last", maintain_order=True)
+    folders = [Path(t) for t in extra_tables if Path(t).is_dir()]
+    prof = profile_rows([*(s for f in folders for s in sorted(f.glob("profiles/**/summary.json"))), *profiles])
+    df = df.drop([c for c in PROFILE_COLUMNS if c in df.columns]).join(
+        prof.with_columns(pl.col("batch_size").cast(df.schema["batch_size"])), on=KEY, how="left")
     return df.sort([natural_key(pl.col(k)) if df.schema[k] == pl.String else pl.col(k) for k in KEY])
 
 

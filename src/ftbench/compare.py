@@ -68,6 +68,19 @@ def _bound(busy_pct) -> str | None:
     return "GPU-bound" if busy_pct >= BUSY_GPU_BOUND_PCT else "host-bound"
 
 
+def _round(x, digits=1):
+    return round(x, digits) if x is not None else None
+
+
+def _profile_verdict(r: dict) -> str | None:
+    """GPU-bound or host-bound: from the run's trace profile where it has one (same run, same GPU kind), else from
+    NVML's busy share over the measured windows; the source named."""
+    if r.get("profile.cpu_bound") is not None:
+        return ("host-bound" if r["profile.cpu_bound"] else "GPU-bound") + " (trace profile)"
+    bound = _bound(r.get("device_usage.gpu_util_mean_pct"))
+    return bound and bound + " (NVML)"
+
+
 def study_b_table(df: pl.DataFrame, published: dict, stand_ins: dict | None = None, **_) -> list:
     """Study B's headline table (H100 SXM5, Unsloth QLoRA): each published cell beside our full-scale records of
     it on every GPU, measured by the published variant or, where it could not run, by its named stand-in (the same
@@ -114,7 +127,9 @@ def study_b_table(df: pl.DataFrame, published: dict, stand_ins: dict | None = No
                          "noise (CV)": r["timing.noise_cv"], "steps": r["timing.steps_measured"],
                          "peak GiB": r.get("memory.at_failure_gib") or r.get("memory.peak_reserved_gib"),
                          "GPU busy %": round(busy, 1) if busy is not None else None,
-                         "ours": _bound(busy) if r["status"] == "ok" else None,
+                         "profiled busy %": _round(r.get("profile.busy_pct")),
+                         "ours": _profile_verdict(r) if r["status"] == "ok" else None,
+                         "idle mostly in": r.get("profile.idle_cause"),
                          "why": (f"{r['variant']} ran out of memory on the {gpu} after {r['timing.steps_measured']} "
                                  f"measured steps" if r["status"] == "oom" else None) or
                                 (f"{cell['variant']}: {why_not}" if why_not else None)})
@@ -128,8 +143,11 @@ def study_b_table(df: pl.DataFrame, published: dict, stand_ins: dict | None = No
             "from_pretrained), the same 4-bit model through PEFT with Unsloth's kernels left out stands in, named in "
             "\"measured by\". x published = our samples/hour over the published figure, judged against our run's noise "
             "alone (the study published none). GPU busy % is NVML's mean utilisation over the measured windows; "
-            f">= {BUSY_GPU_BOUND_PCT:g} % reads GPU-bound, below it host-bound (the profiles say where the host "
-            "leaves the GPU idle). An oom row gives the memory it reached; the cell's row on a larger GPU follows. "
+            f">= {BUSY_GPU_BOUND_PCT:g} % reads GPU-bound, below it host-bound. Where the cell's run was profiled on "
+            "the same GPU kind (its profile page), \"ours\" is the trace's verdict instead (kernels cover < 80 % of the "
+            "profiled steps: host-bound), \"profiled busy %\" the share of those steps' time kernels ran (the "
+            "profiler's own host overhead lowers it), and \"idle mostly in\" the host operator running through the "
+            "longest idle time. An oom row gives the memory it reached; the cell's row on a larger GPU follows. "
             + NOISE_NOTE)
     return [note, ("Study B's published table, ours beside it", table, "study_b_table")]
 
@@ -352,6 +370,12 @@ def decision_guide(df: pl.DataFrame, published: dict, memory_gib=(16, 24, 48, 80
     return [note, ("What to use, by memory budget and run length", table, "decision_guide")]
 
 
+def tokens_noise(r: dict):
+    """A run's relative uncertainty in tokens/s: across its windows' real tokens/s where it has them (a window's
+    sample count can vary where its tokens do not), else its noise_cv."""
+    return r.get("timing.noise_cv_tokens") if r.get("timing.noise_cv_tokens") is not None else r["timing.noise_cv"]
+
+
 def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True, eval_loss=False, title="Ladder",
            **_) -> list:
     """The technique ladder: each rung a variant that adds one technique to the rung before, measured at the
@@ -384,7 +408,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             def times(other):
                 if not ok or other is None or other["status"] != "ok" or not other["throughput.tokens_per_s"]:
                     return None
-                return _verdict(tps / other["throughput.tokens_per_s"], r["timing.noise_cv"], other["timing.noise_cv"])
+                return _verdict(tps / other["throughput.tokens_per_s"], tokens_noise(r), tokens_noise(other))
 
             col = "loss.eval" if eval_loss else "loss.mean_first_steps"
             loss, base_loss = r.get(col), (base or {}).get(col)

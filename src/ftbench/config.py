@@ -273,9 +273,25 @@ def validate_config(config: dict, schema_path) -> None:
         raise ConfigError(f"{where}: {message}")
 
 
+def merge_sources(config: dict) -> list[str]:
+    """`merge_runs` with its patterns expanded (`measurements/*`: every folder, runs table or record there, in name
+    order, so a later lease's copy of the same run wins); an entry that names nothing is refused."""
+    import glob
+
+    sources = []
+    for entry in config.get("merge_runs") or []:
+        found = ([f for f in sorted(glob.glob(entry)) if Path(f).is_dir() or f.endswith((".parquet", ".json"))]
+                 if glob.has_magic(entry) else [entry] if Path(entry).exists() else [])
+        if not found:
+            raise ConfigError(f"merge_runs: '{entry}' names no runs table or folder (from {Path.cwd()})")
+        sources += [f for f in found if f not in sources]
+    return sources
+
+
 def check_config(config: dict, base_dir) -> None:
     """Cross-reference checks, run after schema validation and before any job: name the key."""
     check_names(config)
+    merge_sources(config)
     if config.get("only_studies") is not None and not config["only_studies"]:
         raise ConfigError("only_studies: empty list; leave it out to run every study, or name the studies to run")
     for name, knobs in config.get("variants", {}).items():

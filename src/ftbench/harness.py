@@ -367,6 +367,7 @@ class Meter:
                 "host_s": host_end - self._host_start, "host_span": (self._host_start, host_end),
                 "median_step_s": statistics.median(times), "samples": sum(r["samples"] for r in rows),
                 "samples_per_s": sum(r["samples"] for r in rows) / sum(times) if sum(times) else None,
+                "tokens": None if any(r.get("tokens") is None for r in rows) else sum(r["tokens"] for r in rows),
                 "energy_j": (energy_end - self._energy_start) / 1e3 if None not in (energy_end, self._energy_start)
                 else None, "truncated": truncated})
         self._pending = []

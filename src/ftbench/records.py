@@ -44,7 +44,7 @@ RECORD_TEMPLATE = {
                 "truncated": None, "windows": []},
     "timing": {"model_load_s": None, "first_step_s": None, "first_step_overhead_s": None, "step_time_s": None,
                "step_time_p10_s": None, "step_time_p90_s": None, "step_time_mean_s": None, "cv_within": None,
-               "cv_across_repeats": None, "cv_median_across_repeats": None, "noise_cv": None, "steps_measured": None, "window_s": None,
+               "cv_across_repeats": None, "cv_median_across_repeats": None, "noise_cv": None, "noise_cv_tokens": None, "steps_measured": None, "window_s": None,
                "host_window_s": None, "train_s": None, "eval_s": None},
     "outliers": {"factor": None, "count": None, "time_s": None, "time_share": None, "dominated": None, "steps": []},
     "throughput": {"samples_per_s": None, "samples_per_hour": None, "samples_per_hour_median_step": None,
@@ -107,10 +107,35 @@ def read_record(path) -> dict:
         if isinstance(keys, dict) and isinstance(record.get(group), dict):
             for key, default in keys.items():
                 record[group].setdefault(key, copy.deepcopy(default))
+    windows = record["measure"].get("windows") or []
     if record["timing"]["cv_median_across_repeats"] is None:  # records written before the field
-        record["timing"]["cv_median_across_repeats"] = cv([w.get("median_step_s")
-                                                           for w in record["measure"].get("windows") or []])
+        record["timing"]["cv_median_across_repeats"] = cv([w.get("median_step_s") for w in windows])
+    if record["timing"]["noise_cv_tokens"] is None and windows and "tokens" not in windows[0]:
+        # records written before windows counted tokens: the same windows, from the steps they logged
+        record["timing"]["noise_cv_tokens"] = tokens_cv(windows_from_steps(path.with_name("steps.csv")))
     return record
+
+
+def windows_from_steps(steps_csv) -> list[dict]:
+    """A run's measured windows (repeat by repeat: device seconds, real tokens) from its steps.csv."""
+    if not Path(steps_csv).is_file():
+        return []
+    windows: dict = {}
+    for row in csv.DictReader(open(steps_csv)):
+        if row.get("phase") != "measure" or not row.get("repeat"):
+            continue
+        w = windows.setdefault(row["repeat"], {"device_s": 0.0, "tokens": 0})
+        w["device_s"] += float(row["step_time_s"])
+        w["tokens"] = None if w["tokens"] is None or not row.get("tokens") else w["tokens"] + float(row["tokens"])
+    return list(windows.values())
+
+
+def tokens_cv(windows) -> float | None:
+    """Coefficient of variation across repeated windows of real tokens per second: the noise of a tokens/s
+    figure. Samples per second can vary where tokens per second do not (rows of a token budget hold 2 or 9
+    sequences of the same 4,096 tokens)."""
+    rates = [w["tokens"] / w["device_s"] for w in windows if w.get("tokens") is not None and w.get("device_s")]
+    return cv(rates) if len(rates) == len(windows) else None
 
 
 def cv(values) -> float | None:

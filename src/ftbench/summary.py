@@ -10,7 +10,7 @@ import torch
 
 from .flops import mfu
 from .harness import GIB, compiled_graphs, memory_now
-from .records import cv
+from .records import cv, tokens_cv
 
 
 def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: str | None) -> None:
@@ -53,7 +53,8 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
              cv_median_across_repeats=cv([w["median_step_s"] for w in windows]),
              noise_cv=across if across is not None else (within / len(times) ** 0.5 if within is not None
                                                          else None),
-             steps_measured=len(rows), window_s=window_s, host_window_s=sum(w["host_s"] for w in windows))
+             noise_cv_tokens=tokens_cv(windows), steps_measured=len(rows), window_s=window_s,
+             host_window_s=sum(w["host_s"] for w in windows))
     t["first_step_overhead_s"] = max(t["first_step_s"] - median, 0.0)
     record["outliers"].update(outliers(meter.rows, m.outlier_factor, median, window_s))
     samples = sum(r["samples"] for r in rows)

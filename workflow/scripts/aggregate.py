@@ -4,7 +4,8 @@ sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 from ftbench.analysis import aggregate, display_table, to_html  # noqa: E402
 
-df = aggregate(snakemake.input.metrics, snakemake.input.extra, study=snakemake.wildcards.study)
+df = aggregate(snakemake.input.metrics, snakemake.input.extra, study=snakemake.wildcards.study,
+               profiles=snakemake.input.profiles)
 df.write_parquet(snakemake.output.parquet)
 df.write_csv(snakemake.output.csv)
 with open(snakemake.output.html, "w") as f:
