@@ -43,9 +43,9 @@
 #   frontier-a, frontier-b, frontier-c, frontier-profile
 #             the frontier past the ladder (issue 26; Qwen3-8B, wikipedia_ja, LoRA r=8 on the seven projections):
 #             a: rung 0 (lora-pf-varlen-compile at 4), lora-tb and lora-tb-cg at 1 (rows of 4,096 tokens);
-#             b: lora-tb-cg-lean at 1, lora-tb-cg-lean-fused at 1 and 2; c: lora-tb8k-cg-lean-fused-offload and
-#             -sac (selective checkpointing) at 1, lora-tb-cg-lean-fp8 at 1 and 2 (~8-10 min each); then the top
-#             rung's profile
+#             b: lora-tb-cg-lean at 1, lora-tb-cg-lean-fused at 1 and 2; c: lora-tb8k-cg-lean-fused-offload at 1
+#             and 2 (rows of 8,192), -sac (selective checkpointing) at 1, lora-tb-cg-lean-fp8 at 1 (~2.3-2.5 min a
+#             run on the H100, 2026-11-25: each part ~8-10 min); then the top rung's profile
 #   a-eager-bsN[,M..], a-fixed-bsN[,M..], a-dynamic-bsN[,M..]
 #             Study A's seven variants at full scale with gradient checkpointing (issue 25; bench/study_a_sweep.yaml),
 #             at the batch sizes named: eager (bf16-gc, fp8-te-gc, qlora-gc), fixed shape + compile
@@ -137,8 +137,8 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
        case $part in
          frontier-a) targets="$llm/lora-pf-varlen-compile/bs4 $llm/lora-tb/bs1 $llm/lora-tb-cg/bs1" ;;
          frontier-b) targets="$llm/lora-tb-cg-lean/bs1 $llm/lora-tb-cg-lean-fused/bs1 $llm/lora-tb-cg-lean-fused/bs2" ;;
-         frontier-c) targets="$llm/lora-tb8k-cg-lean-fused-offload/bs1 $llm/lora-tb8k-cg-lean-fused-sac/bs1
-                              $llm/lora-tb-cg-lean-fp8/bs1 $llm/lora-tb-cg-lean-fp8/bs2" ;;
+         frontier-c) targets="$llm/lora-tb8k-cg-lean-fused-offload/bs1 $llm/lora-tb8k-cg-lean-fused-offload/bs2
+                              $llm/lora-tb8k-cg-lean-fused-sac/bs1 $llm/lora-tb-cg-lean-fp8/bs1" ;;
          frontier-profile) targets="" ;;
        esac
        if [ -n "$targets" ]; then

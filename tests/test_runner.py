@@ -82,6 +82,7 @@ def test_cpu_compile_backend_captures_graphs_without_inductor(tmp_path, tiny_qwe
               cpu_compile_backend="aot_eager")
     assert rec["status"] == "ok", rec["reason"]
     assert rec["compile"]["backend"] == "aot_eager" and rec["compile"]["unique_graphs"] >= 1
+    assert rec["compile"]["cudagraph_skips"] == 0  # counted (Inductor's CUDA graphs: none asked for here)
     assert rec["extra"]["host_changes"] == ["compile backend inductor -> aot_eager "
                                             "(training.cpu_compile_backend: no CUDA GPU)"]
     assert rec["variant"]["compile_backend"] == "inductor"

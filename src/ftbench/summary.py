@@ -123,5 +123,7 @@ def _compile(meter, record: dict) -> None:
     record["compile"].update(compile_s=spent.get("total_wall_time"), frame_compile_s=spent.get(
         "entire_frame_compile"), backward_compile_s=spent.get("entire_backward_compile"), unique_graphs=graphs,
         graphs_first_step=first, recompiles=graphs - first, graph_breaks=sum(counters["graph_break"].values()),
+        # graphs Inductor would have captured in CUDA graphs (mode reduce-overhead) and did not: its log says why
+        cudagraph_skips=counters["inductor"]["cudagraph_skips"],
         eval_graphs=graphs_now - graphs,
         eval_compile_s=(now.get("total_wall_time") or 0) - (spent.get("total_wall_time") or 0))
