@@ -130,8 +130,9 @@ def study_b_table(df: pl.DataFrame, published: dict, stand_ins: dict | None = No
                          "profiled busy %": _round(r.get("profile.busy_pct")),
                          "ours": _profile_verdict(r) if r["status"] == "ok" else None,
                          "idle mostly in": r.get("profile.idle_cause"),
-                         "why": (f"{r['variant']} ran out of memory on the {gpu} after {r['timing.steps_measured']} "
-                                 f"measured steps" if r["status"] == "oom" else None) or
+                         "why": (f"{r['variant']} ran out of memory on the {gpu} " + (
+                             f"after {r['timing.steps_measured']} measured steps" if r["timing.steps_measured"]
+                             else "before any measured step") if r["status"] == "oom" else None) or
                                 (f"{cell['variant']}: {why_not}" if why_not else None)})
     table = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     measured = sum(1 for c in cells if any(r.get("status") == "ok" and r["model"] == c["model"]
@@ -146,8 +147,9 @@ def study_b_table(df: pl.DataFrame, published: dict, stand_ins: dict | None = No
             f">= {BUSY_GPU_BOUND_PCT:g} % reads GPU-bound, below it host-bound. Where the cell's run was profiled on "
             "the same GPU kind (its profile page), \"ours\" is the trace's verdict instead (kernels cover < 80 % of the "
             "profiled steps: host-bound), \"profiled busy %\" the share of those steps' time kernels ran (the "
-            "profiler's own host overhead lowers it), and \"idle mostly in\" the host operator running through the "
-            "longest idle time. An oom row gives the memory it reached; the cell's row on a larger GPU follows. "
+            "profiler's own host overhead lowers it), and \"idle mostly in\" where that idle time goes: the host "
+            "operator running through the longest gaps, or many short gaps between kernels (launch and Python "
+            "overhead). An oom row gives the memory it reached; the cell's row on a larger GPU follows. "
             + NOISE_NOTE)
     return [note, ("Study B's published table, ours beside it", table, "study_b_table")]
 

@@ -270,9 +270,12 @@ NOTE = ("Every published cell of the four studies, computed from the records and
 # (`prose max-w-lg`), so the table ran under the rule graph beside it (both seen in headless Chromium,
 # 2026-11-25). The front page starts at the top, the description takes the width the table needs, and the rule
 # graph wraps below it.
-FRONT_STYLE = ("<style>div.flex.items-center.h-screen.overflow-auto { align-items: flex-start; } "
-               "div.grow.flex.gap-3.items-start { flex-wrap: wrap; } "
-               "div.prose.max-w-lg:has(.ftbench-coverage) { max-width: 78rem; }</style>")
+FRONT_STYLE = ("<style>div.flex.items-center.h-screen.overflow-auto:has(.ftbench-coverage) { align-items: flex-start; "
+               "justify-content: flex-start; } "
+               "div.grow.flex.gap-3.items-start:has(.ftbench-coverage) { flex-wrap: wrap; min-width: 0; } "
+               "div.grow.flex.gap-3.items-start > div:has(.ftbench-coverage) { min-width: 0; flex: 1 1 100%; } "
+               "div.prose.max-w-lg:has(.ftbench-coverage) { max-width: min(78rem, 100%); } "
+               ".ftbench-coverage { overflow-x: auto; }</style>")
 
 
 def coverage_html(table: pl.DataFrame) -> str:
