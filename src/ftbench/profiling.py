@@ -248,7 +248,7 @@ def profile_page(summary_path, html_path) -> None:
         idle = sum(st["idle_gap_ms_total"] for st in summary["per_step"])
         long_ = sum(c["idle_ms"] for c in summary.get("idle_causes", []))
         gaps = sum(st["idle_gaps"] for st in summary["per_step"])
-        text = (f"Over {summary['steps']} steps the device sits idle {idle:.0f} ms: {long_:.0f} ms in gaps of 10 ms "
+        text = (f"Over {summary['steps']} step{'s' if summary['steps'] != 1 else ''} the device sits idle {idle:.0f} ms: {long_:.0f} ms in gaps of 10 ms "
                 f"or more, {idle - long_:.0f} ms in {gaps} shorter gaps between kernels (launch and Python "
                 "overhead on the host).")
         if summary.get("idle_causes"):
