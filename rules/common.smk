@@ -118,7 +118,7 @@ MERGED_SOURCES = {Path(f).name: f for f in MERGE_RUNS}
 def merged_profile_pages():
     pages = []
     for name, folder in MERGED_SOURCES.items():
-        for summary in sorted(Path(folder).glob("profiles/**/summary.json")):
+        for summary in ftc.merged_profile_summaries(folder):
             key = summary.parent.relative_to(Path(folder) / "profiles")
             if key.parts and key.parts[0] in STUDIES:
                 pages.append(f"results/merged_profiles/{name}/{key}/summary.html")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
+from .config import merged_profile_summaries
 from .records import new_record_from_template, read_record, short_host_changes
 
 KEY = ["study", "model", "scale", "dataset", "variant", "batch_size", "gpu"]
@@ -154,8 +155,8 @@ def aggregate(paths, extra_tables=(), study: str | None = None, profiles=()) -> 
     # tables merged from older versions lack the columns added since: every column a record gives is there
     df = typed(df.with_columns(pl.lit(None).alias(c) for c in RECORD_COLUMNS if c not in df.columns))
     df = df.unique(subset=KEY, keep="last", maintain_order=True)
-    folders = [Path(t) for t in extra_tables if Path(t).is_dir()]
-    prof = profile_rows([*(s for f in folders for s in sorted(f.glob("profiles/**/summary.json"))), *profiles])
+    merged = [s for t in extra_tables if Path(t).is_dir() for s in merged_profile_summaries(t)]
+    prof = profile_rows([*merged, *profiles])
     df = df.drop([c for c in PROFILE_COLUMNS if c in df.columns]).join(
         prof.with_columns(pl.col("batch_size").cast(df.schema["batch_size"])), on=KEY, how="left")
     return df.sort([natural_key(pl.col(k)) if df.schema[k] == pl.String else pl.col(k) for k in KEY])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from .analysis import full_scale, html_page, median_step_samples_per_hour, peak_memory
+from .profiling import GPU_BOUND_SHARE
 
 NOISE_SIGMAS = 2  # a ratio is a difference only when it lies outside this many combined noise CVs of 1
 NOISE_NOTE = ("Noise: each run's relative uncertainty is its CV across repeated windows (or, with one window, the "
@@ -59,7 +60,7 @@ def samples_per_hour_vs_published(df: pl.DataFrame, published: dict, **_) -> lis
                    "samples_per_hour")]
 
 
-BUSY_GPU_BOUND_PCT = 80.0  # mean NVML utilisation at or above this over the windows reads GPU-bound
+BUSY_GPU_BOUND_PCT = 100 * GPU_BOUND_SHARE  # mean NVML utilisation at or above this over the windows: GPU-bound
 
 
 def _bound(busy_pct) -> str | None:
@@ -145,8 +146,8 @@ def study_b_table(df: pl.DataFrame, published: dict, stand_ins: dict | None = No
             "\"measured by\". x published = our samples/hour over the published figure, judged against our run's noise "
             "alone (the study published none). GPU busy % is NVML's mean utilisation over the measured windows; "
             f">= {BUSY_GPU_BOUND_PCT:g} % reads GPU-bound, below it host-bound. Where the cell's run was profiled on "
-            "the same GPU kind (its profile page), \"ours\" is the trace's verdict instead (kernels cover < 80 % of the "
-            "profiled steps: host-bound), \"profiled busy %\" the share of those steps' time kernels ran (the "
+            "the same GPU kind (its profile page), \"ours\" is the trace's verdict instead (kernels cover < "
+            f"{BUSY_GPU_BOUND_PCT:g} % of the profiled steps: host-bound), \"profiled busy %\" the share of those steps' time kernels ran (the "
             "profiler's own host overhead lowers it), and \"idle mostly in\" where that idle time goes: the host "
             "operator running through the longest gaps, or many short gaps between kernels (launch and Python "
             "overhead). An oom row gives the memory it reached; the cell's row on a larger GPU follows. "
@@ -428,18 +429,15 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                          "reason": r["reason"] if not ok else None})
             if name in rungs and ok:
                 prev = r
-    note = ("Each rung adds one technique to the rung above it (same model, data and batch size). Tokens/s counts "
-            "real tokens (padding excluded); MFU counts them against the GPU's dense peak for the GEMM dtype that ran. "
-            "The loss is the mean over the first warm-up + window steps, which see the same samples in every rung; "
-            "'loss vs baseline' is its difference from rung 0 (random weights: equal losses mean the same "
-            "computation, not a good model). " + NOISE_NOTE)
-    if not by_batch:
-        note = note.replace("(same model, data and batch size)", "(same model and data; each rung at its own "
-                                                                   "batch, its fastest measured)")
-    if eval_loss:
-        note = note.replace("The loss is the mean over the first warm-up + window steps, which see the same samples in "
-                            "every rung", "The loss is the evaluation set's, the same sequences for every rung (packed rows reorder the training "
-                            "samples)")
+    same = ("same model, data and batch size" if by_batch else
+            "same model and data; each rung at its own batch, its fastest measured")
+    loss_is = ("the evaluation set's, the same sequences for every rung (packed rows reorder the training samples)"
+               if eval_loss else "the mean over the first warm-up + window steps, which see the same samples in every "
+               "rung")
+    note = (f"Each rung adds one technique to the rung above it ({same}). Tokens/s counts real tokens (padding "
+            "excluded); MFU counts them against the GPU's dense peak for the GEMM dtype that ran. "
+            f"The loss is {loss_is}; 'loss vs baseline' is its difference from rung 0 (random weights: equal losses "
+            "mean the same computation, not a good model). " + NOISE_NOTE)
     kind = title.lower()
     if not rows:
         return [note, (title, pl.DataFrame({"result": ["no rung ran"]}), kind)]

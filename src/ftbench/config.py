@@ -288,6 +288,11 @@ def merge_sources(config: dict) -> list[str]:
     return sources
 
 
+def merged_profile_summaries(folder) -> list[Path]:
+    """The profile summaries a merged folder holds (its profiles/**/summary.json), in name order."""
+    return sorted(Path(folder).glob("profiles/**/summary.json"))
+
+
 def check_config(config: dict, base_dir) -> None:
     """Cross-reference checks, run after schema validation and before any job: name the key."""
     check_names(config)

@@ -14,6 +14,7 @@ IDLE_GAP_US = 50.0  # a gap between device kernels longer than this counts as id
 CAUSE_GAP_US = 10_000.0  # gaps this long are attributed to the host operator running through them
 HOST_CATEGORIES = ("cpu_op", "python_function", "user_annotation")
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+GPU_BOUND_SHARE = 0.8  # kernels busy at least this share of the steps: GPU-bound; below it, host-bound
 
 
 def schedule(active: int | None = None) -> dict:
@@ -52,16 +53,7 @@ def trace_events(prof) -> list[dict]:
     PyTorch's key_averages(), took longer than a lent GPU's 10-minute call (H100, 2026-11-25)."""
     events = prof.profiler.kineto_results.events()
     base = min((e.start_ns() for e in events), default=0)
-
-    def category(e):
-        if hasattr(e, "activity_type"):
-            return e.activity_type()
-        on_device = str(e.device_type()).rsplit(".", 1)[-1] != "CPU"
-        if e.is_user_annotation():
-            return "gpu_user_annotation" if on_device else "user_annotation"
-        return "kernel" if on_device else "cpu_op"
-
-    return [{"ph": "X", "name": e.name(), "cat": category(e), "ts": (e.start_ns() - base) / 1e3,
+    return [{"ph": "X", "name": e.name(), "cat": e.activity_type(), "ts": (e.start_ns() - base) / 1e3,
              "dur": e.duration_ns() / 1e3, "tid": e.start_thread_id()} for e in events]
 
 
@@ -159,7 +151,7 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     return {"device": device, "steps": len(per_step), "busy_share": weighted("busy_share"),
             "idle_share": 1 - weighted("busy_share") if span else None,
             "data_loading_share": weighted("data_loading_share"), "per_step": per_step,
-            "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < 0.8 if device == "cuda" else None,
+            "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < GPU_BOUND_SHARE if device == "cuda" else None,
             "idle_causes": [{"host_op": k, "idle_ms": v} for k, v in sorted(causes.items(), key=lambda kv: -kv[1])]}
 
 

@@ -121,13 +121,13 @@ def windows_from_steps(steps_csv) -> list[dict]:
     if not Path(steps_csv).is_file():
         return []
     windows: dict = {}
-    for row in csv.DictReader(open(steps_csv)):
-        if row.get("phase") != "measure" or not row.get("repeat"):
-            continue
-        w = windows.setdefault(row["repeat"], {"device_s": 0.0, "tokens": 0})
-        w["device_s"] += float(row["step_time_s"])
-        w["tokens"] = None if w["tokens"] is None or not row.get("tokens") else w["tokens"] + float(row["tokens"])
-    return list(windows.values())
+    with open(steps_csv) as f:
+        for row in csv.DictReader(f):
+            if row.get("phase") == "measure" and row.get("repeat"):
+                windows.setdefault(row["repeat"], []).append(row)
+    return [{"device_s": sum(float(r["step_time_s"]) for r in rows),
+             "tokens": None if any(not r.get("tokens") for r in rows) else sum(float(r["tokens"]) for r in rows)}
+            for rows in windows.values()]
 
 
 def tokens_cv(windows) -> float | None:

@@ -88,6 +88,7 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
         f.update(hardware_per_step=statistics.fmean(hardware), hardware_tflops=sum(hardware) / window_s / 1e12,
                  hfu=mfu(sum(hardware) / window_s, peak_tflops))  # the same ratio, of executed FLOPs
 
+
 def outliers(steps: list[dict], factor: float, median: float, window_s: float) -> dict:
     """Steps slower than `outlier_factor` medians, with why where known: graphs compiled during the step
     (a recompile) or a batch shape no earlier step had."""
@@ -110,6 +111,7 @@ def outliers(steps: list[dict], factor: float, median: float, window_s: float) -
     # dominated: the outliers move throughput by more than a tenth against the median-step figure
     return {"factor": factor, "count": len(out), "time_s": spent, "time_share": spent / window_s,
             "dominated": spent / window_s > 0.1 if out else False, "steps": out[:20]}
+
 
 def _compile(meter, record: dict) -> None:
     """TorchDynamo/Inductor's own accounting of compile time, and graph counts (compiled variants)."""
