@@ -51,6 +51,7 @@
 #             at the batch sizes named: eager (bf16-gc, fp8-te-gc, qlora-gc), fixed shape + compile
 #             (fixed-compile-gc, fp8-te-fixed-compile-gc), plain compile (compile-gc, fp8-te-compile-gc: 180 s
 #             limit). FP8 needs Transformer Engine (../shared/device/transformer-engine.sh). One call each
+#   a-cell-VARIANT-bsN[,M..]  one of those variants alone at the batch sizes named (the cells still missing)
 # Usage, in the project root: bash bench/measure_check.sh [OUTDIR [PART...]]   (records stay under results/runs/)
 set -u
 out=${1:-results/measure_check}
@@ -119,6 +120,10 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
          results/runs/llm/$m/full/$d/{unsloth-qlora,$v}/bs$b/metrics.json
        sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/profiles/llm/$m/full/$d/$v/bs$b/summary.json ;;
+    a-cell-*)  # one variant of Study A's sweep at the batch sizes named: a-cell-VARIANT-bsN[,M..]
+       v=${part#a-cell-}; v=${v%-bs*}
+       sm --configfile config/study_a_random.yaml bench/study_a_sweep.yaml -- \
+         $(for bs in $(echo "${part##*-bs}" | tr , ' '); do echo "$lmm/$v/bs$bs/metrics.json"; done) ;;
     a-eager-bs*|a-fixed-bs*|a-dynamic-bs*)
        group=${part#a-}; group=${group%%-*}
        case $group in
