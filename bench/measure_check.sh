@@ -40,12 +40,15 @@
 #             Unsloth keeps them; PEFT's fp32 copies cost 6.2 GB): does the study's H100 hold it then?
 #   sink-check gpt-oss's attention with sinks through the flash kernel against its eager attention, values and
 #             gradients, at its head layout (bench/sink_check.py; seconds): before oss-wiki and oss-alpaca
-#   frontier-a, frontier-b, frontier-c, frontier-profile
+#   frontier-a, frontier-b, frontier-c, frontier-d, frontier-profile, frontier-profile-async
 #             the frontier past the ladder (issue 26; Qwen3-8B, wikipedia_ja, LoRA r=8 on the seven projections):
 #             a: rung 0 (lora-pf-varlen-compile at 4), lora-tb and lora-tb-cg at 1 (rows of 4,096 tokens);
 #             b: lora-tb-cg-lean at 1, lora-tb-cg-lean-fused at 1 and 2; c: lora-tb8k-cg-lean-fused-offload at 1
 #             and 2 (rows of 8,192), -sac (selective checkpointing) at 1, lora-tb-cg-lean-fp8 at 1 (~2.3-2.5 min a
-#             run on the H100, 2026-11-25: each part ~8-10 min); then the top rung's profile
+#             run on the H100, 2026-11-25: each part ~8-10 min); then the top rung's profile;
+#             d: lora-tb-cg-lean-fused-async at 2 (no host sync between steps), beside lora-tb-cg-lean-fused at 2 (the
+#             rung below, same machine) and lora-tb at 2 (rung 0's step on the same rows: the loss on the same tokens);
+#             frontier-profile-async: its profile with FTBENCH_SYNC_DEBUG=1 (the syncs left, by site)
 #   a-eager-bsN[,M..], a-fixed-bsN[,M..], a-dynamic-bsN[,M..]
 #             Study A's seven variants at full scale with gradient checkpointing (issue 25; bench/study_a_sweep.yaml),
 #             at the batch sizes named: eager (bf16-gc, fp8-te-gc, qlora-gc), fixed shape + compile
@@ -137,20 +140,24 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
        done
        sm --configfile config/study_a_random.yaml bench/study_a_sweep.yaml -- "${targets[@]}" ;;
     sink-check) python3 bench/sink_check.py ;;
-    frontier-a|frontier-b|frontier-c|frontier-profile)
+    frontier-a|frontier-b|frontier-c|frontier-d|frontier-profile|frontier-profile-async)
        llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        case $part in
          frontier-a) targets="$llm/lora-pf-varlen-compile/bs4 $llm/lora-tb/bs1 $llm/lora-tb-cg/bs1" ;;
          frontier-b) targets="$llm/lora-tb-cg-lean/bs1 $llm/lora-tb-cg-lean-fused/bs1 $llm/lora-tb-cg-lean-fused/bs2" ;;
          frontier-c) targets="$llm/lora-tb8k-cg-lean-fused-offload/bs1 $llm/lora-tb8k-cg-lean-fused-offload/bs2
                               $llm/lora-tb8k-cg-lean-fused-sac/bs1 $llm/lora-tb-cg-lean-fp8/bs1" ;;
-         frontier-profile) targets="" ;;
+         frontier-d) targets="$llm/lora-tb-cg-lean-fused-async/bs2 $llm/lora-tb-cg-lean-fused/bs2 $llm/lora-tb/bs2" ;;
+         frontier-profile|frontier-profile-async) targets="" ;;
        esac
-       if [ -n "$targets" ]; then
-         sm --configfile config/study_b_random.yaml -- $(for t in $targets; do echo "$t/metrics.json"; done)
-       else
+       if [ -n "$targets" ]; then  # one at a time, in the order listed (what matters most first)
+         for t in $targets; do sm --configfile config/study_b_random.yaml -- "$t/metrics.json"; done
+       elif [ "$part" = frontier-profile ]; then
          sm --configfile config/study_b_random.yaml -- \
            results/profiles/llm/qwen3-8b/full/wikipedia_ja/lora-tb-cg-lean-fused/bs2/summary.json
+       else  # the sync-free rung's profile, with the host syncs its steps still make counted by site
+         FTBENCH_SYNC_DEBUG=1 sm --configfile config/study_b_random.yaml -- \
+           results/profiles/llm/qwen3-8b/full/wikipedia_ja/lora-tb-cg-lean-fused-async/bs2/summary.json
        fi ;;
     b32-beside) sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/runs/llm/qwen3-32b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora}/bs{1,2}/metrics.json ;;

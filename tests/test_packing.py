@@ -52,6 +52,27 @@ def test_every_step_has_one_shape_and_counts_only_real_tokens():
         assert sum(computed) == 4096 and (batch["labels"][0, sum(real):] == -100).all()
 
 
+def test_host_bounds_collator_adds_the_step_kwargs_the_step_would_compute():
+    """sync_free: the collator computes the boundaries from the batch's host tensors, the same tensors the step
+    computes from the batch on the device otherwise (and the step then leaves them as they are)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    rows = packing.pack_rows(_tokenized([1500, 900, 2000, 300, 1800, 700, 64, 1000]), 2048)
+    collate = DataCollatorForLanguageModeling(pad_token_id=PAD, padding_free=True,
+                                              pad_to_multiple_of=packing.row_tokens(2, 2048))
+    slots = packing.bound_slots(2, 2048, 2048)
+    host = attention.HostBoundsCollator(collate, 2048, PAD, slots)
+    for i in range(0, len(rows) - 1, 2):
+        pair = [rows[i], rows[i + 1]]
+        got, plain = host(pair), collate(pair)
+        want = attention.row_kwargs(plain, 2048, PAD, slots)
+        assert set(got) == set(want) and got["max_length_q"] == got["max_length_k"] == 2048
+        for key in ("input_ids", "position_ids", "labels", "cu_seq_lens_q", "cu_seq_lens_k"):
+            assert torch.equal(got[key], want[key]), key
+        assert got["cu_seq_lens_q"].shape == (slots + 1,) and got["cu_seq_lens_q"].device.type == "cpu"
+        assert attention.row_kwargs(got, 2048, PAD, slots) is got  # the step adds nothing more
+
+
 def test_fixed_slots_give_one_bounds_shape_and_the_same_attention():
     """Bounds padded to a fixed number of slots (empty sequences) and the padding split into pieces of at most
     max_length: the real tokens' attention output is unchanged, and the shape is the same for every row."""

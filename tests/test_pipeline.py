@@ -169,6 +169,14 @@ def test_token_budget_rows_have_one_shape_and_compile_once(pipeline):
     assert fused["loss"]["eval"] == pytest.approx(plain["loss"]["eval"], rel=1e-4)
     top = json.loads((runs / "lora-pf-varlen-compile/bs4/metrics.json").read_text())
     assert top["compile"]["recompiles"] > 0  # what one shape per step removes
+    # the sync-free rung: the same rows in the same order, the same loss step by step as the rung below it
+    free = json.loads((runs / "lora-tb-cg-lean-fused-async/bs1/metrics.json").read_text())
+    assert free["status"] == "ok" and free["variant"]["sync_free"] and free["extra"]["host_syncs"] is None
+    below = {s["step"]: s for s in csv.DictReader(open(runs / "lora-tb-cg-lean-fused/bs1/steps.csv"))}
+    mine = list(csv.DictReader(open(runs / "lora-tb-cg-lean-fused-async/bs1/steps.csv")))
+    common = [s for s in mine if s["step"] in below]
+    assert len(common) >= 5 and all(s["tokens"] == below[s["step"]]["tokens"] for s in common)
+    assert all(num(s["loss"]) == pytest.approx(num(below[s["step"]]["loss"]), rel=1e-3) for s in common)
 
 
 def test_bucketed_lengths_pad_every_batch_to_the_bucket_multiple(pipeline):

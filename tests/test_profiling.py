@@ -138,3 +138,32 @@ def test_a_profile_is_summarized_from_the_profilers_results_in_memory(tmp_path):
     exported = json.load(gzip.open(tmp_path / "trace.json.gz", "rt"))["traceEvents"]
     steps = {e["name"] for e in exported if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep")}
     assert {e["name"] for e in trace_events(prof) if e["cat"] == "user_annotation"} >= steps and len(steps) == 2
+
+
+def test_sync_watch_counts_sync_warnings_by_site_over_the_watched_steps(monkeypatch):
+    """FTBENCH_SYNC_DEBUG=1: the sync-debug warnings of the measured steps, counted at their Python sites (others
+    ignored); off on a CPU and without the variable."""
+    import types
+    import warnings
+
+    from ftbench.profiling import SYNC_DEBUG_ENV, SYNC_WARNING, SyncWatch
+
+    cpu, cuda = types.SimpleNamespace(type="cpu"), types.SimpleNamespace(type="cuda")
+    monkeypatch.setenv(SYNC_DEBUG_ENV, "1")
+    assert SyncWatch(cpu).summary(10) is None
+    monkeypatch.delenv(SYNC_DEBUG_ENV)
+    assert not SyncWatch(cuda).enabled
+    monkeypatch.setenv(SYNC_DEBUG_ENV, "1")
+    watch = SyncWatch(cuda)
+    assert watch.enabled
+    watch.armed_at_step = 2  # (arm() sets PyTorch's sync debug mode, which needs CUDA)
+
+    def warn(msg, filename, lineno):
+        return warnings.WarningMessage(UserWarning(msg), UserWarning, filename, lineno)
+
+    watch._caught = ([warn(f"called a {SYNC_WARNING}", "/x/trainer.py", 1847)] * 10
+                     + [warn(SYNC_WARNING, "/y/harness.py", 346)] * 2 + [warn("something else", "/z/a.py", 1)])
+    got = watch.summary(12)
+    assert got["from_step"] == 2 and got["steps"] == 10
+    assert got["sites"] == [{"site": "trainer.py:1847", "count": 10, "per_step": 1.0},
+                            {"site": "harness.py:346", "count": 2, "per_step": 0.2}]

@@ -6,8 +6,10 @@ them apart with a (T, T) block-diagonal mask makes SDPA run its masked kernels o
 and the mask grows with T^2). Here each layer's attention runs on the cumulative sequence lengths instead:
 PyTorch's variable-length flash kernel (`torch.nn.attention.varlen.varlen_attn`) on a CUDA GPU, one causal
 SDPA call per sequence elsewhere (the same arithmetic, for CPUs and tests). The runner computes the lengths
-once per step from the loader's position ids (host tensors: no device sync) and passes them to every layer
-through the model's keyword arguments (`cu_seq_lens_q`, `max_length_q`: transformers' own names).
+once per step from the batch's position ids and passes them to every layer through the model's keyword arguments
+(`cu_seq_lens_q`, `max_length_q`: transformers' own names): by default from the batch the loader has already moved
+to the GPU (reading its values syncs the host with the device), with variant knob `sync_free` in the loader's
+collator from host tensors (`HostBoundsCollator`).
 
 Attention sinks and sliding windows (gpt-oss): each head has a sink logit that joins every query's softmax as
 an extra key with no value, and half the layers see only the last `sliding_window` tokens. The flash kernel
@@ -91,6 +93,29 @@ def step_kwargs(position_ids: torch.Tensor, max_length: int, pads: int = 0, slot
     `pads` and `slots`: a fixed-shape row's trailing padding and its fixed number of sequence slots."""
     bounds = sequence_bounds(position_ids, pads, max_length, slots)
     return {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": max_length, "max_length_k": max_length}
+
+
+def row_kwargs(batch: dict, max_length: int, pad_id: int | None = None, slots: int | None = None) -> dict:
+    """A padding-free batch with its step keyword arguments (`step_kwargs`) added; with `slots` (rows of a token
+    budget) the trailing pad tokens first. Reads the position ids' values: called on host tensors it costs the
+    device nothing; on tensors already on the GPU each read is a host sync."""
+    if batch.get("position_ids") is None or "cu_seq_lens_q" in batch:
+        return batch
+    pads = trailing_pads(batch["input_ids"][0], batch["position_ids"][0], pad_id) if slots else 0
+    return {**batch, **step_kwargs(batch["position_ids"], max_length, pads, slots)}
+
+
+class HostBoundsCollator:
+    """The trainer's collator with `row_kwargs` added in the loader, from the batch's host tensors, before the
+    loader moves the batch to the GPU (accelerate places batches on the device as it yields them): the step then
+    reads no device value to find its sequences (variant knob sync_free). transformers' DataCollatorWithFlattening
+    computes the same boundaries in its collator (`return_flash_attn_kwargs`)."""
+
+    def __init__(self, collate, max_length: int, pad_id: int | None, slots: int | None):
+        self.collate, self.max_length, self.pad_id, self.slots = collate, max_length, pad_id, slots
+
+    def __call__(self, features):
+        return row_kwargs(self.collate(features), self.max_length, self.pad_id, self.slots)
 
 
 def _flash(q, k, v, bounds, max_length: int, scale: float):

@@ -47,6 +47,11 @@ class Variant:
     # tail padded, not counted as real tokens): one shape for every step (ftbench.packing)
     token_budget: int | None = None
     trainer_metrics: bool = True  # causal LM: TRL's per-step entropy/accuracy metrics (two host syncs a step)
+    # causal LM: no host sync between a step's backward and the next forward, so the host queues the next step
+    # while the GPU still runs this one: variable-length attention's boundaries computed in the loader's collator
+    # from host tensors (else from the batch the loader already moved to the GPU: two syncs a step), and the
+    # Trainer's per-step NaN/Inf check of the loss off (TrainingArguments.logging_nan_inf_filter: one sync a step)
+    sync_free: bool = False
     activation_offloading: bool = False  # causal LM: saved activations in pinned host memory (TRL's offloading)
     optim: str | None = None  # the optimizer (a transformers optim name), over training.optim
     fused_projections: bool = False  # causal LM: q/k/v and gate/up as one GEMM each, LoRA per projection
@@ -85,7 +90,7 @@ HONOURED = {
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
-                  "token_budget": ANY, "trainer_metrics": ANY, "activation_offloading": ANY, "optim": ANY,
+                  "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,

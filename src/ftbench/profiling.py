@@ -190,7 +190,8 @@ def profile_run(ctx, trace_path, summary_path) -> dict:
         record = execute(ctx, f"{tmp}/metrics.json", f"{tmp}/steps.csv", f"{tmp}/memory.csv")
     summary = {"run": record["run"], "status": record["status"], "reason": record["reason"],
                "step_time_s": record["timing"]["step_time_s"], "schedule": plan,
-               "gpu": (record["provenance"].get("device") or {}).get("name")}
+               "gpu": (record["provenance"].get("device") or {}).get("name"),
+               "host_syncs": record["extra"].get("host_syncs")}  # with FTBENCH_SYNC_DEBUG=1 (SyncWatch)
     if record["status"] == "ok":
         summary.update(json.loads(trace_summary.read_text()))
     else:  # keep the DAG whole: an empty trace stands for a run that could not be profiled
@@ -261,3 +262,58 @@ def profile_page(summary_path, html_path) -> None:
     run = summary["run"]
     title = f"Profile: {run['model']} / {run['dataset']} / {run['variant']} / batch {run['batch_size']}"
     Path(html_path).write_text(html_page(title, blocks))
+
+
+SYNC_DEBUG_ENV = "FTBENCH_SYNC_DEBUG"  # =1: a run counts where its measured steps make the host wait for the GPU
+SYNC_WARNING = "synchronizing CUDA operation"  # PyTorch's sync-debug warning text
+
+
+class SyncWatch:
+    """Where the host waits for the GPU in the measured steps: PyTorch's CUDA sync debug mode (`warn`) from the
+    first measured step (`arm`) to the end of training, each synchronizing call counted at its Python site (file
+    and line of the caller). On with FTBENCH_SYNC_DEBUG=1 on a CUDA device; `summary()` is None otherwise. A site
+    counted about once per measured step is a per-step sync; the harness's own synchronisation at each window's end
+    (and the reads of the window's per-step values just after it) show up as sites too, a few times per window."""
+
+    def __init__(self, device):
+        self.enabled = device.type == "cuda" and os.environ.get(SYNC_DEBUG_ENV) == "1"
+        self.armed_at_step = None
+        self._caught: list = []
+        self._ctx = None
+
+    def __enter__(self):
+        if self.enabled:
+            import warnings
+
+            self._ctx = warnings.catch_warnings(record=True)
+            self._caught = self._ctx.__enter__()
+            warnings.simplefilter("always")
+        return self
+
+    def arm(self, step: int) -> None:
+        if self.enabled and self.armed_at_step is None:
+            import torch
+
+            torch.cuda.set_sync_debug_mode("warn")
+            self.armed_at_step = step
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            import torch
+
+            torch.cuda.set_sync_debug_mode("default")
+            self._ctx.__exit__(*exc)
+
+    def summary(self, steps: int) -> dict | None:
+        """{'from_step', 'steps', 'sites': [{'site', 'count', 'per_step'}]} most frequent first; None when off."""
+        if not self.enabled:
+            return None
+        counts: dict[str, int] = {}
+        for w in self._caught:
+            if SYNC_WARNING in str(w.message):
+                site = f"{os.path.basename(w.filename)}:{w.lineno}"
+                counts[site] = counts.get(site, 0) + 1
+        watched = max(steps - (self.armed_at_step or steps), 1)
+        return {"from_step": self.armed_at_step, "steps": watched,
+                "sites": [{"site": k, "count": c, "per_step": round(c / watched, 2)}
+                          for k, c in sorted(counts.items(), key=lambda kv: -kv[1])]}

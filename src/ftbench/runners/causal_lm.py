@@ -8,6 +8,7 @@ import time
 import torch
 
 from .. import attention, fp8, fused, packing
+from ..profiling import SyncWatch
 from ..build import build_model
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwargs, compile_kwargs, compile_model,
@@ -193,6 +194,9 @@ def train(ctx, record, device, meter):
         # padding-free: TRL's collator concatenates a batch into one row with position ids restarting at each
         # sequence; the trainer below adds the block-diagonal mask that keeps them apart (document_mask)
         padding_free=v.padding_free, use_liger_kernel=v.liger, activation_offloading=v.activation_offloading,
+        # sync_free: the per-step NaN/Inf check of the loss (`torch.isnan(loss) or ...`: a host sync) off; a
+        # non-finite loss then reaches the logged average instead of being replaced by it
+        logging_nan_inf_filter=not v.sync_free,
         lr_scheduler_type="linear", warmup_steps=0, **trainer_compile_args(v), **parallel_args(v, model))
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
@@ -214,10 +218,9 @@ def train(ctx, record, device, meter):
             return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
         def _prepare_inputs(self, inputs):
-            if v.attention == "varlen" and inputs.get("position_ids") is not None:
-                # from the loader's host tensors, before they move: no device sync
-                pads = attention.trailing_pads(inputs["input_ids"][0], inputs["position_ids"][0], pad_id) if slots else 0
-                inputs = {**inputs, **attention.step_kwargs(inputs["position_ids"], s.max_seq_length, pads, slots)}
+            if v.attention == "varlen":  # (sync_free: the collator added them on the host already)
+                # accelerate's loader has moved the batch to the device: reading the position ids syncs the host
+                inputs = attention.row_kwargs(inputs, s.max_seq_length, pad_id, slots)
             inputs = super()._prepare_inputs(inputs)
             if (v.padding_free and v.attention == "mask" and inputs.get("position_ids") is not None
                     and inputs.get("attention_mask") is None):
@@ -259,9 +262,13 @@ def train(ctx, record, device, meter):
             shapes = "+".join("x".join(map(str, b[0].shape)) for b in batches)
             if meter.step(None, lazy=lambda: step_fields(batches), shape=shapes, log_fields=published_log):
                 control.should_training_stop = True
+            if meter.steps_taken >= meter.measure.warmup_steps:  # the measured steps from here (FTBENCH_SYNC_DEBUG)
+                syncs.arm(meter.steps_taken)
 
     trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                                  processing_class=tokenizer, callbacks=[HarnessCallback()])
+    if v.sync_free and v.attention == "varlen":  # the boundaries from host tensors, in the loader
+        trainer.data_collator = attention.HostBoundsCollator(trainer.data_collator, s.max_seq_length, pad_id, slots)
     if v.parallel == "fsdp2" and not trainer.is_fsdp_enabled:  # never train DDP under an FSDP2 name
         raise RuntimeError("parallel='fsdp2' but the trainer did not enable FSDP")
     if v.padding_free:  # the truncation TRL applies with max_length otherwise (the first tokens kept)
@@ -270,8 +277,11 @@ def train(ctx, record, device, meter):
     if v.token_budget:  # sequences packed whole into rows of the budget (ftbench.packing)
         trainer.train_dataset, trainer.eval_dataset = (packing.pack_rows(ds, v.token_budget)
                                                        for ds in (trainer.train_dataset, trainer.eval_dataset))
-    trainer.train()
+    syncs = SyncWatch(device)
+    with syncs:
+        trainer.train()
     meter.finish()
+    record["extra"]["host_syncs"] = syncs.summary(meter.steps_taken)
     record["extra"]["gradient_checkpointing_active"] = bool(getattr(trainer.model, "is_gradient_checkpointing", False)
                                                             or getattr(model, "is_gradient_checkpointing", False))
     if v.parallel:  # what the trainer wrapped the model in: DistributedDataParallel, or FSDP2's FSDP<class>
@@ -281,6 +291,10 @@ def train(ctx, record, device, meter):
     n_train = len(train_ds)
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size
     record["extra"]["pad_multiple"] = multiple
+    if v.attention == "varlen":  # where each step's sequence boundaries came from (sync_free: no device read)
+        record["extra"]["step_bounds"] = ("the loader's collator, host tensors" if v.sync_free else
+                                          "the step, from the batch on the device")
+    record["extra"]["nan_inf_filter"] = args.logging_nan_inf_filter
     if v.token_budget:
         record["extra"]["packing"] = {"rows": len(trainer.train_dataset), "budget": v.token_budget,
                                       "strategy": "bfd (TRL's best fit decreasing; sequences whole)",
