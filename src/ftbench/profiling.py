@@ -53,7 +53,16 @@ def trace_events(prof) -> list[dict]:
     PyTorch's key_averages(), took longer than a lent GPU's 10-minute call (H100, 2026-11-25)."""
     events = prof.profiler.kineto_results.events()
     base = min((e.start_ns() for e in events), default=0)
-    return [{"ph": "X", "name": e.name(), "cat": e.activity_type(), "ts": (e.start_ns() - base) / 1e3,
+
+    def category(e):  # torch 2.13 names each event's activity; the lent GPUs' torch 2.11 does not (2026-11-25)
+        if hasattr(e, "activity_type"):
+            return e.activity_type()
+        on_device = str(e.device_type()).rsplit(".", 1)[-1] != "CPU"
+        if e.is_user_annotation():
+            return "gpu_user_annotation" if on_device else "user_annotation"
+        return "kernel" if on_device else "cpu_op"
+
+    return [{"ph": "X", "name": e.name(), "cat": category(e), "ts": (e.start_ns() - base) / 1e3,
              "dur": e.duration_ns() / 1e3, "tid": e.start_thread_id()} for e in events]
 
 
