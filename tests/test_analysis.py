@@ -330,3 +330,52 @@ def test_idle_cause_names_the_host_operator_only_where_long_gaps_hold_most_idle_
     assert idle_cause(s) == "aten::_cudnn_attention_backward (60 of 100 ms idle)"
     assert idle_cause({**s, "device": "cpu"}) is None
     assert idle_cause({**s, "per_step": [{"idle_gaps": 0, "idle_gap_ms_total": 0.0}]}) is None
+
+
+def test_frontier_compares_each_rungs_loss_step_by_step_with_rung_0s_step_on_the_same_rows():
+    """same_rows: the rung's per-step training loss against lora-tb's at the same batch when both trained the same
+    rows (equal real tokens at every shared step): mean difference, within noise when no larger than the reference's
+    step-to-step scatter; a loss that moved more than that reads 'differs'; other rows (another batch, rung 0's own
+    rows, different rows) get nothing."""
+    from ftbench.compare import frontier, same_rows_loss
+
+    def run(variant, batch, losses, tokens, tps=12000):
+        rec = record("llm", variant, 1.0, gpu=H100, batch=batch, mem=40.0, noise=0.01)
+        rec["throughput"]["tokens_per_s"] = tps
+        rec["loss"].update(eval=8.0, trace=",".join(map(str, losses)), trace_tokens=",".join(map(str, tokens)))
+        return rec
+
+    ref_losses = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]  # trend + row-to-row scatter
+    rows_tokens = [8191 - (i % 3) for i in range(40)]
+    recs = [run("lora-pf-varlen-compile", 4, ref_losses, [3400 + i for i in range(40)], tps=10000),
+            run("lora-tb", 2, ref_losses, rows_tokens),
+            run("lora-tb-cg", 2, [x + 0.01 for x in ref_losses[:35]], rows_tokens[:35], tps=13000),  # fewer steps
+            run("lora-tb-cg-lean", 2, [x + 0.5 for x in ref_losses], rows_tokens, tps=13500),
+            run("lora-tb-cg-lean-fused", 2, ref_losses, [t - 1 for t in rows_tokens], tps=14000)]  # other rows
+    df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
+    _, note, (_, table, _) = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg",
+                                                     "lora-tb-cg-lean", "lora-tb-cg-lean-fused"], same_rows="lora-tb")
+    col = {r["variant"]: r["loss vs rung 0's step, same rows"] for r in table.iter_rows(named=True)}
+    assert col["lora-tb-cg"].startswith("+0.010 over 35 steps: within noise")
+    assert col["lora-tb-cg-lean"].startswith("+0.500 over 40 steps: differs")
+    assert col["lora-tb-cg-lean-fused"] is None and col["lora-pf-varlen-compile"] is None and col["lora-tb"] is None
+    assert "same rows" in note
+    got = same_rows_loss(flatten(recs[2]), flatten(recs[1]))
+    assert got["steps"] == 35 and got["scatter"] == pytest.approx(0.1 / 2 ** 0.5, rel=0.05)
+
+
+def test_a_records_step_trace_comes_from_its_steps_csv(tmp_path):
+    """read_record: each step's loss and real tokens in order, from the steps.csv beside the record (None
+    without one)."""
+    import json as _json
+
+    from ftbench.records import read_record
+
+    rec = record("llm", "lora-tb", 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01)
+    path = tmp_path / "metrics.json"
+    path.write_text(_json.dumps(rec))
+    assert read_record(path)["loss"]["trace"] is None
+    (tmp_path / "steps.csv").write_text("step,phase,tokens,loss\n1,warmup,8191,12.75614\n2,measure,8188,12.7\n")
+    got = read_record(path)
+    assert got["loss"]["trace"] == "12.7561,12.7" and got["loss"]["trace_tokens"] == "8191,8188"
+    assert flatten(got)["loss.trace"] == "12.7561,12.7"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import polars as pl
 
 from .analysis import full_scale, html_page, median_step_samples_per_hour, peak_memory
@@ -379,8 +381,29 @@ def tokens_noise(r: dict):
     return r.get("timing.noise_cv_tokens") if r.get("timing.noise_cv_tokens") is not None else r["timing.noise_cv"]
 
 
+def same_rows_loss(run: dict, ref: dict | None) -> dict | None:
+    """`run`'s training loss against `ref`'s step by step, where both trained on the same rows (the same real
+    tokens at every step they share; rows of a token budget come in one order for every rung at one batch size):
+    the mean difference over the shared steps and the reference's step-to-step scatter (the standard deviation of
+    its successive differences over sqrt 2: how much one step's loss moves from row to row, the trend removed).
+    None when either lacks its step trace or the rows differ."""
+    if ref is None or run["variant"] == ref["variant"] or not run.get("loss.trace") or not ref.get("loss.trace"):
+        return None
+    a, b = ([float(x) for x in r["loss.trace"].split(",")] for r in (run, ref))
+    ta, tb = ((r.get("loss.trace_tokens") or "").split(",") for r in (run, ref))
+    n = min(len(a), len(b))
+    if n < 3 or ta[:n] != tb[:n]:
+        return None
+    diffs = [x - y for x, y in zip(a[:n], b[:n])]
+    steps = [y - x for x, y in zip(b[:n], b[1:n])]
+    scatter = statistics.stdev(steps) / 2 ** 0.5
+    mean = statistics.fmean(diffs)
+    return {"steps": n, "mean_difference": mean, "max_difference": max(diffs, key=abs), "scatter": scatter,
+            "within_noise": abs(mean) <= scatter}
+
+
 def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True, eval_loss=False, title="Ladder",
-           **_) -> list:
+           same_rows: str | None = None, **_) -> list:
     """The technique ladder: each rung a variant that adds one technique to the rung before, measured at the
     same model, dataset, GPU and batch size; real (unpadded) tokens/s, MFU, peak memory, the loss over the first
     steps (the same samples for every rung: a faster rung that trains a different model shows here), x previous
@@ -389,6 +412,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     `by_batch` false: rungs at different batch sizes side by side (each rung at its own batch: `frontier`);
     `eval_loss`: the loss compared is the evaluation set's (rungs that reorder the training samples)."""
     names = list(rungs) + [b for b in beside if b not in rungs]
+    refs = {(r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"]): r
+            for r in df.filter((pl.col("variant") == same_rows) & (pl.col("status") == "ok")).iter_rows(named=True)}
     df = df.filter(pl.col("variant").is_in(names)).with_columns(memory_gib=peak_memory())
     keys = ["model", "scale", "dataset", "gpu"] + (["batch_size"] if by_batch else [])
     rows = []
@@ -427,6 +452,12 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                          "x previous": times(prev) if name in rungs else None,
                          "x baseline": times(base) if r is not base else None,
                          "reason": r["reason"] if not ok else None})
+            if same_rows:
+                cmp = same_rows_loss(r, refs.get((r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"])))
+                rows[-1]["loss vs rung 0's step, same rows"] = (
+                    f"{cmp['mean_difference']:+.3f} over {cmp['steps']} steps: "
+                    + ("within noise" if cmp["within_noise"] else "differs")
+                    + f" (scatter {cmp['scatter']:.3f}; largest {cmp['max_difference']:+.3f})") if ok and cmp else None
             if name in rungs and ok:
                 prev = r
     same = ("same model, data and batch size" if by_batch else
@@ -438,6 +469,13 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             "excluded); MFU counts them against the GPU's dense peak for the GEMM dtype that ran. "
             f"The loss is {loss_is}; 'loss vs baseline' is its difference from rung 0 (random weights: equal losses "
             "mean the same computation, not a good model). " + NOISE_NOTE)
+    if same_rows:
+        note += (f" 'Loss vs rung 0's step, same rows': the rung's training loss step by step against {same_rows} at "
+                 f"the same batch ({same_rows} is rung 0's step on the rows of a token budget, so both train on the "
+                 "same tokens in the same order), mean difference over the steps both ran; within noise when it is "
+                 "no larger than the step-to-step scatter of that run's loss (the standard deviation of its "
+                 "successive differences over sqrt 2). Runs of the same arithmetic drift apart by a few hundredths "
+                 "over ~100 steps (non-deterministic GPU kernels).")
     kind = title.lower()
     if not rows:
         return [note, (title, pl.DataFrame({"result": ["no rung ran"]}), kind)]
@@ -453,11 +491,11 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     return [lead, note, (title, table, kind)]
 
 
-def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), **_) -> list:
+def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=None, **_) -> list:
     """The speed frontier past the ladder's top (one GPU, LoRA): each rung adds one technique (rows of a token
     budget, CUDA graphs, no per-step metric syncs, fused projections and optimizer, activation offloading, FP8),
     each at its own batch; loss on the evaluation set."""
-    return ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier")
+    return ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows)
 
 
 def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 
 SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # each profiled step adds trace to export and parse
@@ -15,6 +16,24 @@ CAUSE_GAP_US = 10_000.0  # gaps this long are attributed to the host operator ru
 HOST_CATEGORIES = ("cpu_op", "python_function", "user_annotation")
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 GPU_BOUND_SHARE = 0.8  # kernels busy at least this share of the steps: GPU-bound; below it, host-bound
+# matrix-multiply kernels by name: cuBLAS(Lt) (gemm, nvjet on Hopper, xmma), CUTLASS GEMMs, Inductor's Triton
+# GEMM templates; flash attention's kernels name cutlass types but are not GEMMs of the model's projections
+GEMM_NAME = re.compile(r"gemm|nvjet|xmma|triton_tem_", re.IGNORECASE)
+
+
+def is_gemm(name: str) -> bool:
+    return bool(GEMM_NAME.search(name)) and "flash" not in name.lower()
+
+
+def gemm_share(summary: dict) -> tuple[float | None, bool]:
+    """The GEMM kernels' share of the device's summed kernel time, and whether it is exact: summaries written
+    before `gemm_share` was counted over every kernel give a lower bound from their top operators."""
+    if summary.get("gemm_share") is not None:
+        return summary["gemm_share"], True
+    tops = [o for o in summary.get("top_operators") or [] if o.get("share") is not None]
+    if summary.get("device") != "cuda" or not tops:
+        return None, False
+    return sum(o["share"] for o in tops if is_gemm(o["name"])), False
 
 
 def schedule(active: int | None = None) -> dict:
@@ -125,6 +144,8 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
                     and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
     kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in DEVICE_CATEGORIES]
     device = "cuda" if kernels else "cpu"
+    device_us = sum(e["dur"] for e in complete if e.get("cat") in DEVICE_CATEGORIES)
+    gemm_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_gemm(e.get("name", "")))
     if not kernels:  # on a CPU the "device" is the host: top-level operators stand in for kernels
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") == "cpu_op"]
     loading = [(e["ts"], e["ts"] + e["dur"]) for e in complete
@@ -160,6 +181,7 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     return {"device": device, "steps": len(per_step), "busy_share": weighted("busy_share"),
             "idle_share": 1 - weighted("busy_share") if span else None,
             "data_loading_share": weighted("data_loading_share"), "per_step": per_step,
+            "gemm_share": gemm_us / device_us if device == "cuda" and device_us else None,
             "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < GPU_BOUND_SHARE if device == "cuda" else None,
             "idle_causes": [{"host_op": k, "idle_ms": v} for k, v in sorted(causes.items(), key=lambda kv: -kv[1])]}
 
@@ -222,6 +244,7 @@ PROFILE_COLUMNS = {
     "top_operators": {"name": "operator or kernel", "self_time_ms": "self time ms", "share": "share %",
                       "calls": "calls"},
     "idle_causes": {"host_op": "host operator", "idle_ms": "idle ms"},
+    "host_syncs": {"site": "file:line", "count": "syncs", "per_step": "per step"},
 }
 
 
@@ -246,6 +269,10 @@ def profile_page(summary_path, html_path) -> None:
               f"{' (' + summary['gpu'] + ')' if summary.get('gpu') else ''}; "
               f"GPU busy {_pct(summary.get('busy_share'))} of the profiled steps; "
               f"data loading {_pct(summary.get('data_loading_share'))}"]
+    share, exact = gemm_share(summary)
+    if share is not None:
+        blocks[0] += (f"; GEMM kernels {_pct(share)} of the device's kernel time"
+                      + ("" if exact else " (at least: from the top kernels listed below)"))
     if summary.get("per_step") and summary.get("device") == "cuda":
         idle = sum(st["idle_gap_ms_total"] for st in summary["per_step"])
         long_ = sum(c["idle_ms"] for c in summary.get("idle_causes", []))
@@ -268,6 +295,12 @@ def profile_page(summary_path, html_path) -> None:
         blocks.append("Share: of the summed device time of all kernels, copies and memsets (on a machine without a "
                       "GPU: of the summed self time of all host operators); kernels that overlap each count whole, so a "
                       "share is of the device's work, not of the step's wall time.")
+    syncs = summary.get("host_syncs")
+    if syncs and syncs.get("sites"):
+        blocks.append((f"Host syncs in the measured steps (FTBENCH_SYNC_DEBUG=1: PyTorch's CUDA sync debug mode from "
+                       f"step {syncs['from_step']}, {syncs['steps']} step(s) watched), by the Python line that made "
+                       "them; the harness's reads at each window's end count here too",
+                       profile_table(syncs["sites"], "host_syncs"), "host_syncs"))
     run = summary["run"]
     title = f"Profile: {run['model']} / {run['dataset']} / {run['variant']} / batch {run['batch_size']}"
     Path(html_path).write_text(html_page(title, blocks))

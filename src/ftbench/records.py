@@ -61,7 +61,9 @@ RECORD_TEMPLATE = {
                 "eval_graphs": None, "eval_compile_s": None},
     "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},
     "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
-    "loss": {"first": None, "last": None, "eval": None, "first_steps": None, "mean_first_steps": None},
+    # trace, trace_tokens: each step's loss and real tokens, derived on read from steps.csv (read_record)
+    "loss": {"first": None, "last": None, "eval": None, "first_steps": None, "mean_first_steps": None, "trace": None,
+             "trace_tokens": None},
     # several GPUs (variant knob gpus > 1): the totals above count every rank; per_rank has each rank's own
     "parallel": {"strategy": None, "world_size": None, "backend": None, "samples_per_s_per_gpu": None,
                  "tokens_per_s_per_gpu": None, "peak_allocated_gib_max": None, "per_rank": []},
@@ -110,6 +112,9 @@ def read_record(path) -> dict:
     windows = record["measure"].get("windows") or []
     if record["timing"]["cv_median_across_repeats"] is None:  # records written before the field
         record["timing"]["cv_median_across_repeats"] = cv([w.get("median_step_s") for w in windows])
+    # each step's loss and real tokens in order (warm-up included), from the steps.csv beside the record: what
+    # compares two runs' losses step by step on the same rows (compare.frontier)
+    record["loss"]["trace"], record["loss"]["trace_tokens"] = step_trace(path.with_name("steps.csv"))
     if record["timing"]["noise_cv_tokens"] is None and windows and "tokens" not in windows[0]:
         # records written before windows counted tokens: the same windows, from the steps they logged
         record["timing"]["noise_cv_tokens"] = tokens_cv(windows_from_steps(path.with_name("steps.csv")))
@@ -128,6 +133,19 @@ def windows_from_steps(steps_csv) -> list[dict]:
     return [{"device_s": sum(float(r["step_time_s"]) for r in rows),
              "tokens": None if any(not r.get("tokens") for r in rows) else sum(float(r["tokens"]) for r in rows)}
             for rows in windows.values()]
+
+
+def step_trace(steps_csv) -> tuple[str | None, str | None]:
+    """A run's per-step losses and real tokens, each as one comma-separated string (a table cell); None without a
+    steps.csv or where a step has no loss."""
+    if not Path(steps_csv).is_file():
+        return None, None
+    with open(steps_csv) as f:
+        rows = list(csv.DictReader(f))
+    if not rows or any(not r.get("loss") for r in rows):
+        return None, None
+    return (",".join(f"{float(r['loss']):.6g}" for r in rows),
+            ",".join(str(int(float(r["tokens"]))) if r.get("tokens") else "" for r in rows))
 
 
 def tokens_cv(windows) -> float | None:
