@@ -182,7 +182,8 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
         return rec
 
     recs = [run("lora-pf-varlen-compile", 10000, 4), run("lora-pf-varlen-compile", 9000, 2),
-            run("lora-tb", 11000, 1), run("lora-tb-cg", 13200, 1, eval_loss=2.001), run("lora-tb-cg", 14000, 2),
+            run("lora-tb", 11000, 1), run("lora-tb", 12000, 2), run("lora-tb-cg", 13200, 1, eval_loss=2.001),
+            run("lora-tb-cg", 14000, 2),
             run("lora-tb-cg-lean-fp8", None, 1, status="unsupported")]
     df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
     lead, note, (title, table, _) = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"],
@@ -190,12 +191,16 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
     rows = {r["variant"]: r for r in table.iter_rows(named=True)}
     assert title == "Frontier" and len(table) == 4  # one row per rung: its fastest batch
     assert rows["lora-pf-varlen-compile"]["batch"] == 4 and rows["lora-tb-cg"]["batch"] == 2
-    assert rows["lora-tb"]["x previous"] == "1.1x" and rows["lora-tb-cg"]["x previous"] == "1.27x"
+    # x previous: against the rung before at the same batch where it ran there, else its fastest (batch named)
+    assert rows["lora-tb"]["x previous"] == "1.33x" and rows["lora-tb-cg"]["x previous"] == "1.17x"  # rung 0 at 2: 9,000
     assert rows["lora-tb-cg"]["x baseline"] == "1.4x"
     assert rows["lora-tb"]["loss vs baseline"] == pytest.approx(0.0)  # the evaluation set's, not the first steps'
     assert rows["lora-tb-cg-lean-fp8"]["rung"] == "beside" and rows["lora-tb-cg-lean-fp8"]["status"] == "unsupported"
     assert "loss, evaluation set" in table.columns and "evaluation set" in note
     assert "lora-tb-cg</b> at batch 2" in lead and "14,000 real tokens/s" in lead
+    only4 = df.filter(~((pl.col("variant") == "lora-pf-varlen-compile") & (pl.col("batch_size") == 2)))
+    _, _, (_, table, _) = frontier(only4, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"])
+    assert {r["variant"]: r["x previous"] for r in table.iter_rows(named=True)}["lora-tb"] == "1.2x (vs batch 4)"
 
 
 def test_scaling_pairs_a_multi_gpu_run_with_its_one_gpu_run_and_the_guide_leaves_it_out():

@@ -420,6 +420,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     for group in df.partition_by(keys, maintain_order=True):
         by = {r["variant"]: r for r in group.iter_rows(named=True)}
         base, prev = by.get(rungs[0]) if rungs else None, None
+        every = {(r["variant"], r["batch_size"]): r for r in group.iter_rows(named=True) if r["status"] == "ok"}
         if not by_batch:  # a rung measured at several batches: its fastest that ran
             by = {}
             for r in sorted(group.iter_rows(named=True),
@@ -433,10 +434,17 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             ok = r["status"] == "ok"
             tps = r["throughput.tokens_per_s"] if ok else None
 
-            def times(other):
+            def times(other, same_batch=False):
+                """r against `other`; with same_batch, against other's variant at r's batch where it ran (else
+                against `other`, its batch named): each rung's own gain, not a change of batch."""
+                if same_batch and other is not None:
+                    other = every.get((other["variant"], r["batch_size"]), other)
                 if not ok or other is None or other["status"] != "ok" or not other["throughput.tokens_per_s"]:
                     return None
-                return _verdict(tps / other["throughput.tokens_per_s"], tokens_noise(r), tokens_noise(other))
+                text = _verdict(tps / other["throughput.tokens_per_s"], tokens_noise(r), tokens_noise(other))
+                if not same_batch or other["batch_size"] == r["batch_size"]:
+                    return text
+                return f"{text} (vs batch {other['batch_size']})"
 
             col = "loss.eval" if eval_loss else "loss.mean_first_steps"
             loss, base_loss = r.get(col), (base or {}).get(col)
@@ -449,7 +457,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                          ("loss, evaluation set" if eval_loss else "loss, first steps (mean)"): loss if ok else None,
                          "loss vs baseline": (loss - base_loss) if ok and same_steps and loss is not None
                          and base_loss is not None else None,
-                         "x previous": times(prev) if name in rungs else None,
+                         "x previous": times(prev, same_batch=True) if name in rungs else None,
                          "x baseline": times(base) if r is not base else None,
                          "reason": r["reason"] if not ok else None})
             if same_rows:
@@ -461,7 +469,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             if name in rungs and ok:
                 prev = r
     same = ("same model, data and batch size" if by_batch else
-            "same model and data; each rung at its own batch, its fastest measured")
+            "same model and data; each rung at its own batch, its fastest measured; 'x previous' against the rung "
+            "before at the same batch where that rung ran it, else at its fastest, its batch named")
     loss_is = ("the evaluation set's, the same sequences for every rung (packed rows reorder the training samples)"
                if eval_loss else "the mean over the first warm-up + window steps, which see the same samples in every "
                "rung")
