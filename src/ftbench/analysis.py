@@ -43,6 +43,7 @@ def flatten(record: dict) -> dict:
                 "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
     row["variant.compile"] = record["variant"].get("compile")
+    row["variant.token_budget"] = record["variant"].get("token_budget")  # batch = rows of this many tokens
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
     row["extra.host_changes"] = short_host_changes(record.get("extra", {}).get("host_changes"))
     row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1

@@ -437,8 +437,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             def times(other, same_batch=False):
                 """r against `other`; with same_batch, against other's variant at r's batch where it ran (else
                 against `other`, its batch named): each rung's own gain, not a change of batch."""
-                if same_batch and other is not None:
-                    other = every.get((other["variant"], r["batch_size"]), other)
+                if same_batch and other is not None and other.get("variant.token_budget") == r.get("variant.token_budget"):
+                    other = every.get((other["variant"], r["batch_size"]), other)  # (a batch of rows is not of samples)
                 if not ok or other is None or other["status"] != "ok" or not other["throughput.tokens_per_s"]:
                     return None
                 text = _verdict(tps / other["throughput.tokens_per_s"], tokens_noise(r), tokens_noise(other))
@@ -470,7 +470,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                 prev = r
     same = ("same model, data and batch size" if by_batch else
             "same model and data; each rung at its own batch, its fastest measured; 'x previous' against the rung "
-            "before at the same batch where that rung ran it, else at its fastest, its batch named")
+            "before at the same batch where that rung ran it with the same batch unit (samples, or rows of the same "
+            "token budget), else at its fastest, its batch named")
     loss_is = ("the evaluation set's, the same sequences for every rung (packed rows reorder the training samples)"
                if eval_loss else "the mean over the first warm-up + window steps, which see the same samples in every "
                "rung")
