@@ -40,7 +40,7 @@
 #             Unsloth keeps them; PEFT's fp32 copies cost 6.2 GB): does the study's H100 hold it then?
 #   sink-check gpt-oss's attention with sinks through the flash kernel against its eager attention, values and
 #             gradients, at its head layout (bench/sink_check.py; seconds): before oss-wiki and oss-alpaca
-#   frontier-a, frontier-b, frontier-c, frontier-d, frontier-profile, frontier-profile-async
+#   frontier-a ... frontier-e, frontier-profile, frontier-profile-async
 #             the frontier past the ladder (issue 26; Qwen3-8B, wikipedia_ja, LoRA r=8 on the seven projections):
 #             a: rung 0 (lora-pf-varlen-compile at 4), lora-tb and lora-tb-cg at 1 (rows of 4,096 tokens);
 #             b: lora-tb-cg-lean at 1, lora-tb-cg-lean-fused at 1 and 2; c: lora-tb8k-cg-lean-fused-offload at 1
@@ -48,7 +48,9 @@
 #             run on the H100, 2026-11-25: each part ~8-10 min); then the top rung's profile;
 #             d: lora-tb-cg-lean-fused-async at 2 (no host sync between steps), beside lora-tb-cg-lean-fused at 2 (the
 #             rung below, same machine) and lora-tb at 2 (rung 0's step on the same rows: the loss on the same tokens);
-#             frontier-profile-async: its profile with FTBENCH_SYNC_DEBUG=1 (the syncs left, by site)
+#             frontier-profile-async: its profile with FTBENCH_SYNC_DEBUG=1 (the syncs left, by site);
+#             e: lora-tb-cg-lean-fused-async-pinned at 2 (the batch copied from pinned memory, non-blocking) beside
+#             rung 5 and lora-tb at 2, on the same machine
 #   a-eager-bsN[,M..], a-fixed-bsN[,M..], a-dynamic-bsN[,M..]
 #             Study A's seven variants at full scale with gradient checkpointing (issue 25; bench/study_a_sweep.yaml),
 #             at the batch sizes named: eager (bf16-gc, fp8-te-gc, qlora-gc), fixed shape + compile
@@ -140,7 +142,7 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
        done
        sm --configfile config/study_a_random.yaml bench/study_a_sweep.yaml -- "${targets[@]}" ;;
     sink-check) python3 bench/sink_check.py ;;
-    frontier-a|frontier-b|frontier-c|frontier-d|frontier-profile|frontier-profile-async)
+    frontier-a|frontier-b|frontier-c|frontier-d|frontier-e|frontier-profile|frontier-profile-async)
        llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        case $part in
          frontier-a) targets="$llm/lora-pf-varlen-compile/bs4 $llm/lora-tb/bs1 $llm/lora-tb-cg/bs1" ;;
@@ -148,6 +150,8 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
          frontier-c) targets="$llm/lora-tb8k-cg-lean-fused-offload/bs1 $llm/lora-tb8k-cg-lean-fused-offload/bs2
                               $llm/lora-tb8k-cg-lean-fused-sac/bs1 $llm/lora-tb-cg-lean-fp8/bs1" ;;
          frontier-d) targets="$llm/lora-tb-cg-lean-fused-async/bs2 $llm/lora-tb-cg-lean-fused/bs2 $llm/lora-tb/bs2" ;;
+         frontier-e) targets="$llm/lora-tb-cg-lean-fused-async-pinned/bs2 $llm/lora-tb-cg-lean-fused-async/bs2
+                              $llm/lora-tb/bs2" ;;
          frontier-profile|frontier-profile-async) targets="" ;;
        esac
        if [ -n "$targets" ]; then  # one at a time, in the order listed (what matters most first)

@@ -93,7 +93,7 @@ def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
     assert {r["variant"] for r in rows} >= {"lora", "lora-gc", "qlora", "unsloth-qlora", "unsloth-lora"}
     cuda_only = {v for v, knobs in cfg["variants"].items()
                  if knobs.get("framework") == "unsloth" or knobs.get("liger") or knobs.get("sdpa_backend")
-                 or knobs.get("precision") == "fp8" or knobs.get("activation_offloading")}
+                 or knobs.get("precision") == "fp8" or knobs.get("activation_offloading") or knobs.get("pin_memory")}
     assert {"unsloth-lora", "lora-efficient", "lora-pf-liger", "lora-pf-varlen-fp8-compile"} <= cuda_only
     for r in rows:
         if cfg["variants"].get(r["variant"], {}).get("parallel") == "fsdp2":  # accelerate shards GPU ranks only

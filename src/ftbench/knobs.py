@@ -50,7 +50,8 @@ class Variant:
     # causal LM: no host sync between a step's backward and the next forward, so the host queues the next step
     # while the GPU still runs this one: variable-length attention's boundaries computed in the loader's collator
     # from host tensors (else from the batch the loader already moved to the GPU: two syncs a step), and the
-    # Trainer's per-step NaN/Inf check of the loss off (TrainingArguments.logging_nan_inf_filter: one sync a step)
+    # Trainer's per-step NaN/Inf check of the loss off (TrainingArguments.logging_nan_inf_filter: one sync a step);
+    # with pin_memory, the loader's copies to the GPU non-blocking too (accelerate's non_blocking)
     sync_free: bool = False
     activation_offloading: bool = False  # causal LM: saved activations in pinned host memory (TRL's offloading)
     optim: str | None = None  # the optimizer (a transformers optim name), over training.optim

@@ -197,6 +197,9 @@ def train(ctx, record, device, meter):
         # sync_free: the per-step NaN/Inf check of the loss (`torch.isnan(loss) or ...`: a host sync) off; a
         # non-finite loss then reaches the logged average instead of being replaced by it
         logging_nan_inf_filter=not v.sync_free,
+        # sync_free with pinned loader memory: the batch's copies to the GPU non-blocking (accelerate's loader;
+        # from pageable memory each copy waits for the stream: a host sync per tensor, five a step)
+        accelerator_config={"non_blocking": v.sync_free and v.pin_memory},
         lr_scheduler_type="linear", warmup_steps=0, **trainer_compile_args(v), **parallel_args(v, model))
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
@@ -295,6 +298,7 @@ def train(ctx, record, device, meter):
         record["extra"]["step_bounds"] = ("the loader's collator, host tensors" if v.sync_free else
                                           "the step, from the batch on the device")
     record["extra"]["nan_inf_filter"] = args.logging_nan_inf_filter
+    record["extra"]["non_blocking_copies"] = v.sync_free and v.pin_memory
     if v.token_budget:
         record["extra"]["packing"] = {"rows": len(trainer.train_dataset), "budget": v.token_budget,
                                       "strategy": "bfd (TRL's best fit decreasing; sequences whole)",
