@@ -165,5 +165,5 @@ def test_sync_watch_counts_sync_warnings_by_site_over_the_watched_steps(monkeypa
                      + [warn(SYNC_WARNING, "/y/harness.py", 346)] * 2 + [warn("something else", "/z/a.py", 1)])
     got = watch.summary(12)
     assert got["from_step"] == 2 and got["steps"] == 10
-    assert got["sites"] == [{"site": "trainer.py:1847", "count": 10, "per_step": 1.0},
-                            {"site": "harness.py:346", "count": 2, "per_step": 0.2}]
+    assert got["sites"] == [{"site": "x/trainer.py:1847", "count": 10, "per_step": 1.0},
+                            {"site": "y/harness.py:346", "count": 2, "per_step": 0.2}]

@@ -312,8 +312,8 @@ SYNC_WARNING = "synchronizing CUDA operation"  # PyTorch's sync-debug warning te
 
 class SyncWatch:
     """Where the host waits for the GPU in the measured steps: PyTorch's CUDA sync debug mode (`warn`) from the
-    first measured step (`arm`) to the end of training, each synchronizing call counted at its Python site (file
-    and line of the caller). On with FTBENCH_SYNC_DEBUG=1 on a CUDA device; `summary()` is None otherwise. A site
+    first measured step (`arm`) to the end of training, each synchronizing call counted at its Python site (folder,
+    file and line of the caller). On with FTBENCH_SYNC_DEBUG=1 on a CUDA device; `summary()` is None otherwise. A site
     counted about once per measured step is a per-step sync; the harness's own synchronisation at each window's end
     (and the reads of the window's per-step values just after it) show up as sites too, a few times per window."""
 
@@ -353,7 +353,7 @@ class SyncWatch:
         counts: dict[str, int] = {}
         for w in self._caught:
             if SYNC_WARNING in str(w.message):
-                site = f"{os.path.basename(w.filename)}:{w.lineno}"
+                site = f"{'/'.join(w.filename.replace(os.sep, '/').split('/')[-2:])}:{w.lineno}"  # package/file
                 counts[site] = counts.get(site, 0) + 1
         watched = max(steps - (self.armed_at_step or steps), 1)
         return {"from_step": self.armed_at_step, "steps": watched,
