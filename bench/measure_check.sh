@@ -156,12 +156,11 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
        esac
        if [ -n "$targets" ]; then  # one at a time, in the order listed (what matters most first)
          for t in $targets; do sm --configfile config/study_b_random.yaml -- "$t/metrics.json"; done
-       elif [ "$part" = frontier-profile ]; then
-         sm --configfile config/study_b_random.yaml -- \
-           results/profiles/llm/qwen3-8b/full/wikipedia_ja/lora-tb-cg-lean-fused/bs2/summary.json
-       else  # the sync-free rung's profile, with the host syncs its steps still make counted by site
-         FTBENCH_SYNC_DEBUG=1 sm --configfile config/study_b_random.yaml -- \
-           results/profiles/llm/qwen3-8b/full/wikipedia_ja/lora-tb-cg-lean-fused-async/bs2/summary.json
+       else  # the profile; the sync-free rung's with the host syncs its steps still make, counted by site
+         v=lora-tb-cg-lean-fused debug=0
+         [ "$part" = frontier-profile-async ] && v=$v-async debug=1
+         FTBENCH_SYNC_DEBUG=$debug sm --configfile config/study_b_random.yaml -- \
+           results/profiles/llm/qwen3-8b/full/wikipedia_ja/$v/bs2/summary.json
        fi ;;
     b32-beside) sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/runs/llm/qwen3-32b/full/{japanese_alpaca,wikipedia_ja}/{lora,qlora}/bs{1,2}/metrics.json ;;

@@ -412,8 +412,9 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     `by_batch` false: rungs at different batch sizes side by side (each rung at its own batch: `frontier`);
     `eval_loss`: the loss compared is the evaluation set's (rungs that reorder the training samples)."""
     names = list(rungs) + [b for b in beside if b not in rungs]
-    refs = {(r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"]): r
-            for r in df.filter((pl.col("variant") == same_rows) & (pl.col("status") == "ok")).iter_rows(named=True)}
+    refs = {} if not same_rows else {  # the same_rows variant's runs, by everything but the variant
+        (r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"]): r
+        for r in df.filter((pl.col("variant") == same_rows) & (pl.col("status") == "ok")).iter_rows(named=True)}
     df = df.filter(pl.col("variant").is_in(names)).with_columns(memory_gib=peak_memory())
     keys = ["model", "scale", "dataset", "gpu"] + (["batch_size"] if by_batch else [])
     rows = []
@@ -437,8 +438,9 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             def times(other, same_batch=False):
                 """r against `other`; with same_batch, against other's variant at r's batch where it ran (else
                 against `other`, its batch named): each rung's own gain, not a change of batch."""
-                if same_batch and other is not None and other.get("variant.token_budget") == r.get("variant.token_budget"):
-                    other = every.get((other["variant"], r["batch_size"]), other)  # (a batch of rows is not of samples)
+                same_unit = other is not None and other.get("variant.token_budget") == r.get("variant.token_budget")
+                if same_batch and same_unit:  # (a batch of rows is not a batch of samples)
+                    other = every.get((other["variant"], r["batch_size"]), other)
                 if not ok or other is None or other["status"] != "ok" or not other["throughput.tokens_per_s"]:
                     return None
                 text = _verdict(tps / other["throughput.tokens_per_s"], tokens_noise(r), tokens_noise(other))

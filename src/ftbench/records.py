@@ -98,9 +98,9 @@ def read_record(path) -> dict:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise RecordError(f"{path}: not a readable run record ({type(e).__name__}: {e})") from e
+    steps = read_steps(path.with_name("steps.csv"))  # read once: the conversion, the trace and the windows use it
     if record.get("schema_version") == 1:
-        steps = path.with_name("steps.csv")
-        record = upgrade_v1(record, list(csv.DictReader(open(steps))) if steps.is_file() else None)
+        record = upgrade_v1(record, steps or None)
     elif record.get("schema_version") != SCHEMA_VERSION:
         raise RecordError(f"{path}: unknown schema_version {record.get('schema_version')!r}")
     for group, keys in RECORD_TEMPLATE.items():  # groups and keys added to schema 2 since the record was written
@@ -114,34 +114,39 @@ def read_record(path) -> dict:
         record["timing"]["cv_median_across_repeats"] = cv([w.get("median_step_s") for w in windows])
     # each step's loss and real tokens in order (warm-up included), from the steps.csv beside the record: what
     # compares two runs' losses step by step on the same rows (compare.frontier)
-    record["loss"]["trace"], record["loss"]["trace_tokens"] = step_trace(path.with_name("steps.csv"))
+    record["loss"]["trace"], record["loss"]["trace_tokens"] = step_trace(steps)
     if record["timing"]["noise_cv_tokens"] is None and windows and "tokens" not in windows[0]:
         # records written before windows counted tokens: the same windows, from the steps they logged
-        record["timing"]["noise_cv_tokens"] = tokens_cv(windows_from_steps(path.with_name("steps.csv")))
+        record["timing"]["noise_cv_tokens"] = tokens_cv(windows_from_rows(steps))
     return record
+
+
+def read_steps(steps_csv) -> list[dict]:
+    """A run's steps.csv as rows (empty without one)."""
+    if not Path(steps_csv).is_file():
+        return []
+    with open(steps_csv) as f:
+        return list(csv.DictReader(f))
 
 
 def windows_from_steps(steps_csv) -> list[dict]:
     """A run's measured windows (repeat by repeat: device seconds, real tokens) from its steps.csv."""
-    if not Path(steps_csv).is_file():
-        return []
+    return windows_from_rows(read_steps(steps_csv))
+
+
+def windows_from_rows(steps: list[dict]) -> list[dict]:
     windows: dict = {}
-    with open(steps_csv) as f:
-        for row in csv.DictReader(f):
-            if row.get("phase") == "measure" and row.get("repeat"):
-                windows.setdefault(row["repeat"], []).append(row)
+    for row in steps:
+        if row.get("phase") == "measure" and row.get("repeat"):
+            windows.setdefault(row["repeat"], []).append(row)
     return [{"device_s": sum(float(r["step_time_s"]) for r in rows),
              "tokens": None if any(not r.get("tokens") for r in rows) else sum(float(r["tokens"]) for r in rows)}
             for rows in windows.values()]
 
 
-def step_trace(steps_csv) -> tuple[str | None, str | None]:
-    """A run's per-step losses and real tokens, each as one comma-separated string (a table cell); None without a
-    steps.csv or where a step has no loss."""
-    if not Path(steps_csv).is_file():
-        return None, None
-    with open(steps_csv) as f:
-        rows = list(csv.DictReader(f))
+def step_trace(rows: list[dict]) -> tuple[str | None, str | None]:
+    """A run's per-step losses and real tokens (its steps.csv rows), each as one comma-separated string (a table
+    cell); None without steps or where a step has no loss."""
     if not rows or any(not r.get("loss") for r in rows):
         return None, None
     return (",".join(f"{float(r['loss']):.6g}" for r in rows),

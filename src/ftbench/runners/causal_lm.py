@@ -295,10 +295,11 @@ def train(ctx, record, device, meter):
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size
     record["extra"]["pad_multiple"] = multiple
     if v.attention == "varlen":  # where each step's sequence boundaries came from (sync_free: no device read)
-        record["extra"]["step_bounds"] = ("the loader's collator, host tensors" if v.sync_free else
-                                          "the step, from the batch on the device")
-    record["extra"]["nan_inf_filter"] = args.logging_nan_inf_filter
-    record["extra"]["non_blocking_copies"] = v.sync_free and v.pin_memory
+        record["extra"]["step_bounds"] = ("the loader's collator, host tensors"
+                                          if isinstance(trainer.data_collator, attention.HostBoundsCollator)
+                                          else "the step, from the batch on the device")
+    record["extra"]["nan_inf_filter"] = args.logging_nan_inf_filter  # what the trainer ran with
+    record["extra"]["non_blocking_copies"] = args.accelerator_config.non_blocking
     if v.token_budget:
         record["extra"]["packing"] = {"rows": len(trainer.train_dataset), "budget": v.token_budget,
                                       "strategy": "bfd (TRL's best fit decreasing; sequences whole)",
