@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,3 +188,30 @@ def test_progress_file_is_written_at_most_every_fifth_of_a_second(tmp_path, monk
     while time.perf_counter() - t0 < 0.5:
         meter.step(1)
     assert writes[0] == 1 and 2 <= len(writes) <= 4 and meter.steps_taken > 100
+
+
+def test_a_compiled_run_compiles_into_an_empty_cache_of_its_own_unless_asked_to_keep_the_hosts(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from ftbench.execute import compile_cache
+    from ftbench.knobs import Variant
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "host-cache"))
+    monkeypatch.setenv("FTBENCH_PROGRESS", str(tmp_path / "job" / "progress.json"))
+    (tmp_path / "job").mkdir()
+    rec = new_record({}, {})
+    with compile_cache(Variant(name="c", compile="default"), rec):
+        inside = cache_dir()
+        assert inside != str(tmp_path / "host-cache") and inside.startswith(str(tmp_path / "job"))
+        assert not any(p for p in Path(inside).iterdir())  # empty when the run starts
+    assert rec["extra"]["compile_cache"].startswith("cold")
+    assert cache_dir() == str(tmp_path / "host-cache") and not Path(inside).exists()
+    monkeypatch.setenv("FTBENCH_COMPILE_CACHE", "warm")
+    rec = new_record({}, {})
+    with compile_cache(Variant(name="c", compile="default"), rec):
+        assert cache_dir() == str(tmp_path / "host-cache")
+    assert rec["extra"]["compile_cache"].startswith("warm")
+    rec = new_record({}, {})
+    with compile_cache(Variant(name="e"), rec):  # an eager run: nothing changes, nothing recorded
+        assert cache_dir() == str(tmp_path / "host-cache")
+    assert "compile_cache" not in rec["extra"]

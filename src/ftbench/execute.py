@@ -7,7 +7,8 @@ import dataclasses
 import importlib
 import json
 import os
-from contextlib import nullcontext, suppress
+import tempfile
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,48 @@ def host_sharing(device) -> list[str]:
     return [host_change(f"{threads} CPU thread(s), jobs side by side", "cpu_parallel_jobs")]
 
 
+@contextmanager
+def _environ(**values):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def compile_cache(v: Variant, record: dict):
+    """A compiled run compiles into an empty Inductor cache of its own (FX graphs, AOTAutograd, Triton kernels:
+    torch's `temporary_cache_dir`), so its compile time and first step are what a fresh machine pays, as the
+    studies timed them, not what an earlier run on this host left behind. FTBENCH_COMPILE_CACHE=warm keeps the
+    host's cache. The record says which (`extra.compile_cache`). Under the supervisor the folder lies in the
+    job's own temporary folder, which goes even where the child is killed."""
+    if not v.compile:
+        yield
+        return
+    if os.environ.get("FTBENCH_COMPILE_CACHE") == "warm":
+        record["extra"]["compile_cache"] = "warm: the host's Inductor cache (FTBENCH_COMPILE_CACHE=warm)"
+        yield
+        return
+    try:
+        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+    except ImportError:  # a torch without it: the environment variable alone, which Inductor reads when it compiles
+        @contextmanager
+        def temporary_cache_dir(folder):
+            with _environ(TORCHINDUCTOR_CACHE_DIR=folder):
+                yield
+
+    job_dir = Path(os.environ["FTBENCH_PROGRESS"]).parent if os.environ.get("FTBENCH_PROGRESS") else None
+    with tempfile.TemporaryDirectory(prefix="inductor-", dir=job_dir) as folder, temporary_cache_dir(folder):
+        record["extra"]["compile_cache"] = "cold: an empty Inductor cache for this run"
+        yield
+
+
 def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     """Run one job in this process and write its record, whatever happens: ok, oom, unsupported, error."""
     from .knobs import knob_problems
@@ -91,7 +134,7 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
         record["extra"]["host_changes"] = changes or None
         record["compile"]["backend"] = ctx.variant.compile_backend if v.compile else None
         runner = importlib.import_module(RUNNERS[family])
-        with meter, (ctx.profiler or nullcontext()), attention_backend(v):
+        with compile_cache(v, record), meter, (ctx.profiler or nullcontext()), attention_backend(v):
             runner.train(ctx, record, device, meter)
     with suppress(Exception):  # a failed run may leave steps open: close them if the device still allows it
         meter.finish()
