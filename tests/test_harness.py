@@ -215,3 +215,20 @@ def test_a_compiled_run_compiles_into_an_empty_cache_of_its_own_unless_asked_to_
     with compile_cache(Variant(name="e"), rec):  # an eager run: nothing changes, nothing recorded
         assert cache_dir() == str(tmp_path / "host-cache")
     assert "compile_cache" not in rec["extra"]
+
+
+def test_a_run_killed_while_it_compiles_its_first_step_has_said_how_many_graphs_it_compiled(tmp_path, monkeypatch):
+    import torch._dynamo
+
+    progress = tmp_path / "progress.json"
+    monkeypatch.setenv("FTBENCH_PROGRESS", str(progress))
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x + 1).sum(), backend="eager")
+    with Meter(CPU, MeasureSettings(warmup_steps=1, steps=2), count_graphs=True):
+        f(torch.ones(3))
+        seen = json.loads(progress.read_text())
+    assert seen["step"] is None and seen["compiled_graphs"] >= 1  # no step yet: the supervisor says "none"
+    torch._dynamo.reset()
+    progress.write_text("")
+    torch.compile(lambda x: x * 3, backend="eager")(torch.ones(2))  # after the run: no longer watched
+    assert progress.read_text() == ""

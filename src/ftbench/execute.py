@@ -16,7 +16,7 @@ from . import ranks
 from .config import RunSpec, TrainSettings
 from .knobs import Variant
 from .flops import peak_precision, peak_tflops
-from .records import host_change
+from .records import compile_cache_note, host_change
 from .harness import (Meter, Unsupported, guarded, new_record, pick_device, provenance, write_csv,
                       write_record)
 from .summary import summarize
@@ -62,44 +62,22 @@ def host_sharing(device) -> list[str]:
 
 
 @contextmanager
-def _environ(**values):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextmanager
 def compile_cache(v: Variant, record: dict):
     """A compiled run compiles into an empty Inductor cache of its own (FX graphs, AOTAutograd, Triton kernels:
     torch's `temporary_cache_dir`), so its compile time and first step are what a fresh machine pays, as the
     studies timed them, not what an earlier run on this host left behind. FTBENCH_COMPILE_CACHE=warm keeps the
     host's cache. The record says which (`extra.compile_cache`). Under the supervisor the folder lies in the
     job's own temporary folder, which goes even where the child is killed."""
-    if not v.compile:
+    note = compile_cache_note(v.compile)
+    if note:
+        record["extra"]["compile_cache"] = note
+    if not note or note.startswith("warm"):
         yield
         return
-    if os.environ.get("FTBENCH_COMPILE_CACHE") == "warm":
-        record["extra"]["compile_cache"] = "warm: the host's Inductor cache (FTBENCH_COMPILE_CACHE=warm)"
-        yield
-        return
-    try:
-        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
-    except ImportError:  # a torch without it: the environment variable alone, which Inductor reads when it compiles
-        @contextmanager
-        def temporary_cache_dir(folder):
-            with _environ(TORCHINDUCTOR_CACHE_DIR=folder):
-                yield
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir  # torch 2.11 (the GPU hosts) and 2.13
 
     job_dir = Path(os.environ["FTBENCH_PROGRESS"]).parent if os.environ.get("FTBENCH_PROGRESS") else None
     with tempfile.TemporaryDirectory(prefix="inductor-", dir=job_dir) as folder, temporary_cache_dir(folder):
-        record["extra"]["compile_cache"] = "cold: an empty Inductor cache for this run"
         yield
 
 

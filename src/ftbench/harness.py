@@ -251,9 +251,15 @@ class Meter:
 
     def __enter__(self):
         self.sampler.__enter__()
+        if self.count_graphs and self._progress is not None:  # a run killed while it still compiles its first
+            self._on_compiled = lambda *_: self._write_progress(compiled_graphs())  # step says how far it got
+            _compile_end_callbacks("register", self._on_compiled)
         return self
 
     def __exit__(self, *exc):
+        if getattr(self, "_on_compiled", None) is not None:
+            _compile_end_callbacks("remove", self._on_compiled)
+            self._on_compiled = None
         self.sampler.__exit__(*exc)
 
     def _mark(self):
@@ -308,7 +314,7 @@ class Meter:
             self.profiler.step()
         now = time.perf_counter()
         if self._progress is not None and now - self._progress_at >= PROGRESS_EVERY_S:
-            self._write_progress(row)
+            self._write_progress(row.get("compiled_graphs"))
             self._progress_at = now
         self._fault()
         m = self.measure
@@ -325,9 +331,9 @@ class Meter:
             self.memory_log.append(memory_log_row(self._steps, self.device, **(log_fields or {})))
         return self.done
 
-    def _write_progress(self, row: dict):
+    def _write_progress(self, graphs: int | None):
         self._progress.seek(0)
-        self._progress.write(json.dumps({"step": self._steps, "compiled_graphs": row.get("compiled_graphs")}))
+        self._progress.write(json.dumps({"step": self._steps or None, "compiled_graphs": graphs}))
         self._progress.truncate()
         self._progress.flush()
 
@@ -336,7 +342,7 @@ class Meter:
         progress file is brought up to date first, so the test can check the step the supervisor reads)."""
         if self._progress is not None and self._steps in (self.inject.get("kill_at_step"),
                                                           self.inject.get("hang_at_step")):
-            self._write_progress(self._pending[-1]["row"])
+            self._write_progress(self._pending[-1]["row"].get("compiled_graphs"))
         if self.inject.get("kill_at_step") == self._steps:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.inject.get("hang_at_step") == self._steps:
@@ -462,6 +468,15 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return counters["stats"]["unique_graphs"]
+
+
+def _compile_end_callbacks(action: str, fn) -> None:
+    """Register (or remove) `fn` to run each time TorchDynamo finishes compiling (a torch without the hook: no-op)."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:
+        return
+    getattr(callback_handler, f"{action}_end_callback")(fn)
 
 class TimedBatches:
     """Batches from a loader, epoch after epoch; each fetch is timed (the host's wait for data) and marked

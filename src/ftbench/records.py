@@ -21,6 +21,16 @@ def host_change(change: str, setting: str, why: str = "no CUDA GPU") -> str:
     return f"{change} ({setting}: {why})"
 
 
+def compile_cache_note(compiles) -> str | None:
+    """extra.compile_cache of a run: a compiled run compiles into an empty cache of its own (ftbench.execute's
+    compile_cache) unless FTBENCH_COMPILE_CACHE=warm; an eager run: None."""
+    if not compiles:
+        return None
+    if os.environ.get("FTBENCH_COMPILE_CACHE") == "warm":
+        return "warm: the host's Inductor cache (FTBENCH_COMPILE_CACHE=warm)"
+    return "cold: an empty Inductor cache for this run"
+
+
 def short_host_changes(changes) -> str | None:
     """The entries without their settings, joined for a table: "precision bf16 -> fp32; ..." (None: no change)."""
     return "; ".join(c.rsplit(" (", 1)[0] if c.endswith(")") and " (" in c else c for c in changes or []) or None
