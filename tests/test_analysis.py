@@ -80,6 +80,33 @@ def test_lmm_table_is_relative_to_the_baseline_of_the_same_model_scale_and_gpu()
     assert rows[("fp8-te", "proxy")]["step time vs baseline"] == "0.9x"  # 10% beyond 2 x 1.4% of noise
 
 
+def test_a_checkpointed_variant_is_relative_to_the_checkpointed_baseline_beside_the_published_variant_it_measures():
+    def gc(variant, step, first, mem, loss, batch=4):
+        rec = record("lmm", variant, step, first=first, gpu=H100, batch=batch, scale="full", mem=mem, loss=loss)
+        rec["variant"]["gradient_checkpointing"] = True
+        return rec
+
+    recs = [record("lmm", "bf16", 1.0, first=1.2, gpu=H100, batch=4, scale="full", mem=40, loss=4.0),  # no checkpointing
+            gc("bf16-gc", 2.0, 2.4, 20, 4.0), gc("fp8-te-gc", 1.6, 4.8, 21, 5.0),
+            gc("fixed-compile-gc", 1.0, 202.4, 18, 3.0), gc("fp8-te-gc", 3.0, 3.0, 30, 3.0, batch=8)]  # no bf16-gc at 8
+    df = pl.DataFrame([flatten(r) for r in recs])
+    published = yaml.safe_load((ROOT / "config/published/study_a.yaml").read_text())
+    _, (_, table, _), _ = lmm_vs_published(df, published)
+    rows = {(r["variant"], r["batch_size"]): r for r in table.iter_rows(named=True)}
+    fp8 = rows[("fp8-te-gc", 4)]
+    assert fp8["baseline"] == "bf16-gc" and fp8["step time vs baseline"] == "0.8x"  # against bf16-gc, not bf16
+    assert fp8["memory vs baseline"] == pytest.approx(21 / 20) and fp8["first step vs baseline"] == pytest.approx(2.0)
+    assert fp8["eval loss vs baseline"] == pytest.approx(1.25)
+    assert fp8["published step time"].startswith("4-7%")  # the published fp8-te beside the variant measuring it
+    assert fp8["published first step vs baseline"] == pytest.approx(1.41 / 1.48)
+    assert fp8["published eval loss vs baseline"] == pytest.approx(10.36 / 9.05)
+    assert rows[("fixed-compile-gc", 4)]["break-even steps"] == pytest.approx(200)  # (202.4 - 2.4) s / 1 s a step
+    assert rows[("bf16-gc", 4)]["step time vs baseline"] == "baseline"
+    assert rows[("bf16", 4)]["step time vs baseline"] == "baseline"
+    assert rows[("fp8-te-gc", 8)]["step time vs baseline"] is None  # no baseline of its kind there: no ratio
+    assert table["variant"][0] == "bf16"
+
+
 def test_diffusion_comparison_names_the_final_and_the_fastest_configuration():
     variants = {f"workers-{n}": {"dataloader_workers": n} for n in (0, 2, 12)}
     variants.update(pinned={"dataloader_workers": 3}, **{"compile-ro": {"dataloader_workers": 3}})
