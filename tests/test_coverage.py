@@ -55,6 +55,16 @@ def test_a_full_scale_gpu_record_fills_its_cell_with_a_ratio_to_the_same_gpus_ba
     assert "no baseline on this GPU" in by[("qlora", 2)]["ours"]
 
 
+def test_a_cell_not_yet_run_says_how_much_memory_its_baseline_took_and_where():
+    rows = [lmm("bf16-gc", 24, gpu=H200, memory_gib=139.8, mem=86.7), lmm("bf16", 24, gpu=H200, mem=120.0),
+            lmm("bf16-gc", 16, scale="proxy", mem=30.0)]  # a proxy record says nothing about the full model
+    _, by = cells(rows)
+    why = by[("qlora", 24)]["why"]
+    assert why.startswith("not run yet") and "bf16-gc at batch 24 peaked at 86.7 GiB on the H200" in why
+    assert "bf16 at" not in why  # the baseline the cell is measured against, only
+    assert by[("qlora", 16)]["why"] == "not run yet at full scale on a GPU"
+
+
 def test_timeouts_count_for_compile_variants_and_ooms_only_on_a_gpu_as_large_as_the_studys():
     rows = [lmm("compile-gc", 1, status="timeout", reason="exceeded its time limit of 180 s", compile_="default"),
             lmm("bf16-gc", 1, status="timeout", reason="hung"),  # a timeout of an eager variant says nothing

@@ -69,6 +69,14 @@ def _why(rows: list[dict], published_gib: float | None) -> str:
     return "; ".join(parts)
 
 
+def _baseline_peak(full: pl.DataFrame, model, bs: int, baselines: list[str]) -> str:
+    """Where a cell not yet run would fit: the baseline's peak at that batch, by GPU ("" where none ran)."""
+    seen = sorted((r for r in _rows(full, model=model, variant=baselines, batch_size=bs, status="ok")
+                   if r.get("peak_gib")), key=lambda r: baselines.index(r["variant"]))
+    return "".join(f"; {r['variant']} at batch {bs} peaked at {r['peak_gib']:.1f} GiB on the {r['gpu']}"
+                   for r in seen[:1])
+
+
 def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:
     """Study A's relative table: each of the seven variants (bf16 the baseline) at each published batch size; ours
     is the step time and peak memory relative to the baseline of the same GPU and batch (the same position in
@@ -87,7 +95,8 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
                     "published": f"{cell['step_time']}; memory {cell['memory']}"}
             r = _pick(rows, order, True, gib)
             if r is None:
-                out.append({**base, "why": _why(rows, gib)})
+                out.append({**base, "why": _why(rows, gib) + _baseline_peak(full, published.get("model"), bs,
+                                                                              measured_by.get("bf16", ["bf16"]))})
                 continue
             ours, ratio = r["status"], None
             if r["status"] == "ok":
