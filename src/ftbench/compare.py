@@ -325,11 +325,10 @@ def lmm_vs_published(df: pl.DataFrame, published: dict, baseline="bf16", **_) ->
         pub = pub.rename({"variant": "published_variant", "step_time": "published step time",
                           "memory": "published memory", "first_step_s": "published first step s",
                           "eval_loss": "published eval loss"})
-        pub = pub.with_columns(
-            (pl.col("published first step s") / pb["first_step_s"]).alias("published first step vs baseline")
-            if pb.get("first_step_s") else pl.lit(None).alias("published first step vs baseline"),
-            (pl.col("published eval loss") / pb["eval_loss"]).alias("published eval loss vs baseline")
-            if pb.get("eval_loss") else pl.lit(None).alias("published eval loss vs baseline"))
+        pub = pub.with_columns((pl.col(column) / pb[key] if pb.get(key) else pl.lit(None)).alias(ratio)
+                               for key, column, ratio in (
+                                   ("first_step_s", "published first step s", "published first step vs baseline"),
+                                   ("eval_loss", "published eval loss", "published eval loss vs baseline")))
         table = ours.join(pub, on="published_variant", how="left")
     else:
         table = ours

@@ -71,10 +71,9 @@ def _why(rows: list[dict], published_gib: float | None) -> str:
 
 def _baseline_peak(full: pl.DataFrame, model, bs: int, baselines: list[str]) -> str:
     """Where a cell not yet run would fit: the baseline's peak at that batch, by GPU ("" where none ran)."""
-    seen = sorted((r for r in _rows(full, model=model, variant=baselines, batch_size=bs, status="ok")
-                   if r.get("peak_gib")), key=lambda r: baselines.index(r["variant"]))
-    return "".join(f"; {r['variant']} at batch {bs} peaked at {r['peak_gib']:.1f} GiB on the {r['gpu']}"
-                   for r in seen[:1])
+    r = min((r for r in _rows(full, model=model, variant=baselines, batch_size=bs, status="ok") if r.get("peak_gib")),
+            key=lambda r: baselines.index(r["variant"]), default=None)
+    return f"; {r['variant']} at batch {bs} peaked at {r['peak_gib']:.1f} GiB on the {r['gpu']}" if r else ""
 
 
 def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:

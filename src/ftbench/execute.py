@@ -16,7 +16,7 @@ from . import ranks
 from .config import RunSpec, TrainSettings
 from .knobs import Variant
 from .flops import peak_precision, peak_tflops
-from .records import compile_cache_note, host_change
+from .records import COMPILE_CACHE_NOTES, compile_cache_kind, host_change
 from .harness import (Meter, Unsupported, guarded, new_record, pick_device, provenance, write_csv,
                       write_record)
 from .summary import summarize
@@ -68,10 +68,10 @@ def compile_cache(v: Variant, record: dict):
     studies timed them, not what an earlier run on this host left behind. FTBENCH_COMPILE_CACHE=warm keeps the
     host's cache. The record says which (`extra.compile_cache`). Under the supervisor the folder lies in the
     job's own temporary folder, which goes even where the child is killed."""
-    note = compile_cache_note(v.compile)
-    if note:
-        record["extra"]["compile_cache"] = note
-    if not note or note.startswith("warm"):
+    kind = compile_cache_kind(v.compile)
+    if kind:
+        record["extra"]["compile_cache"] = COMPILE_CACHE_NOTES[kind]
+    if kind != "cold":
         yield
         return
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir  # torch 2.11 (the GPU hosts) and 2.13

@@ -243,6 +243,7 @@ class Meter:
         self._progress = open(progress, "w") if progress else None
         self._progress_at = float("-inf")
         self._trained = None  # compile time and graph count when training finished
+        self._on_compiled = None  # while the Meter is entered (compiled runs): TorchDynamo's compile-end callback
         # several ranks: a function that returns the maximum of an int over the ranks (one collective). The
         # window length in steps is agreed with it once, at the end of warm-up, so that every rank closes its
         # windows and stops at the same step (a rank that stopped alone would leave the others waiting)
@@ -257,7 +258,7 @@ class Meter:
         return self
 
     def __exit__(self, *exc):
-        if getattr(self, "_on_compiled", None) is not None:
+        if self._on_compiled is not None:
             _compile_end_callbacks("remove", self._on_compiled)
             self._on_compiled = None
         self.sampler.__exit__(*exc)
@@ -477,6 +478,7 @@ def _compile_end_callbacks(action: str, fn) -> None:
     except ImportError:
         return
     getattr(callback_handler, f"{action}_end_callback")(fn)
+
 
 class TimedBatches:
     """Batches from a loader, epoch after epoch; each fetch is timed (the host's wait for data) and marked

@@ -21,14 +21,16 @@ def host_change(change: str, setting: str, why: str = "no CUDA GPU") -> str:
     return f"{change} ({setting}: {why})"
 
 
-def compile_cache_note(compiles) -> str | None:
-    """extra.compile_cache of a run: a compiled run compiles into an empty cache of its own (ftbench.execute's
-    compile_cache) unless FTBENCH_COMPILE_CACHE=warm; an eager run: None."""
+COMPILE_CACHE_NOTES = {"cold": "cold: an empty Inductor cache for this run",
+                       "warm": "warm: the host's Inductor cache (FTBENCH_COMPILE_CACHE=warm)"}
+
+
+def compile_cache_kind(compiles) -> str | None:
+    """The Inductor cache a run compiles into: "cold", an empty one of its own (ftbench.execute's compile_cache),
+    unless FTBENCH_COMPILE_CACHE=warm; an eager run: None. extra.compile_cache is its COMPILE_CACHE_NOTES entry."""
     if not compiles:
         return None
-    if os.environ.get("FTBENCH_COMPILE_CACHE") == "warm":
-        return "warm: the host's Inductor cache (FTBENCH_COMPILE_CACHE=warm)"
-    return "cold: an empty Inductor cache for this run"
+    return "warm" if os.environ.get("FTBENCH_COMPILE_CACHE") == "warm" else "cold"
 
 
 def short_host_changes(changes) -> str | None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from . import forkserver
 from .config import run_gpus, run_limits
 from .gpus import describe, gpu_slots, share, shares_gpu
-from .records import compile_cache_note, new_record_from_template, write_json_atomic
+from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
 
 POLL_S = 0.5
 
@@ -176,8 +176,8 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
     rec = new_record_from_template(params["run"], {"name": params["run"]["variant"], **params["variant"]})
     rec.update(status=status, reason=reason)
     rec["extra"]["supervision"] = supervision
-    if compile_note := compile_cache_note(params["variant"].get("compile")):
-        rec["extra"]["compile_cache"] = compile_note
+    if cache := compile_cache_kind(params["variant"].get("compile")):
+        rec["extra"]["compile_cache"] = COMPILE_CACHE_NOTES[cache]
     rec["compile"]["unique_graphs"] = supervision.get("compiled_graphs_at_last_step")
     rec["provenance"] = {"config_hash": params["config_hash"], "scale": params["run"]["scale"],
                          "data_source": params["dataset"].get("source"),
