@@ -180,3 +180,29 @@ def test_kbit_upcast_false_keeps_the_unquantized_parameters_in_the_compute_dtype
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model(input_ids=ids, labels=ids).loss.backward()
     assert any(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
+
+
+def test_a_model_too_large_for_the_host_is_refused_before_building(tmp_path, monkeypatch):
+    """Counted on the meta device, compared with the memory it would be drawn in: refused with both numbers, at
+    materialization (a written checkpoint) and in the training job (a build in process), before a byte is drawn."""
+    import ftbench.build as build
+    from ftbench.models import materialize
+
+    monkeypatch.setattr(build, "available_bytes", lambda device: 4 * 2**30)  # a host with 4 GiB free
+    arch = load_architecture(ARCH / "qwen3-8b.yaml", "full")  # 8.2 B parameters: 15.3 GiB in bf16
+    with pytest.raises(build.TooLarge, match=r"qwen3-8b.yaml at scale full: refused before building: its "
+                                             r"8,190,735,360 parameters take 15\.3 GiB, and the host has 4\.0 GiB"):
+        materialize_model(arch, "random", tmp_path / "w", 42, build="checkpoint")
+    assert not list((tmp_path / "w").rglob("*.safetensors"))
+    # the materialize job: a manifest that says so, which the training jobs on it record as unsupported
+    params = {"architecture": str(ARCH / "qwen3-8b.yaml"), "scale": "full", "seed": 42,
+              "model": {"source": "random", "build": "checkpoint"}}
+    manifest = materialize(params, tmp_path / "job" / "model.json")
+    assert manifest["status"] == "unsupported" and "15.3 GiB" in manifest["reason"] and "4.0 GiB" in manifest["reason"]
+    # built in process by the training job: the same refusal, before drawing
+    in_process = materialize_model(arch, "random", tmp_path / "p", 42, build="in_process")
+    with pytest.raises(build.TooLarge, match="15.3 GiB, and the host has 4.0 GiB"):
+        build_model(in_process, 42, "cpu")
+    monkeypatch.undo()
+    small = materialize_model(load_architecture(ARCH / "qwen3-8b.yaml", "tiny"), "random", tmp_path / "t", 42)
+    assert small["build"] == "checkpoint"  # the real host takes the tiny model

@@ -82,7 +82,7 @@ def test_an_architecture_file_without_its_required_fields_is_named(tmp_path):
     arch = tmp_path / "config/architectures"
     arch.mkdir(parents=True)
     (arch / "broken.yaml").write_text("hub_id: x/y\nconfig: {hidden_size: 8}\n")
-    with pytest.raises(ftc.ConfigError, match=r"broken.yaml: missing family, config.model_type"):
+    with pytest.raises(ftc.ConfigError, match=r"broken.yaml: family: missing \(required\)"):
         ftc.check_architecture(arch / "broken.yaml")
 
 
@@ -216,3 +216,49 @@ def test_merge_runs_expands_patterns_in_name_order_and_refuses_an_entry_that_nam
     for bad in ("m/h100-2026-11-26", "other/*"):
         with pytest.raises(ftc.ConfigError, match=f"merge_runs: '{re.escape(bad)}' names no runs table or folder"):
             ftc.merge_sources({"merge_runs": [bad]})
+
+
+QWEN32 = ROOT / "config/architectures/qwen3-32b.yaml"
+
+
+def _cut(text: str, after: str) -> str:
+    return text[:text.index(after) + len(after)] + "\n"
+
+
+@pytest.mark.parametrize("edit, message", [
+    # cut after num_key_value_heads, as the issue found it: no head_dim, no vocab_size, no scales
+    (lambda t: _cut(t, "num_key_value_heads: 8"), "scales: missing (required)"),
+    (lambda t: t.replace("  tiny: {", "  tiny_: {"), "scales: Additional properties are not allowed ('tiny_' was"),
+    (lambda t: t.replace("  proxy: {num_hidden_layers: 4}\n", ""), "scales.proxy: missing (its overrides"),
+    (lambda t: t.replace("  vocab_size: 151936\n", ""), "config.vocab_size: missing (required)"),
+    (lambda t: t.replace("num_hidden_layers: 4}", "num_hiden_layers: 4}"), "scales.proxy.num_hiden_layers: not a key"),
+    (lambda t: _cut(t, "rope_parameters: {rope_type: default, rope_th"), ":16:1: expected ',' or '}'"),
+], ids=["cut-short", "no-tiny", "no-proxy", "missing-key", "override-typo", "syntax-error"])
+def test_an_architecture_file_cut_short_is_refused_in_one_line_naming_file_and_key(tmp_path, edit, message):
+    bad = tmp_path / "qwen3-32b.yaml"
+    bad.write_text(edit(QWEN32.read_text()))
+    with pytest.raises(ftc.ConfigError) as e:
+        ftc.check_architecture(bad)
+    assert str(e.value).startswith(str(bad)) and message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_truncated_architecture_stops_the_pipeline_before_any_job(tmp_path):
+    bad = tmp_path / "qwen3-32b.yaml"
+    bad.write_text(_cut(QWEN32.read_text(), "num_key_value_heads: 8"))
+    proc = dry_run_with(tmp_path, lambda c: c["models"]["qwen3-8b"].update(architecture=str(bad)))
+    err = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and f"{bad}: scales: missing (required)" in err
+    assert "Traceback" not in err and not (tmp_path / "wd" / "results").exists()
+
+
+def test_a_scale_the_architecture_says_it_lacks_is_refused_never_the_full_model(tmp_path):
+    from ftbench.architectures import load_architecture
+
+    arch = tmp_path / "qwen3-32b.yaml"
+    arch.write_text(QWEN32.read_text().replace("  proxy: {num_hidden_layers: 4}\n", "")
+                    + "scales_absent: {proxy: not measured at proxy scale}\n")
+    ftc.check_architecture(arch)  # a stated reason is accepted ...
+    with pytest.raises(ValueError, match="no proxy scale: not measured at proxy scale"):
+        load_architecture(arch, "proxy")  # ... and the scale is refused, never built as the full model
+    proc = dry_run_with(tmp_path, lambda c: c["models"]["qwen3-8b"].update(architecture=str(arch), scale="proxy"))
+    assert proc.returncode != 0 and "has no proxy scale: not measured at proxy scale" in proc.stdout + proc.stderr

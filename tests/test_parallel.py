@@ -9,8 +9,8 @@ from ftbench.knobs import knob_problems
 from test_robustness import one_run_config, supervise_training
 
 
-def ranked_run(tmp_path, tiny_qwen, instruction_data, name, knobs, batch_size=2):
-    cfg = one_run_config(measure={"warmup_steps": 2, "steps": 3, "min_seconds": 0.5, "repeats": 2})
+def ranked_run(tmp_path, tiny_qwen, instruction_data, name, knobs, batch_size=2, **training):
+    cfg = one_run_config(measure={"warmup_steps": 2, "steps": 3, "min_seconds": 0.5, "repeats": 2}, **training)
     cfg["variants"][name] = knobs
     cfg["studies"]["llm"]["matrix"][0]["variants"] = [name]
     cfg["studies"]["llm"]["matrix"][0]["batch_sizes"] = [batch_size]
@@ -21,8 +21,7 @@ def ranked_run(tmp_path, tiny_qwen, instruction_data, name, knobs, batch_size=2)
 
 def test_two_data_parallel_ranks_train_and_rank_0_records_both(tmp_path, tiny_qwen, instruction_data):
     strategy = "ddp"
-    rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2",
-                          {"peft": "lora", "precision": "bf16", "gpus": 2, "parallel": "ddp"})
+    rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2", DDP2)
     assert rec["status"] == "ok", (rec["reason"], log[-3000:])
     par = rec["parallel"]
     assert par["strategy"] == strategy and par["world_size"] == 2 and par["backend"] == "gloo"
@@ -36,6 +35,32 @@ def test_two_data_parallel_ranks_train_and_rank_0_records_both(tmp_path, tiny_qw
     assert len(steps) == 2 and steps[0] == steps[1] >= 3
     assert rec["extra"]["supervision"]["exit_code"] == 0
     assert rec["extra"]["parallel_wrapper"] == "DistributedDataParallel"
+
+
+DDP2 = {"peft": "lora", "precision": "bf16", "gpus": 2, "parallel": "ddp"}
+
+
+def test_a_rank_that_dies_after_its_record_keeps_the_measurement(tmp_path, tiny_qwen, instruction_data):
+    """Rank 0 aborts in teardown, after writing its record (as gloo's threads made it do at exit): the run is still
+    `ok`, with its figures, and the failure is stated beside them, not in their place."""
+    rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2", DDP2,
+                          inject={"abort_after_record": True})
+    assert rec["status"] == "ok", (rec["reason"], log[-3000:])
+    assert rec["throughput"]["samples_per_s"] > 0 and rec["parallel"]["world_size"] == 2
+    sup = rec["extra"]["supervision"]
+    assert sup["exit_code"] != 0 and "after writing its record" in rec["extra"]["teardown"]
+    assert sup["log_tail"]
+    from ftbench.analysis import display_table, flatten
+    import polars as pl
+
+    table = display_table(pl.DataFrame([flatten(rec)]))
+    assert "after writing its record" in table["failed after its record"][0]
+
+
+def test_a_rank_that_dies_before_its_record_is_a_crash(tmp_path, tiny_qwen, instruction_data):
+    rec, _ = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2", DDP2, inject={"kill_at_step": 3})
+    assert rec["status"] == "crashed" and "without a record (last step reached: 3" in rec["reason"], rec["reason"]
+    assert "teardown" not in rec["extra"]
 
 
 def test_gpus_and_parallel_knobs_are_checked_before_any_job():

@@ -9,6 +9,7 @@ import polars as pl
 
 from .config import merged_profile_summaries
 from .records import new_record_from_template, read_record, short_host_changes
+from .source import short_code
 
 KEY = ["study", "model", "scale", "dataset", "variant", "batch_size", "gpu"]
 
@@ -22,7 +23,7 @@ def flatten(record: dict) -> dict:
                gpu=gpu_name(dev.get("name")) if dev.get("type") == "cuda" else "cpu",
                device_type=dev.get("type"), gpu_uuid=dev.get("uuid"), driver=dev.get("driver"), cuda=dev.get("cuda"),
                weights_source=prov.get("weights_source"), data_source=prov.get("data_source"),
-               git_commit=prov.get("git_commit"), config_hash=prov.get("config_hash"),
+               git_commit=prov.get("git_commit"), code=short_code(prov), config_hash=prov.get("config_hash"),
                torch=prov.get("versions", {}).get("torch"), schema_version=record["schema_version"],
                gpu_memory_gib=dev.get("total_memory_gib") if dev.get("type") == "cuda" else None)
     for group in ("timing", "throughput", "memory", "device_usage", "energy", "flops", "compile", "loss", "data",
@@ -46,6 +47,7 @@ def flatten(record: dict) -> dict:
     row["variant.token_budget"] = record["variant"].get("token_budget")  # batch = rows of this many tokens
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
     row["extra.host_changes"] = short_host_changes(record.get("extra", {}).get("host_changes"))
+    row["extra.teardown"] = (record.get("extra") or {}).get("teardown")
     row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1
     return row
 
@@ -185,10 +187,10 @@ TABLE_COLUMNS = {
     "memory.host_peak_rss_gib": "host RSS GiB", "memory.alloc_retries": "allocator retries",
     "device_usage.gpu_util_mean_pct": "GPU util %", "energy.per_step_j": "J/step", "energy.per_sample_j": "J/sample",
     "data.wait_share": "data wait %", "precision.gemm": "GEMM dtype",
-    "extra.host_changes": "changed by host",
+    "extra.host_changes": "changed by host", "extra.teardown": "failed after its record",
     "flops.mfu": "MFU %", "flops.hfu": "HFU %", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
     "compile.recompiles": "recompiles", "compile.backend": "compile backend", "compile.graph_breaks": "graph breaks",
-    "extra.image_tokens_per_sample": "image tokens/sample", "weights_source": "weights", "reason": "reason",
+    "extra.image_tokens_per_sample": "image tokens/sample", "weights_source": "weights", "code": "code that ran", "reason": "reason",
 }
 
 

@@ -24,7 +24,10 @@ def load_architecture(path, scale: str) -> dict:
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; one of {SCALES}")
     arch = load_yaml(path)
-    overrides = arch.get("scales", {}).get(scale, {}) if scale != "full" else {}
+    if scale != "full" and scale not in (arch.get("scales") or {}):  # never the full model in its place
+        why = (arch.get("scales_absent") or {}).get(scale) or f"no scales.{scale} in the file"
+        raise ValueError(f"{path}: no {scale} scale: {why}")
+    overrides = arch["scales"][scale] if scale != "full" else {}
     if arch["family"] == "diffusion":
         arch["components"] = {
             name: dict(comp, config=deep_merge(comp["config"], overrides.get(name, {})))

@@ -21,6 +21,8 @@ import time
 import torch
 from torch import nn
 
+from .harness import Unsupported
+
 GIB = 2**30
 GENERATOR = "torch.Generator per parameter on the build device, seeded with sha256('<seed>/<parameter name>')"
 UNSLOTH_REFUSAL = ("Unsloth's FastLanguageModel.from_pretrained loads a checkpoint from a path and patches the model "
@@ -130,6 +132,41 @@ def count_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+NF4_BYTES = 0.5 + 4 / 64  # 4 bits a weight, a 4-byte absmax per block of 64 (before double quantization)
+
+
+class TooLarge(Unsupported):
+    """A model whose parameters alone exceed the memory it would be built in: refused before building."""
+
+
+def parameter_bytes(model, dtype=torch.bfloat16) -> int:
+    """What a skeleton's parameters take once drawn: `dtype`'s size each, NF4 where a layer is bitsandbytes 4-bit."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return int(sum(p.numel() * (NF4_BYTES if type(p).__name__ == "Params4bit" else size) for p in model.parameters()))
+
+
+def available_bytes(device) -> int | None:
+    """Free memory where a build draws: the GPU's (cudaMemGetInfo), or the host's MemAvailable (None: not Linux)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def check_fits(model, device, what: str, dtype=torch.bfloat16) -> None:
+    """Refuse (TooLarge, both numbers) a build whose parameters cannot fit `device`'s free memory; `model` is the
+    skeleton on the meta device, so the estimate costs nothing."""
+    need, have = parameter_bytes(model, dtype), available_bytes(device)
+    if have is not None and need > have:
+        where = "GPU" if torch.device(device).type == "cuda" else "host"
+        raise TooLarge(f"{what}: refused before building: its {count_parameters(model):,} parameters take "
+                       f"{need / GIB:.1f} GiB, and the {where} has {have / GIB:.1f} GiB available")
+
+
 def _value(name: str, module, shape, std: float, seed: int, device) -> torch.Tensor:
     """A parameter's initial value: ones for a norm's weight, zeros for a bias, else N(0, std) drawn from the
     parameter's own generator (transformers' initializer for these models, made reproducible per name)."""
@@ -204,6 +241,8 @@ def build_model(manifest: dict, seed: int, device, dtype=torch.bfloat16, quantiz
         quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
         quantizer.preprocess_model(model, device_map={"": torch.device(device)})
         model.hf_quantizer = quantizer
+    check_fits(model, device, f"{manifest.get('architecture_file') or 'the model'} at scale {manifest.get('scale')}",
+               dtype)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     counts = draw_parameters(model, seed, device, dtype)

@@ -246,29 +246,62 @@ def check_columns(name: str, ddef: dict, columns) -> None:
                           f"{sorted(columns)} (map yours with `columns: {{ours: theirs}}`)")
 
 
-def check_architecture(path) -> None:
+ARCHITECTURE_SCHEMA = Path(__file__).resolve().parents[2] / "config" / "schema" / "architecture.schema.yaml"
+SMALL_SCALES = ("tiny", "proxy")
+
+
+def check_architecture(path) -> dict:
+    """An architecture file against its family's schema (config/schema/architecture.schema.yaml), then what a schema
+    cannot say: tiny and proxy each have overrides or a stated reason for none, and every override changes a key
+    the published config has. One line naming the file and the key; a YAML syntax error by file, line and column."""
+    errors = yaml_errors([path])
+    if errors:
+        raise ConfigError(errors[0])
     arch = load_yaml(path)
     if not isinstance(arch, dict):
-        raise ConfigError(f"{path}: not an architecture file (a mapping with family, hub_id, config)")
-    missing = [k for k in ("family", "hub_id") if not arch.get(k)]
-    if arch.get("family") == "diffusion":
-        missing += [] if arch.get("components") else ["components"]
-    elif not (arch.get("config") or {}).get("model_type"):
-        missing.append("config.model_type")
-    if missing:
-        raise ConfigError(f"{path}: missing {', '.join(missing)}")
-    if arch["family"] not in ("causal_lm", "lmm", "diffusion"):
-        raise ConfigError(f"{path}: family {arch['family']!r} is not one of causal_lm, lmm, diffusion")
+        raise ConfigError(f"{path}: not an architecture file (a mapping with family, hub_id, config and scales)")
+    try:
+        validate_config(arch, ARCHITECTURE_SCHEMA, root="")
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    scales, absent = arch.get("scales") or {}, arch.get("scales_absent") or {}
+    for scale in SMALL_SCALES:
+        if scale in scales and scale in absent:
+            raise ConfigError(f"{path}: scales.{scale} and scales_absent.{scale}: give one, not both")
+        if scale not in scales and scale not in absent:
+            raise ConfigError(f"{path}: scales.{scale}: missing (its overrides of the published config, or why "
+                              f"there are none under scales_absent.{scale})")
+    base = arch["config"] if arch["family"] != "diffusion" else {
+        name: comp.get("config") or {} for name, comp in arch["components"].items()}
+    for scale, overrides in scales.items():
+        if bad := _unknown_override(overrides, base, f"scales.{scale}"):
+            raise ConfigError(f"{path}: {bad}: not a key of the published "
+                              f"{'components' if arch['family'] == 'diffusion' else 'config'} (an override changes one)")
+    return arch
 
 
-def validate_config(config: dict, schema_path) -> None:
+def _unknown_override(overrides: dict, base: dict, where: str) -> str | None:
+    for key, value in overrides.items():
+        if key not in base:
+            return f"{where}.{key}"
+        if isinstance(value, dict) and isinstance(base[key], dict):
+            if bad := _unknown_override(value, base[key], f"{where}.{key}"):
+                return bad
+    return None
+
+
+def validate_config(config: dict, schema_path, root: str = "config") -> None:
     """JSON-schema validation with one short line naming the key (Snakemake's own prints schema and config)."""
     import jsonschema
 
     validator = jsonschema.Draft202012Validator(load_yaml(schema_path))
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is not None:
-        where = "config" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        where = (root + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)).lstrip(".")
+        if error.validator == "required":  # name the missing key itself: "config.vocab_size: missing"
+            missing = [k for k in error.validator_value if k not in error.instance]
+            raise ConfigError(f"{where + '.' if where else ''}{missing[0]}: missing (required)")
+        where = where or "top level"
         message = error.message if len(error.message) < 300 else error.message[:300] + " ..."
         raise ConfigError(f"{where}: {message}")
 
@@ -319,7 +352,10 @@ def check_config(config: dict, base_dir) -> None:
         path = architecture_path(config, model, base_dir)
         if not path.is_file():
             raise ConfigError(f"models.{model}.architecture: file not found: {path}")
-        check_architecture(path)
+        arch = check_architecture(path)
+        scale = model_scale(config, model)
+        if scale != "full" and scale not in arch.get("scales", {}):
+            raise ConfigError(f"models.{model}.scale: {path} has no {scale} scale: {arch['scales_absent'][scale]}")
     for name, ddef in config["datasets"].items():
         check_dataset_source(name, ddef)
     for study, sdef in config["studies"].items():

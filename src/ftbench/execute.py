@@ -101,6 +101,8 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     if ranks.world_size() > 1:  # launched by the supervisor with torchrun (variant knob gpus > 1)
         meter.agree = ranks.agree_max(device)
     with guarded(record, device):
+        if ctx.manifest.get("status") == "unsupported":  # refused before building (too large for this host)
+            raise Unsupported(f"the model was not materialized: {ctx.manifest.get('reason')}")
         if ctx.manifest.get("status") not in (None, "ok"):  # its materialize job crashed or ran out of time
             raise RuntimeError(f"the model was not materialized: {ctx.manifest['status']}: {ctx.manifest.get('reason')}")
         problems = knob_problems(family, v)
@@ -126,9 +128,9 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
         record = ranks.gather(record, v.parallel)
         if ranks.rank() != 0:  # rank 0 writes the job's record, with every rank's figures in it
             return record
-    write_record(metrics_path, record)
     meter.write_steps(steps_path)
     write_csv(memory_path, meter.memory_log)
+    write_record(metrics_path, record)  # last: a record on disk means the run's outputs are complete
     return record
 
 

@@ -12,7 +12,6 @@ import platform
 import resource
 import signal
 import statistics
-import subprocess
 import threading
 import time
 import traceback
@@ -23,6 +22,7 @@ import torch
 
 from .config import MeasureSettings
 from .gpus import cpu_name
+from .source import code_identity
 from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_record_from_template,  # noqa: F401  (the record's
                       write_json_atomic)  # shape and its writer live with its readers, torch-free)
 
@@ -113,20 +113,9 @@ def _versions() -> dict:
     return out
 
 
-def git_commit(base_dir) -> str | None:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=base_dir, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=base_dir,
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def provenance(device: torch.device, base_dir, config_hash: str, weights_source: str, data_source: str,
                scale: str) -> dict:
-    return {"versions": _versions(), "device": device_info(device), "git_commit": git_commit(base_dir),
+    return {"versions": _versions(), "device": device_info(device), **code_identity(base_dir),
             "config_hash": config_hash, "weights_source": weights_source, "data_source": data_source,
             "scale": scale, "host": platform.node(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

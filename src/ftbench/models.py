@@ -23,7 +23,7 @@ def _causal_lm(arch, out, tok, device, wanted=None, limit_gib=24.0):
     parameter from the seed and written whole (the same values a training job's in-process build draws on this
     device type), or, built in process, only what the training job needs to build it: the tokenizer, transformers'
     config and the resolved architecture in the manifest, never the weights."""
-    from .build import architecture_digest, count_parameters, draw_parameters, hf_config, skeleton
+    from .build import architecture_digest, check_fits, count_parameters, draw_parameters, hf_config, skeleton
 
     config = hf_config(arch, tok.pad_token_id, tok.eos_token_id)
     model = skeleton(arch, config)  # on the meta device: checks the architecture, costs no memory
@@ -36,6 +36,7 @@ def _causal_lm(arch, out, tok, device, wanted=None, limit_gib=24.0):
         return {**facts, "build": "in_process", "architecture_config": arch,
                 "architecture_sha256": architecture_digest(arch),
                 "special_tokens": {"pad_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id}}
+    check_fits(model, device, _what(arch))
     draw_parameters(model, arch["seed"], device)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -65,6 +66,8 @@ def _lmm(arch, out, tok, device):
     cfg["image_token_index"] = tok.convert_tokens_to_ids("<image>")
     cfg["text_config"] = dict(cfg["text_config"], pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     config = LlavaNextConfig(**cfg)
+    _refuse_if_too_large(lambda: LlavaNextForConditionalGeneration._from_config(config, dtype=torch.bfloat16),
+                         arch, device)
     with torch.device(device):
         model = LlavaNextForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(out)
@@ -86,16 +89,20 @@ def _diffusion(arch, out, tok, device):
     from transformers import CLIPTextConfig, CLIPTextModel
 
     comps = arch["components"]
+    tcfg = dict(comps["text_encoder"]["config"])
+    tcfg.pop("model_type", None)
+    text_config = CLIPTextConfig(**tcfg, pad_token_id=tok.pad_token_id, bos_token_id=tok.pad_token_id,
+                                 eos_token_id=tok.eos_token_id)
+    _refuse_if_too_large(lambda: torch.nn.ModuleList(
+        [getattr(diffusers, comps[n]["class"])(**comps[n]["config"]) for n in ("unet", "vae")]
+        + [CLIPTextModel(text_config)]), arch, device, torch.float32)
     counts = {}
     with torch.device(device):
         for name in ("unet", "vae"):
             module = getattr(diffusers, comps[name]["class"])(**comps[name]["config"])
             module.save_pretrained(Path(out) / name)
             counts[name] = _n_params(module)
-        tcfg = dict(comps["text_encoder"]["config"])
-        tcfg.pop("model_type", None)
-        text = CLIPTextModel(CLIPTextConfig(**tcfg, pad_token_id=tok.pad_token_id, bos_token_id=tok.pad_token_id,
-                                            eos_token_id=tok.eos_token_id))
+        text = CLIPTextModel(text_config)
     text.save_pretrained(Path(out) / "text_encoder")
     counts["text_encoder"] = _n_params(text)
     getattr(diffusers, comps["scheduler"]["class"])(**comps["scheduler"]["config"]).save_pretrained(
@@ -110,6 +117,20 @@ def _diffusion(arch, out, tok, device):
         index[name] = [lib, cls]
     (Path(out) / "model_index.json").write_text(json.dumps(index, indent=2))
     return {"parameters": sum(counts.values()), "component_parameters": counts}
+
+
+def _what(arch: dict) -> str:
+    return f"{arch.get('file') or arch['hub_id']} at scale {arch['scale']}"
+
+
+def _refuse_if_too_large(construct, arch: dict, device, dtype=torch.bfloat16) -> None:
+    """construct() on the meta device (no memory), then ftbench.build.check_fits: a model too large for the memory
+    it would be materialized in is refused with both numbers before a byte is drawn."""
+    from .build import check_fits
+
+    with torch.device("meta"):
+        model = construct()
+    check_fits(model, device, _what(arch), dtype)
 
 
 BUILDERS = {"lmm": _lmm, "diffusion": _diffusion}  # causal LMs: _causal_lm (it may build in process)
@@ -177,6 +198,15 @@ def materialize(params: dict, manifest_path) -> dict:
     if not params["architecture"]:  # a local checkpoint folder: its own config, its own size
         source = Path(params["model"]["source"]).expanduser()
         return local_checkpoint_manifest(source, checkpoint_family(source), out)
+    from .build import TooLarge
+
     arch = load_architecture(params["architecture"], params["scale"])
-    return materialize_model(arch, params["model"]["source"], out, params["seed"], device=str(pick_device()),
-                             build=params["model"].get("build"), build_limit_gib=params.get("build_limit_gib", 24.0))
+    try:
+        return materialize_model(arch, params["model"]["source"], out, params["seed"], device=str(pick_device()),
+                                 build=params["model"].get("build"),
+                                 build_limit_gib=params.get("build_limit_gib", 24.0))
+    except TooLarge as e:  # a result, as the training jobs on it will say: not a crash after minutes of drawing
+        manifest = {"status": "unsupported", "reason": str(e), "family": arch["family"], "scale": arch["scale"],
+                    "architecture_file": arch["file"]}
+        (out / "model.json").write_text(json.dumps(manifest, indent=2))
+        return manifest

@@ -77,6 +77,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
     gpus = gpus or run_gpus(params)
     out = Path(paths[OUTPUT[kind]])
     out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)  # a record found when the child has ended is then the child's own
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ftbench-"))
         job, progress = Path(tmp) / "job.json", Path(tmp) / "progress.json"
@@ -143,15 +144,20 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
     supervision = {"launcher": launcher, "gpu_slots": slots, "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
                    "exit_code": proc.returncode, "host_peak_rss_gib_session": peak_rss / 1024**3 or None,
                    "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs")}
-    if verdict is None and proc.returncode == 0 and out.is_file():
+    rc = proc.returncode
+    how = f"killed by {signal.Signals(-rc).name}" if rc and rc < 0 else f"exited with code {rc}"
+    if out.is_file():  # the child wrote its record (last of its outputs): what it measured stands
         result = json.loads(out.read_text())
+        if verdict is not None or rc != 0:  # ... whatever happened after it: said, never in its place
+            supervision.update(signal=signal.Signals(-rc).name if rc and rc < 0 else None, log_tail=_tail(log_path))
+            result.setdefault("extra", {})["teardown"] = (
+                f"{verdict[1] if verdict else how} after writing its record ({verdict[0] if verdict else 'crashed'} "
+                f"in teardown; the record is kept, the log's tail is in extra.supervision.log_tail)")
         result.setdefault("extra", {})["supervision"] = supervision
         write_json_atomic(out, result)
         return result
     if verdict is None:
-        rc = proc.returncode
-        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc} without a record"
-        verdict = ("crashed", how)
+        verdict = ("crashed", how if rc and rc < 0 else f"{how} without a record")
     status, why = verdict
     step = last.get("step")
     reason = f"{why} (last step reached: {step if step is not None else 'none'}"
@@ -232,7 +238,21 @@ def _child(job_path) -> None:
 
         profile_run(ctx, p["trace"], p["summary"])
     finish()
+    if (params["settings"].get("inject") or {}).get("abort_after_record") and rank() == 0:  # fault injection (tests):
+        os.abort()  # rank 0 dies in teardown, after its record
+
+
+def _exit_now() -> None:
+    """End the child once its outputs are written, without the interpreter's teardown: the C++ destructors of
+    threads a library leaves running (gloo's, with torchrun's ranks) can abort a process that has finished its
+    work ("terminate called without an active exception"). Nothing is left to do by then; the streams are
+    flushed, and the supervisor takes the rest of the session (loader workers) down."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
     _child(sys.argv[1])
+    _exit_now()
