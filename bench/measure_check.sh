@@ -57,6 +57,10 @@
 #             (fixed-compile-gc, fp8-te-fixed-compile-gc), plain compile (compile-gc, fp8-te-compile-gc: 180 s
 #             limit). FP8 needs Transformer Engine (../shared/device/transformer-engine.sh). One call each
 #   a-cell-VARIANT-bsN[,M..]  one of those variants alone at the batch sizes named (the cells still missing)
+#   c-cell-VARIANT[,VARIANT..], c-profile-VARIANT[,VARIANT..]
+#             Study C at full scale as the study ran it (config/study_c_random.yaml: images of the dataset's size,
+#             1024 px JPEGs decoded and cropped to 512 px in the loader; 3 repeats): the variants' runs, or their
+#             profiles (issue 34)
 # Usage, in the project root: bash bench/measure_check.sh [OUTDIR [PART...]]   (records stay under results/runs/)
 set -u
 out=${1:-results/measure_check}
@@ -129,6 +133,11 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
        v=${part#a-cell-}; v=${v%-bs*}
        sm --configfile config/study_a_random.yaml bench/study_a_sweep.yaml -- \
          $(for bs in $(echo "${part##*-bs}" | tr , ' '); do echo "$lmm/$v/bs$bs/metrics.json"; done) ;;
+    c-cell-*|c-profile-*)
+       sd=stable-diffusion-v1-5/full/naruto
+       sm --configfile config/study_c_random.yaml -- $(for v in $(echo "${part#c-*-}" | tr , ' '); do
+         case $part in c-cell-*) echo "results/runs/diffusion/$sd/$v/bs1/metrics.json" ;;
+                       *) echo "results/profiles/diffusion/$sd/$v/bs1/summary.json" ;; esac; done) ;;
     a-eager-bs*|a-fixed-bs*|a-dynamic-bs*)
        group=${part#a-}; group=${group%%-*}
        case $group in

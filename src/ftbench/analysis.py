@@ -105,7 +105,8 @@ def read_runs(path) -> pl.DataFrame:
     return typed(pl.DataFrame([flatten(read_record(f)) for f in files], infer_schema_length=None))
 
 
-PROFILE_COLUMNS = ("profile.busy_pct", "profile.cpu_bound", "profile.idle_cause")
+PROFILE_COLUMNS = ("profile.busy_pct", "profile.cpu_bound", "profile.idle_cause", "profile.data_loading_share",
+                   "profile.kernels_per_step", "profile.idle_gaps_per_step")
 
 
 def idle_cause(summary: dict) -> str | None:
@@ -123,6 +124,12 @@ def idle_cause(summary: dict) -> str | None:
             f"{idle:.0f} ms idle): launch and Python overhead")
 
 
+def _per_step(summary: dict, key: str) -> float | None:
+    """A count's mean over a profile's steps (None where the summary predates it)."""
+    values = [st.get(key) for st in summary.get("per_step") or []]
+    return sum(values) / len(values) if values and None not in values else None
+
+
 def profile_rows(summaries) -> pl.DataFrame:
     """Profile summaries (results/profiles/.../summary.json, or a merged folder's profiles/) as rows keyed like the
     runs: the trace's GPU busy share, whether it reads host-bound, and the host operator through the longest idle
@@ -135,9 +142,13 @@ def profile_rows(summaries) -> pl.DataFrame:
         rows.append({**{k: s["run"][k] for k in KEY[:-1]},
                      "gpu": gpu_name(s.get("gpu")) if s.get("device") == "cuda" else "cpu",
                      "profile.busy_pct": 100 * s["busy_share"], "profile.cpu_bound": s.get("cpu_bound"),
-                     "profile.idle_cause": idle_cause(s)})
+                     "profile.idle_cause": idle_cause(s), "profile.data_loading_share": s.get("data_loading_share"),
+                     "profile.kernels_per_step": _per_step(s, "kernels"),
+                     "profile.idle_gaps_per_step": _per_step(s, "idle_gaps")})
     schema = {**{k: pl.String for k in KEY}, "batch_size": pl.Int64, "profile.busy_pct": pl.Float64,
-              "profile.cpu_bound": pl.Boolean, "profile.idle_cause": pl.String}
+              "profile.cpu_bound": pl.Boolean, "profile.idle_cause": pl.String,
+              "profile.data_loading_share": pl.Float64, "profile.kernels_per_step": pl.Float64,
+              "profile.idle_gaps_per_step": pl.Float64}
     return pl.DataFrame(rows, schema=schema).unique(subset=KEY, keep="last", maintain_order=True)
 
 
@@ -180,7 +191,7 @@ TABLE_COLUMNS = {
     "timing.noise_cv": "noise CV", "timing.cv_within": "CV within", "timing.cv_across_repeats": "CV across repeats",
     "timing.cv_median_across_repeats": "CV of window medians",
     "outliers.dominated": "outlier-dominated", "timing.first_step_s": "first step s", "compile.compile_s": "compile s",
-    "timing.model_load_s": "load s",
+    "timing.model_load_s": "load s", "timing.host_cpu_step_s": "host CPU s/step",
     "throughput.samples_per_hour": "samples/h", "throughput.tokens_per_s": "tokens/s",
     "memory.peak_allocated_gib": "peak alloc GiB", "memory.peak_reserved_gib": "peak reserved GiB",
     "memory.device_peak_used_gib": "NVML peak GiB", "memory.process_peak_used_gib": "process GiB",

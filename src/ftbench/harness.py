@@ -285,8 +285,10 @@ class Meter:
         self._origin_host = time.perf_counter()
         self._open(self._mark(), self._origin_host, "warmup" if self.measure.warmup_steps else 0)
 
-    def _open(self, mark, host: float, phase):
+    def _open(self, mark, host: float, phase, cpu: float | None = None):
         self._boundary, self._host_start, self._phase = mark, host, phase
+        # the training thread's CPU time (its Python and kernel launches; loader workers are other processes)
+        self._cpu_start = time.thread_time() if cpu is None else cpu
         self._energy_start = self.sampler.energy_mj() if phase != "warmup" else None
         self._in_window = 0
 
@@ -297,7 +299,8 @@ class Meter:
         row = {"step": self._steps + 1, "samples": samples, **fields}
         if self.count_graphs:
             row["compiled_graphs"] = compiled_graphs()
-        self._pending.append({"mark": self._mark(), "host": time.perf_counter(), "row": row, "lazy": lazy})
+        self._pending.append({"mark": self._mark(), "host": time.perf_counter(), "cpu": time.thread_time(),
+                              "row": row, "lazy": lazy})
         self._steps += 1
         self._in_window += 1
         if self.profiler is not None:
@@ -342,18 +345,18 @@ class Meter:
         synchronize(self.device)  # the one synchronisation of a window, at its end
         host_end = time.perf_counter()
         energy_end = self.sampler.energy_mj() if self._phase != "warmup" else None
-        prev_mark, prev_host = self._boundary, self._host_start
+        prev_mark, prev_host, prev_cpu = self._boundary, self._host_start, self._cpu_start
         for p in self._pending:
             row = p["row"]
             row.update(phase="warmup" if self._phase == "warmup" else "measure",
                        repeat=None if self._phase == "warmup" else self._phase,
                        step_time_s=self._elapsed_s(prev_mark, p["mark"]), host_step_s=p["host"] - prev_host,
-                       t_end_s=p["host"] - self._origin_host)
+                       host_cpu_s=p["cpu"] - prev_cpu, t_end_s=p["host"] - self._origin_host)
             for k, v in list(row.items()):
                 row[k] = _scalar(v)
             if p["lazy"] is not None:
                 row.update({k: _scalar(v) for k, v in p["lazy"]().items()})
-            prev_mark, prev_host = p["mark"], p["host"]
+            prev_mark, prev_host, prev_cpu = p["mark"], p["host"], p["cpu"]
             self.rows.append(row)
         if self._phase != "warmup" and self._pending:
             rows = self.rows[-len(self._pending):]
@@ -372,7 +375,7 @@ class Meter:
         nxt = 0 if self._phase == "warmup" else self._phase + 1
         if nxt >= self.measure.repeats:
             self.done = True
-        self._open(prev_mark, host_end, nxt)
+        self._open(prev_mark, host_end, nxt, prev_cpu)
 
     def _agree_window(self) -> None:
         """Several ranks: the steps each window takes, the same on every rank: the window's minimum steps, or
@@ -410,7 +413,7 @@ class Meter:
         return self._trained
 
     def write_steps(self, path):
-        write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "t_end_s", "samples",
+        write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "host_cpu_s", "t_end_s", "samples",
                                     "tokens", "padded_tokens", "loss", "flops_model", "flops_hardware",
                                     "data_wait_s", "compiled_graphs", "shape"])
 

@@ -65,6 +65,9 @@ class Variant:
     pin_memory: bool = False
     cached_latents: bool = False  # diffusion: train from pre-encoded latents
     clip_grad_sync_free: bool = False  # diffusion: clip gradients without a host sync
+    # diffusion: the UNet and VAE weights and their inputs in channels-last (NHWC) memory format, the layout cuDNN's
+    # convolutions run in on tensor cores (NCHW tensors are converted around every convolution)
+    channels_last: bool = False
     time_limit_s: float | None = None  # the job's time budget, over the study's (ftbench.supervise)
     gpus: int = 1  # GPUs (ranks) the job trains on; more than 1 needs `parallel`
     parallel: str | None = None  # None | ddp (data parallel) | fsdp2 (fully sharded, FSDP2): causal LM only
@@ -101,7 +104,7 @@ HONOURED = {
     # diffusers' LoRA recipe (ftbench.runners.diffusion)
     "diffusion": {"peft": {"lora"}, "precision": {"fp16", "bf16", "fp32"}, "compile": ANY, "sdpa_backend": ANY,
                   "gradient_checkpointing": ANY, "dataloader_workers": ANY, "pin_memory": ANY,
-                  "cached_latents": ANY, "clip_grad_sync_free": ANY},
+                  "cached_latents": ANY, "clip_grad_sync_free": ANY, "channels_last": ANY},
 }
 for _family in HONOURED.values():  # the supervisor, not the runner, honours the time limit
     _family["time_limit_s"] = ANY

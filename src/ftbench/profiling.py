@@ -166,7 +166,7 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
         for gap, name in named.items():
             causes[name] = causes.get(name, 0.0) + gap[0] / 1e3
         largest = max(gaps, default=None)
-        per_step.append({"step": st["name"], "duration_ms": st["dur"] / 1e3,
+        per_step.append({"step": st["name"], "duration_ms": st["dur"] / 1e3, "kernels": len(busy) if device == "cuda" else None,
                          "busy_share": _union_us(busy) / st["dur"] if st["dur"] else None,
                          "data_loading_share": _union_us(_clip(loading, lo, hi)) / st["dur"] if st["dur"] else None,
                          "idle_gaps": len(gaps), "idle_gap_ms_total": sum(g[0] for g in gaps) / 1e3,

@@ -57,7 +57,7 @@ RECORD_TEMPLATE = {
     "timing": {"model_load_s": None, "first_step_s": None, "first_step_overhead_s": None, "step_time_s": None,
                "step_time_p10_s": None, "step_time_p90_s": None, "step_time_mean_s": None, "cv_within": None,
                "cv_across_repeats": None, "cv_median_across_repeats": None, "noise_cv": None, "noise_cv_tokens": None, "steps_measured": None, "window_s": None,
-               "host_window_s": None, "train_s": None, "eval_s": None},
+               "host_window_s": None, "host_cpu_step_s": None, "train_s": None, "eval_s": None},
     "outliers": {"factor": None, "count": None, "time_s": None, "time_share": None, "dominated": None, "steps": []},
     "throughput": {"samples_per_s": None, "samples_per_hour": None, "samples_per_hour_median_step": None,
                    "tokens_per_s": None, "padded_tokens_per_s": None, "tokens_per_sample": None},

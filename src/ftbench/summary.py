@@ -54,7 +54,8 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
              noise_cv=across if across is not None else (within / len(times) ** 0.5 if within is not None
                                                          else None),
              noise_cv_tokens=tokens_cv(windows), steps_measured=len(rows), window_s=window_s,
-             host_window_s=sum(w["host_s"] for w in windows))
+             host_window_s=sum(w["host_s"] for w in windows),
+             host_cpu_step_s=statistics.median(r["host_cpu_s"] for r in rows) if "host_cpu_s" in rows[0] else None)
     t["first_step_overhead_s"] = max(t["first_step_s"] - median, 0.0)
     record["outliers"].update(outliers(meter.rows, m.outlier_factor, median, window_s))
     samples = sum(r["samples"] for r in rows)

@@ -36,6 +36,12 @@ class CaptionImages(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.images)
 
+    def sizes(self) -> dict:
+        """What the loader decodes: the source JPEGs' sizes (header only) and the training resolution."""
+        sizes = sorted({Image.open(io.BytesIO(b)).size for b in self.images})
+        return {"source_px": [list(x) for x in sizes[:4]], "source_bytes_mean": sum(map(len, self.images)) / len(self),
+                "resolution_px": self.resolution}
+
     def __getitem__(self, i):
         img = Image.open(io.BytesIO(self.images[i])).convert("RGB")
         r = self.resolution
@@ -115,6 +121,10 @@ def train(ctx, record, device, meter):
         params = add_lora(unet, s.lora)
         if v.gradient_checkpointing:
             unet.enable_gradient_checkpointing()
+        layout = torch.channels_last if v.channels_last else torch.contiguous_format
+        if v.channels_last:
+            unet.to(memory_format=layout)
+            vae.to(memory_format=layout)
     total, trainable = parameter_counts(unet)
     record["model"].update(parameters=total, trainable_parameters=trainable,
                            adapted_modules={"count": sum(1 for n, m in unet.named_modules() if hasattr(m, "lora_A")),
@@ -153,12 +163,13 @@ def train(ctx, record, device, meter):
                 if v.cached_latents:
                     latents, cond = batch["latents"].to(dtype), batch["encoder_hidden_states"].to(dtype)
                 else:
-                    latents = vae.encode(batch["pixel_values"].to(dtype)).latent_dist.sample()
+                    pixels = batch["pixel_values"].to(dtype, memory_format=layout)
+                    latents = vae.encode(pixels).latent_dist.sample()
                     latents = latents * vae.config.scaling_factor
                     cond = text_encoder(batch["input_ids"])[0]
             noise = torch.randn_like(latents)
             t = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), device=device)
-            noisy = scheduler.add_noise(latents, noise, t)
+            noisy = scheduler.add_noise(latents, noise, t).contiguous(memory_format=layout)
             if cuda_graphs:
                 # CUDA graphs reuse their output buffers; mark each micro-step so accumulation reads fresh ones
                 torch.compiler.cudagraph_mark_step_begin()
@@ -176,4 +187,5 @@ def train(ctx, record, device, meter):
     meter.finish()
     median = statistics.median(r["step_time_s"] for r in meter.measured) if meter.measured else None
     record["extra"].update(gradient_accumulation_steps=accum, micro_step_time_s=median / accum if median else None,
-                           train_samples=len(ds))
+                           train_samples=len(ds), memory_format="channels_last" if v.channels_last else "NCHW",
+                           images=None if v.cached_latents else ds.sizes())

@@ -1,0 +1,104 @@
+"""Does a published finding hold? One computed verdict per published cell, from the published value as data
+(config/published/: a number or a range, with its unit and conditions) and our record of the cell:
+
+- holds: our figure lies inside the published range, or within the noise of it (NOISE_SIGMAS x our noise CV);
+- differs: outside it beyond the noise, by how much, and which way (faster or slower than published);
+- not comparable: the record cannot answer the question as published (a stand-in for the study's system, a GPU
+  of another kind for an absolute figure, an out-of-memory result), and why;
+- not measured: no record, or one that ended before its number existed (a timeout is never a result).
+
+Where a cell differs, its cause is what the run's own evidence says (`evidence`): the profile's verdict (GPU-bound,
+loader-bound, host launch-bound), the data wait, the host's CPU time per step, recompiles and graph breaks, tokens
+per sample and padding against the baseline. Nothing is typed in by hand; with no evidence it says so.
+"""
+
+from __future__ import annotations
+
+from .compare import NOISE_SIGMAS
+
+VERDICTS = ("holds", "differs", "not comparable", "not measured")
+LOADER_BOUND_SHARE = 0.2  # the data loader holds at least this share of a profiled step: loader-bound
+TOKENS_DIFFER = 0.05  # tokens per sample this much apart from the baseline's: a different workload
+
+
+def published_range(value) -> tuple[float, float] | None:
+    """A published figure as (low, high): a number is a range of one point; [a, b] a range; text is not data."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value), float(value)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+        return float(min(value)), float(max(value))
+    return None
+
+
+def judge(ours: float, published: tuple[float, float], noise: float | None, lower_is_faster: bool = True) -> dict:
+    """Our figure against the published range, in the published unit: verdict, and how far and which way.
+    `noise` is the relative noise of our figure (a CV; combined over the runs a ratio divides)."""
+    lo, hi = published
+    what = "range" if lo != hi else "value"
+    if lo <= ours <= hi:
+        return {"verdict": "holds", "how": f"inside the published {what}"}
+    band = NOISE_SIGMAS * (noise or 0.0)
+    if lo * (1 - band) <= ours <= hi * (1 + band):
+        return {"verdict": "holds", "how": f"within the noise of the published {what} ({NOISE_SIGMAS} x CV "
+                                           f"{100 * noise:.1f} %)"}
+    off = ours / hi if ours > hi else ours / lo
+    slower = (ours > hi) == lower_is_faster
+    how = f"{off:.2f}x the published {what}: {'slower' if slower else 'faster'} than published"
+    if noise is None:
+        how += " (noise not recorded)"
+    return {"verdict": "differs", "how": how}
+
+
+def combined_noise(*cvs) -> float | None:
+    values = [c for c in cvs if c is not None]
+    return sum(c * c for c in values) ** 0.5 if values else None
+
+
+def evidence(row: dict, base: dict | None = None) -> str:
+    """What the run's own records say about where its step goes (and against its baseline's, where the cell is a
+    ratio): a profile's verdict, data wait, host CPU per step, recompiles and graph breaks, tokens per sample,
+    padding. "cause not measured" where the record holds none of it."""
+    parts = []
+    busy, bound, cause = row.get("profile.busy_pct"), row.get("profile.cpu_bound"), row.get("profile.idle_cause")
+    loading = row.get("profile.data_loading_share")
+    if busy is not None:
+        kind = ("loader-bound" if loading is not None and loading >= LOADER_BOUND_SHARE else
+                "host-bound" if bound else "GPU-bound")
+        parts.append(f"profile: {kind}, GPU busy {busy:.0f} % of a step"
+                     + (f", data loader {100 * loading:.0f} %" if loading is not None else "")
+                     + (f"; idle: {cause}" if cause and bound else ""))
+    wait = row.get("data.wait_share")
+    if wait is not None and busy is None:
+        parts.append(f"data wait {100 * wait:.1f} % of the step")
+    cpu, step = row.get("timing.host_cpu_step_s"), row.get("timing.step_time_s")
+    if cpu is not None and step:
+        parts.append(f"host CPU {1000 * cpu:.0f} ms per {1000 * step:.0f} ms step ({cpu / step:.0%})")
+    if row.get("variant.compile"):
+        graphs, again, breaks = (row.get("compile.unique_graphs"), row.get("compile.recompiles"),
+                                 row.get("compile.graph_breaks"))
+        if any(x is not None for x in (graphs, again, breaks)):
+            parts.append(", ".join(f"{x} {name}" for x, name in ((graphs, "graphs"), (again, "recompiles"),
+                                                                 (breaks, "graph breaks")) if x is not None))
+    tokens = row.get("throughput.tokens_per_sample")
+    if base is not None and tokens and base.get("throughput.tokens_per_sample"):
+        ref = base["throughput.tokens_per_sample"]
+        if abs(tokens / ref - 1) > TOKENS_DIFFER:
+            parts.append(f"{tokens:,.0f} tokens/sample against the baseline's {ref:,.0f}")
+    real, padded = row.get("throughput.tokens_per_s"), row.get("throughput.padded_tokens_per_s")
+    if real and padded and padded > real * (1 + TOKENS_DIFFER):
+        parts.append(f"padding {1 - real / padded:.0%} of the tokens")
+    return "; ".join(parts) or "cause not measured"
+
+
+def counts(verdicts) -> dict:
+    """{verdict: count} in VERDICTS' order, every verdict present."""
+    verdicts = list(verdicts)
+    return {v: verdicts.count(v) for v in VERDICTS}
+
+
+def counts_line(c: dict) -> str:
+    """"holds 3 of 42, differs 20, not comparable 5, not measured 14": of every published cell of a study."""
+    return (f"holds {c['holds']} of {sum(c.values())}, differs {c['differs']}, not comparable {c['not comparable']}, "
+            f"not measured {c['not measured']}")
