@@ -9,6 +9,7 @@ import polars as pl
 
 from .analysis import KEY, full_scale, html_table, peak_memory, read_runs, typed
 from .compare import _verdict
+from .verdicts import VERDICTS, combined_noise, counts_line, evidence, judge, published_range
 
 GIB_PER_GB = 1e9 / 2**30
 
@@ -92,31 +93,57 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
             base = {"study": "A", "model": published.get("model"), "dataset": published.get("dataset"),
                     "variant": cell["variant"], "batch": bs, "metric": "step time, memory vs bf16",
                     "published": f"{cell['step_time']}; memory {cell['memory']}"}
+            rng = published_range(cell.get("step_time_ratio"))
+            if rng:
+                base["published x"] = f"{rng[0]:.2f}-{rng[1]:.2f}" if rng[0] != rng[1] else f"{rng[0]:.2f}"
             r = _pick(rows, order, True, gib)
             if r is None:
                 out.append({**base, "why": _why(rows, gib) + _baseline_peak(full, published.get("model"), bs,
                                                                               measured_by.get("bf16", ["bf16"]))})
                 continue
-            ours, ratio = r["status"], None
+            ours, ratio, judged, b = r["status"], None, None, None
             if r["status"] == "ok":
                 i = order.index(r["variant"])
+                baseline = measured_by.get("bf16", ["bf16"])[i:i + 1]
                 b = next(iter(_rows(full, model=r["model"], gpu=r["gpu"], batch_size=bs, status="ok",
-                                    variant=measured_by.get("bf16", ["bf16"])[i:i + 1])), None)
+                                    variant=baseline)), None)
                 step = r["timing.step_time_s"]
                 if b is None:
                     ours = f"{step:.3g} s/step (no baseline on this GPU)"
+                    judged = _not_comparable(f"no {baseline[0] if baseline else 'bf16'} baseline on the {r['gpu']} "
+                                             f"at batch {bs}")
                 elif b is r or b["variant"] == r["variant"]:
                     ours = f"{step:.3g} s/step, {r['peak_gib']:.1f} GiB"
+                    judged = _not_comparable(f"the baseline of the ratios: an absolute time on the {r['gpu']}, "
+                                             "not the study's GPU")
                 else:
                     ratio = step / b["timing.step_time_s"]
+                    noise = combined_noise(r["timing.noise_cv"], b["timing.noise_cv"])
                     ours = (f"step {_verdict(ratio, r['timing.noise_cv'], b['timing.noise_cv'])}, memory "
                             f"{r['peak_gib'] / b['peak_gib']:.2f}x")
-            elif r["status"] == "timeout":
+                    judged = judge(ratio, rng, noise) if rng else _not_comparable("no published figure as data")
+            elif r["status"] == "timeout":  # a limit we chose ran out: no number, never a result
                 ours = f"timeout: {(r['reason'] or '')[:110]}"
+                judged = {"verdict": "not measured", "how": "a timeout is not a measurement"}
             else:
                 ours = f"oom at {r.get('memory.at_failure_gib') or 0:.1f} GiB on the {r['gpu']}"
+                judged = _not_comparable(f"out of memory on the {r['gpu']} (the study's GPU held it)")
             out.append({**base, "GPU": r["gpu"], "measured by": r["variant"], "status": r["status"], "ours": ours,
-                        "ratio": ratio, "noise (CV)": r["timing.noise_cv"], "measured": True})
+                        "ratio": ratio, "noise (CV)": r["timing.noise_cv"], "measured": judged["verdict"] != "not measured",
+                        **_judged(judged, r, b)})
+    return out
+
+
+def _not_comparable(why: str) -> dict:
+    return {"verdict": "not comparable", "how": why}
+
+
+def _judged(judged: dict, r: dict | None, base: dict | None = None) -> dict:
+    """The verdict columns of a cell: the verdict, how far and which way (or why not comparable), and where it
+    differs or cannot be compared, the run's own evidence of where its step goes."""
+    out = {"verdict": judged["verdict"], "how": judged["how"]}
+    if r is not None and r.get("status") == "ok" and judged["verdict"] in ("differs", "not comparable"):
+        out["cause (measured)"] = evidence(r, base)
     return out
 
 
@@ -152,10 +179,18 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         if r["variant"] != variant:
             note = "; ".join(x for x in (note, f"{variant} cannot run here ({(_first_reason(rows, variant))}); "
                                          f"{r['variant']} stands in") if x)
+        if r["variant"] != variant:  # a stand-in is never the study's system: its figure is beside, not a verdict
+            judged = _not_comparable(f"a stand-in: {r['variant']} for the study's {variant}")
+        elif r["gpu"] != cell["gpu"]:
+            judged = _not_comparable(f"measured on the {r['gpu']}, not the {cell['gpu']}")
+        else:
+            judged = judge(ours, published_range(cell["samples_per_hour"]), r["timing.noise_cv"],
+                           lower_is_faster=False)
         out.append({**base, "GPU": r["gpu"], "measured by": r["variant"], "status": "ok",
                     "ours": f"{ours:,.0f}", "ratio": ours / cell["samples_per_hour"],
                     "noise (CV)": r["timing.noise_cv"], "why": note, "measured": True,
-                    "x published": _verdict(ours / cell["samples_per_hour"], r["timing.noise_cv"], None)})
+                    "x published": _verdict(ours / cell["samples_per_hour"], r["timing.noise_cv"], None),
+                    **_judged(judged, r)})
     return out
 
 
@@ -179,7 +214,7 @@ def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         base = {"study": "C", "model": "stable-diffusion-v1-5", "dataset": "naruto", "variant": variant, "batch": 1,
                 "metric": "ms/step vs 0 workers",
                 "published": (f"{ms} ms" + (f" ({ms / stock:.2f}x)" if stock else "")) if isinstance(ms, (int, float))
-                else str(ms)}
+                else str(ms), "published x": f"{ms / stock:.2f}" if stock and isinstance(ms, (int, float)) else None}
         r = _pick(rows, [variant], False, None)
         if r is None and any(x["status"] in ("error", "crashed") for x in rows) and not isinstance(ms, (int, float)):
             r = next(x for x in rows if x["status"] in ("error", "crashed"))  # the study's own result was an error
@@ -188,15 +223,27 @@ def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
             continue
         if r["status"] != "ok":
             out.append({**base, "GPU": r["gpu"], "measured by": variant, "status": r["status"], "measured": True,
-                        "ours": f"{r['status']}, as published", "why": (r["reason"] or "")[:120]})
+                        "ours": f"{r['status']}, as published", "why": (r["reason"] or "")[:120],
+                        "verdict": "holds", "how": "failed as published"})
             continue
         b = next(iter(_rows(full, variant="workers-0", gpu=r["gpu"], status="ok")), None)
         step = r["timing.step_time_s"]
         ratio = step / b["timing.step_time_s"] if b and b["variant"] != variant else None
+        if not isinstance(ms, (int, float)):
+            judged = _not_comparable(f"the published cell is a failure ({ms}: {published.get('workers_note', '')}); "
+                                     "ours ran")
+        elif ratio is None and b is not None:
+            judged = _not_comparable(f"{step * 1000:.0f} ms against the published {ms} ms: an absolute time on the "
+                                     f"{r['gpu']}, not the study's GPU; the other cells are ratios to this one")
+        elif ratio is None:
+            judged = _not_comparable(f"no workers-0 baseline on the {r['gpu']}")
+        else:
+            judged = judge(ratio, published_range(ms / stock), combined_noise(r["timing.noise_cv"],
+                                                                               b["timing.noise_cv"]))
         out.append({**base, "GPU": r["gpu"], "measured by": variant, "status": "ok", "measured": True,
                     "ours": f"{step * 1000:.0f} ms" + (f" ({_verdict(ratio, r['timing.noise_cv'], b['timing.noise_cv'])})"
                                                        if ratio else ""), "ratio": ratio,
-                    "noise (CV)": r["timing.noise_cv"]})
+                    "noise (CV)": r["timing.noise_cv"], **_judged(judged, r, b)})
     return out
 
 
@@ -219,15 +266,20 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
             out.append({**base, "why": "no full-scale GPU pair of unsloth-qlora and qlora on japanese_alpaca yet"})
             continue
         r = pairs.row(0, named=True)
+        noise = combined_noise(r["timing.noise_cv"], r["timing.noise_cv_hf"])
         if metric.startswith("speed"):
             ratio = r["timing.step_time_s_hf"] / r["timing.step_time_s"]
             ours = _verdict(ratio, r["timing.noise_cv"], r["timing.noise_cv_hf"])
+            judged = judge(ratio, published_range(claim["speedup"]), noise, lower_is_faster=False)
         else:
             ratio = 1 - r["peak_gib"] / r["peak_gib_hf"]
             ours = f"{ratio:.0%}"
+            judged = judge(ratio, published_range(memory), None, lower_is_faster=False)
+            judged["how"] = judged["how"].replace("faster", "more saved").replace("slower", "less saved")
         out.append({**base, "model": r["model"], "batch": r["batch_size"], "GPU": r["gpu"],
                     "measured by": "unsloth-qlora, qlora", "status": "ok", "ours": ours, "ratio": ratio,
-                    "measured": True, "why": f"{len(pairs)} pairs; the first (smallest model, batch) shown"})
+                    "measured": True, "why": f"{len(pairs)} pairs; the first (smallest model, batch) shown",
+                    **_judged(judged, r)})
     return out
 
 
@@ -246,21 +298,24 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
     for s in studies:
         rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"))
     cols = ["study", "model", "dataset", "variant", "batch", "metric", "published", "GPU", "measured by", "status",
-            "ours", "x published", "noise (CV)", "why", "measured"]
+            "published x", "ours", "ratio", "x published", "noise (CV)", "verdict", "how", "cause (measured)", "why",
+            "measured"]
     table = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame({c: [] for c in cols})
     for c in cols:
         if c not in table.columns:
             table = table.with_columns(pl.lit(None).alias(c))
     return (table.with_columns(pl.col("measured").fill_null(False), pl.col("status").fill_null("not measured"),
+                               pl.col("verdict").fill_null("not measured"),
                                (100 * pl.col("noise (CV)").cast(pl.Float64)).round(2).alias("noise (CV)"))  # in %
             .select(cols).rename({"noise (CV)": "noise (CV %)"}).sort("study", maintain_order=True))
 
 
 def summary(table: pl.DataFrame) -> pl.DataFrame:
+    """Per study: its published cells, how many a full-scale GPU record measured, and the count of each verdict."""
     return (table.group_by("study", maintain_order=True)
-            .agg(pl.col("measured").sum().alias("measured at full scale"), pl.len().alias("published cells"))
-            .with_columns(pl.col("study").replace_strict(NAMES, default=pl.col("study")).alias("study"),
-                          (pl.col("measured at full scale") / pl.col("published cells")).round(2).alias("share")))
+            .agg(pl.len().alias("published cells"), pl.col("measured").sum().alias("measured at full scale"),
+                 *[(pl.col("verdict") == v).sum().alias(v) for v in VERDICTS])
+            .with_columns(pl.col("study").replace_strict(NAMES, default=pl.col("study")).alias("study")))
 
 
 NOTE = ("Every published cell of the four studies, computed from the records and config/published/. A cell is "
@@ -287,10 +342,26 @@ FRONT_STYLE = ("<style>div.flex.items-center.h-screen.overflow-auto:has(.ftbench
 
 
 def coverage_html(table: pl.DataFrame) -> str:
-    """The fragment that leads the report (and the body of its page): per study counts, then every cell."""
-    counts = summary(table)
-    lead = "; ".join(f"{r['study']}: {r['measured at full scale']} of {r['published cells']}"
-                     for r in counts.iter_rows(named=True))
-    return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Coverage of the published studies</h3>"
-            f"<p><b>Published cells measured at full scale on a GPU</b> — {lead}.</p><p>{NOTE}</p>"
-            + html_table(counts, "coverage_counts") + html_table(table.drop("measured"), "coverage") + "</div>")
+    """The fragment that leads the report (and the body of its page): per study the verdict counts, Study A's
+    grid, then every cell."""
+    from .figures import study_a_grid, svg_string
+
+    per_study = summary(table)
+    lead = "".join(f"<li><b>{r['study']}</b>: {counts_line({v: r[v] for v in VERDICTS})}</li>"
+                   for r in per_study.iter_rows(named=True))
+    grid = table.filter(pl.col("study") == "A")
+    picture = svg_string(study_a_grid(grid)) if grid.height else ""
+    return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>"
+            f"<ul>{lead}</ul><p>{VERDICT_NOTE}</p>" + picture
+            + "<h4>Coverage and verdicts, per study</h4>" + html_table(per_study, "coverage_counts")
+            + f"<p>{NOTE}</p>" + html_table(table.drop("measured"), "coverage") + "</div>")
+
+
+VERDICT_NOTE = ("Each published cell's verdict is computed from config/published/ (a number or a range, with its unit "
+                "and conditions) and our full-scale GPU record of it: <b>holds</b> inside the published range or "
+                "within the noise of it (2 x the noise CV of our ratio); <b>differs</b> outside it beyond the noise, by "
+                "how much and which way; <b>not comparable</b> where the record cannot answer the question as "
+                "published (a stand-in for the study's system, another GPU for an absolute figure, an out-of-memory "
+                "result), saying why; <b>not measured</b> with no record, or a timeout (never a result). Where a "
+                "cell differs, \"cause (measured)\" is the run's own evidence (profile, host CPU per step, data "
+                "wait, recompiles, tokens per sample, padding), or \"cause not measured\".")

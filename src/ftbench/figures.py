@@ -75,6 +75,39 @@ def gpu_bars(df: pl.DataFrame) -> alt.Chart:
                                       title="The same runs on each GPU kind")
 
 
+VERDICT_COLOURS = {"holds": "#4c9a2a", "differs": "#e07b39", "not comparable": "#8fa9c7", "not measured": "#e4e4e4"}
+
+
+def study_a_grid(cells: pl.DataFrame) -> alt.Chart:
+    """Study A's published cells as a grid, variant by batch size, each coloured by its verdict, with our ratio to
+    bf16 and the published one written in it. Columns: variant, batch, verdict, ratio, published x, status."""
+    from .verdicts import VERDICTS
+
+    order = list(dict.fromkeys(cells["variant"].to_list()))
+    data = cells.select(
+        "variant", pl.col("batch").cast(pl.Int64), "verdict", "status", "how",
+        pl.when(pl.col("ratio").is_not_null()).then(pl.format("ours x{}", pl.col("ratio").round(2)))
+        .when(pl.col("status") == "timeout").then(pl.lit("timeout"))
+        .when(pl.col("status") == "oom").then(pl.lit("oom"))
+        .when(pl.col("verdict") == "not measured").then(pl.lit("–"))
+        .when(pl.col("variant") == "bf16").then(pl.lit("baseline"))
+        .otherwise(pl.lit("no bf16 there")).alias("ours"),
+        pl.format("pub x{}", pl.col("published x")).fill_null("").alias("pub")).to_pandas()
+    base = alt.Chart(data).encode(
+        x=alt.X("batch:O", title="batch size", axis=alt.Axis(labelAngle=0, orient="top")),
+        y=alt.Y("variant:N", sort=order, title=None, axis=alt.Axis(labelLimit=300)))
+    cells_ = base.mark_rect(stroke="white", strokeWidth=2).encode(
+        color=alt.Color("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=[VERDICT_COLOURS[v] for v in VERDICTS]),
+                        legend=alt.Legend(title="verdict", orient="bottom")),
+        tooltip=["variant", "batch", "verdict", "how", "ours", "pub", "status"])
+    ours = base.mark_text(dy=-6, fontSize=11, fontWeight="bold").encode(text="ours:N")
+    pub = base.mark_text(dy=8, fontSize=10, color="#333").encode(text="pub:N")
+    return (cells_ + ours + pub).properties(
+        width=6 * 92, height=len(order) * 40, padding={"left": 40, "top": 5, "right": 5, "bottom": 5},
+        title=alt.TitleParams("Study A: step time against bf16 of the same batch and GPU",
+                              subtitle="ours (bold) above the published range; colour: the verdict"))
+
+
 def svg_string(chart: alt.Chart) -> str:
     import vl_convert as vlc
 

@@ -66,8 +66,10 @@ def evidence(row: dict, base: dict | None = None) -> str:
     if busy is not None:
         kind = ("loader-bound" if loading is not None and loading >= LOADER_BOUND_SHARE else
                 "host-bound" if bound else "GPU-bound")
+        kernels = row.get("profile.kernels_per_step")
         parts.append(f"profile: {kind}, GPU busy {busy:.0f} % of a step"
                      + (f", data loader {100 * loading:.0f} %" if loading is not None else "")
+                     + (f", {kernels:,.0f} kernels a step" if kernels else "")
                      + (f"; idle: {cause}" if cause and bound else ""))
     wait = row.get("data.wait_share")
     if wait is not None and busy is None:
@@ -79,8 +81,8 @@ def evidence(row: dict, base: dict | None = None) -> str:
         graphs, again, breaks = (row.get("compile.unique_graphs"), row.get("compile.recompiles"),
                                  row.get("compile.graph_breaks"))
         if any(x is not None for x in (graphs, again, breaks)):
-            parts.append(", ".join(f"{x} {name}" for x, name in ((graphs, "graphs"), (again, "recompiles"),
-                                                                 (breaks, "graph breaks")) if x is not None))
+            parts.append(", ".join(f"{x:.0f} {name}" for x, name in ((graphs, "graphs"), (again, "recompiles"),
+                                                                     (breaks, "graph breaks")) if x is not None))
     tokens = row.get("throughput.tokens_per_sample")
     if base is not None and tokens and base.get("throughput.tokens_per_sample"):
         ref = base["throughput.tokens_per_sample"]
@@ -90,12 +92,6 @@ def evidence(row: dict, base: dict | None = None) -> str:
     if real and padded and padded > real * (1 + TOKENS_DIFFER):
         parts.append(f"padding {1 - real / padded:.0%} of the tokens")
     return "; ".join(parts) or "cause not measured"
-
-
-def counts(verdicts) -> dict:
-    """{verdict: count} in VERDICTS' order, every verdict present."""
-    verdicts = list(verdicts)
-    return {v: verdicts.count(v) for v in VERDICTS}
 
 
 def counts_line(c: dict) -> str:
