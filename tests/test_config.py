@@ -262,3 +262,9 @@ def test_a_scale_the_architecture_says_it_lacks_is_refused_never_the_full_model(
         load_architecture(arch, "proxy")  # ... and the scale is refused, never built as the full model
     proc = dry_run_with(tmp_path, lambda c: c["models"]["qwen3-8b"].update(architecture=str(arch), scale="proxy"))
     assert proc.returncode != 0 and "has no proxy scale: not measured at proxy scale" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "config/architectures").glob("*.yaml")))
+def test_every_shipped_architecture_passes_its_familys_schema_with_tiny_and_proxy(name):
+    arch = ftc.check_architecture(ROOT / "config/architectures" / name)
+    assert {"tiny", "proxy"} <= set(arch["scales"])

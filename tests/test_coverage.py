@@ -71,7 +71,9 @@ def test_timeouts_count_for_compile_variants_and_ooms_only_on_a_gpu_as_large_as_
             lmm("qlora-gc", 24, status="oom", mem=78.9),  # the H100 (79 GiB) is smaller than the study's 96 GB
             lmm("bf16-gc", 24, status="oom", mem=139.0, gpu=H200, memory_gib=139.8)]
     _, by = cells(rows)
-    assert by[("compile", 1)]["measured"] and by[("compile", 1)]["status"] == "timeout"
+    # a timeout shows in its cell, never as a result: not measured
+    assert not by[("compile", 1)]["measured"] and by[("compile", 1)]["status"] == "timeout"
+    assert by[("compile", 1)]["verdict"] == "not measured"
     assert not by[("bf16", 1)]["measured"] and "timeout" in by[("bf16", 1)]["why"]
     assert not by[("qlora", 24)]["measured"] and "may hold it" in by[("qlora", 24)]["why"]
     assert by[("bf16", 24)]["measured"] and by[("bf16", 24)]["status"] == "oom"
@@ -101,4 +103,5 @@ def test_study_b_cells_are_per_gpu_and_a_larger_gpu_fills_an_h100_cell_only_afte
     blackwell = table.filter(pl.col("metric").str.contains("Blackwell"))
     assert not blackwell["measured"].any()
     html = coverage_html(table)
-    assert "Study B (samples per hour): 2 of 8" in html
+    # both measured cells are the PEFT stand-in, never the study's Unsloth: not comparable, never "holds"
+    assert "<b>Study B (samples per hour)</b>: holds 0 of 8, differs 0, not comparable 2, not measured 6" in html

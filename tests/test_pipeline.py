@@ -308,7 +308,7 @@ def test_study_a_records_and_relative_table(pipeline):
 def test_the_report_opens_with_the_coverage_table_and_tiny_records_fill_no_published_cell(pipeline):
     wd, report = pipeline
     # the front page (the workflow description) embeds the coverage fragment before anything else of ours
-    front = report.index("Coverage of the published studies")
+    front = report.index("Do the published findings hold?")
     assert front < report.index("ftbench measures what fine-tuning efficiency techniques buy")
     page = embedded(report, "results/coverage/coverage.html")
     counts = {r["study"]: r for r in table(page, "coverage_counts")}
@@ -316,4 +316,6 @@ def test_the_report_opens_with_the_coverage_table_and_tiny_records_fill_no_publi
     assert all(r["measured at full scale"] == "0" for r in counts.values())  # the default pipeline is tiny
     cells = table(page, "coverage")
     assert len(cells) == sum(int(r["published cells"]) for r in counts.values())
-    assert {r["status"] for r in cells} == {"not measured"}
+    assert {r["status"] for r in cells} == {"not measured"} and {r["verdict"] for r in cells} == {"not measured"}
+    assert "Study A (LLaVA-NeXT, relative to bf16)</b>: holds 0 of 42, differs 0, not comparable 0, not measured 42" \
+        in page

@@ -1,0 +1,103 @@
+"""A verdict per published cell (ftbench.verdicts, through the coverage table): the published value is read from
+config/published/, a record inside it, outside it and within its noise gets holds / differs / holds; a timeout and
+a stand-in never hold; a cell that differs names the run's own evidence; the front page's counts are the table's."""
+
+import re
+
+import polars as pl
+import pytest
+import yaml
+from conftest import ROOT
+from test_analysis import H100, record
+from test_coverage import lmm
+
+from ftbench.analysis import flatten
+from ftbench.coverage import coverage_html, coverage_rows, summary
+from ftbench.verdicts import VERDICTS, evidence, judge, published_range
+
+STUDY_A = yaml.safe_load((ROOT / "config" / "published" / "study_a.yaml").read_text())
+STUDY_C = yaml.safe_load((ROOT / "config" / "published" / "study_c.yaml").read_text())
+# the default config's account of which variants measure Study A's published ones
+MEASURED_BY = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["studies"]["lmm"]["coverage"][0]["measured_by"]
+
+
+def cells(rows):
+    table = coverage_rows(pl.DataFrame(rows, infer_schema_length=None),
+                          [{"table": "study_a", "published": STUDY_A, "measured_by": MEASURED_BY}])
+    return table, {(r["variant"], r["batch"]): r for r in table.to_dicts()}
+
+
+def test_published_values_are_data():
+    fp8 = next(v for v in STUDY_A["variants"] if v["variant"] == "fp8-te")
+    assert published_range(fp8["step_time_ratio"]) == (0.93, 0.96)  # "4-7% faster"
+    assert all(published_range(v["step_time_ratio"]) for v in STUDY_A["variants"])
+    assert published_range(27000) == (27000.0, 27000.0) and published_range("4-7% faster") is None
+    for published in (STUDY_A, STUDY_C):
+        assert {"gpu", "step", "metric", "unit"} <= set(published["conditions"])
+
+
+@pytest.mark.parametrize("fp8_step, noise, verdict", [
+    (0.95, 0.01, "holds"),    # inside 0.93-0.96
+    (1.18, 0.01, "differs"),  # 1.23x the range's top, far beyond 2 x its noise
+    (0.975, 0.01, "holds"),   # above the range by 1.6 %, inside 2 x the combined noise (1.4 %)
+    (0.975, 0.001, "differs"),  # the same figure with a tenth of the noise: outside it
+])
+def test_a_record_inside_outside_and_within_the_noise_of_the_published_range(fp8_step, noise, verdict):
+    rows = [lmm("bf16-gc", 4, step=1.0), lmm("fp8-te-gc", 4, step=fp8_step)]
+    rows[0]["timing.noise_cv"] = rows[1]["timing.noise_cv"] = noise
+    _, by = cells(rows)
+    cell = by[("fp8-te", 4)]
+    assert cell["verdict"] == verdict, cell["how"]
+    if verdict == "differs":
+        assert "slower than published" in cell["how"] and cell["cause (measured)"]
+
+
+def test_a_timeout_and_a_stand_in_never_hold():
+    rows = [lmm("bf16-gc", 1, step=1.0),
+            lmm("compile-gc", 1, status="timeout", reason="exceeded its time limit of 180 s", compile_="default")]
+    _, by = cells(rows)
+    assert by[("compile", 1)]["verdict"] == "not measured" and not by[("compile", 1)]["measured"]
+    published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
+    stand_in = record("llm", "qlora-gc-pf", 2.0, gpu=H100, batch=32, scale="full", model="qwen3-32b")
+    stand_in["run"]["dataset"] = "japanese_alpaca"
+    stand_in["throughput"]["samples_per_hour"] = 27000.0  # exactly the published figure, by a stand-in
+    table = coverage_rows(pl.DataFrame([flatten(stand_in)], infer_schema_length=None),
+                          [{"table": "study_b", "published": published,
+                            "measured_by": {"unsloth-qlora": ["unsloth-qlora", "qlora-gc-pf"]}}])
+    cell = table.filter(pl.col("measured")).row(0, named=True)
+    assert cell["verdict"] == "not comparable" and "stand-in: qlora-gc-pf" in cell["how"]
+    assert "holds" not in table["verdict"].to_list()
+
+
+def test_a_cell_that_differs_names_the_runs_own_evidence_or_says_none_was_measured():
+    row = {"profile.busy_pct": 15.6, "profile.cpu_bound": True, "profile.data_loading_share": 0.009,
+           "profile.kernels_per_step": 23949.0, "profile.idle_cause": "16622 gaps between kernels",
+           "timing.host_cpu_step_s": 0.446, "timing.step_time_s": 0.798}
+    text = evidence(row)
+    assert text.startswith("profile: host-bound, GPU busy 16 % of a step, data loader 1 %, 23,949 kernels a step")
+    assert "host CPU 446 ms per 798 ms step (56%)" in text
+    assert evidence({"profile.busy_pct": 40.0, "profile.cpu_bound": True,
+                     "profile.data_loading_share": 0.3}).startswith("profile: loader-bound")
+    assert evidence({"timing.step_time_s": 1.0}) == "cause not measured"
+    fixed = {"throughput.tokens_per_sample": 1194.0, "variant.compile": "default", "compile.unique_graphs": 12.0,
+             "compile.recompiles": 0.0, "compile.graph_breaks": 23.0}
+    assert evidence(fixed, {"throughput.tokens_per_sample": 2946.0}) == (
+        "12 graphs, 0 recompiles, 23 graph breaks; 1,194 tokens/sample against the baseline's 2,946")
+    assert judge(1.2, (1.0, 1.0), None, lower_is_faster=False)["how"].endswith("faster than published "
+                                                                                "(noise not recorded)")
+
+
+def test_the_front_page_counts_are_the_tables():
+    rows = [lmm("bf16-gc", bs, step=1.0) for bs in (1, 2, 4)]
+    rows += [lmm("qlora-gc", 1, step=1.17), lmm("qlora-gc", 2, step=1.5), lmm("fixed-compile-gc", 4, step=0.5),
+             lmm("compile-gc", 8, status="timeout", compile_="default"), lmm("qlora-gc", 8, gpu=H100)]
+    table, _ = cells(rows)
+    html = coverage_html(table)
+    lead = re.search(r"<b>Study A \(LLaVA-NeXT, relative to bf16\)</b>: holds (\d+) of (\d+), differs (\d+), "
+                     r"not comparable (\d+), not measured (\d+)", html)
+    counts = {v: table.filter(pl.col("verdict") == v).height for v in VERDICTS}
+    assert [int(x) for x in lead.groups()] == [counts["holds"], table.height, counts["differs"],
+                                               counts["not comparable"], counts["not measured"]]
+    assert counts["holds"] == 2 and counts["differs"] == 1 and sum(counts.values()) == 42
+    assert summary(table).row(0, named=True)["holds"] == counts["holds"]
+    assert "<svg" in html and "Study A: step time against bf16" in html  # the grid picture
