@@ -145,11 +145,12 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
                    "exit_code": proc.returncode, "host_peak_rss_gib_session": peak_rss / 1024**3 or None,
                    "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs")}
     rc = proc.returncode
-    how = f"killed by {signal.Signals(-rc).name}" if rc and rc < 0 else f"exited with code {rc}"
+    sig = signal.Signals(-rc).name if rc and rc < 0 else None
+    how = f"killed by {sig}" if sig else f"exited with code {rc}"
     if out.is_file():  # the child wrote its record (last of its outputs): what it measured stands
         result = json.loads(out.read_text())
         if verdict is not None or rc != 0:  # ... whatever happened after it: said, never in its place
-            supervision.update(signal=signal.Signals(-rc).name if rc and rc < 0 else None, log_tail=_tail(log_path))
+            supervision.update(signal=sig, log_tail=_tail(log_path))
             result.setdefault("extra", {})["teardown"] = (
                 f"{verdict[1] if verdict else how} after writing its record ({verdict[0] if verdict else 'crashed'} "
                 f"in teardown; the record is kept, the log's tail is in extra.supervision.log_tail)")
@@ -157,15 +158,14 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         write_json_atomic(out, result)
         return result
     if verdict is None:
-        verdict = ("crashed", how if rc and rc < 0 else f"{how} without a record")
+        verdict = ("crashed", how if sig else f"{how} without a record")
     status, why = verdict
     step = last.get("step")
     reason = f"{why} (last step reached: {step if step is not None else 'none'}"
     if last.get("compiled_graphs") is not None:
         reason += f", {last['compiled_graphs']} graphs compiled"
     reason += f", after {elapsed:.0f} s)"
-    supervision.update(signal=signal.Signals(-proc.returncode).name if proc.returncode and proc.returncode < 0
-                       else None, log_tail=_tail(log_path))
+    supervision.update(signal=sig, log_tail=_tail(log_path))
     return _fallback(kind, params, paths, status, reason, supervision)
 
 
