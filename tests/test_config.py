@@ -268,3 +268,29 @@ def test_a_scale_the_architecture_says_it_lacks_is_refused_never_the_full_model(
 def test_every_shipped_architecture_passes_its_familys_schema_with_tiny_and_proxy(name):
     arch = ftc.check_architecture(ROOT / "config/architectures" / name)
     assert {"tiny", "proxy"} <= set(arch["scales"])
+
+
+def test_study_a_sweeps_compile_budget_reaches_the_supervisor_and_lets_a_cold_compile_finish():
+    """A compile variant's budget is its time_limit_s, over the study's; the sweep gives plain compile 540 s (a cold
+    compile of LLaVA-NeXT-7B takes ~200 s; the 180 s before ended every bf16 cell as a timeout)."""
+    from snakemake.utils import update_config
+
+    cfg = copy.deepcopy(DEFAULT)
+    for extra in ("config/study_a_random.yaml", "bench/study_a_sweep.yaml"):
+        update_config(cfg, yaml.safe_load((ROOT / extra).read_text()))
+    for variant in ("compile-gc", "fp8-te-compile-gc"):
+        spec = ftc.RunSpec("lmm", "llava-v1.6-mistral-7b", "full", "beans", variant, 1)
+        limit, _ = ftc.run_limits(ftc.run_params(cfg, spec))
+        assert limit == 540
+    spec = ftc.RunSpec("lmm", "llava-v1.6-mistral-7b", "full", "beans", "bf16-gc", 1)
+    assert ftc.run_limits(ftc.run_params(cfg, spec))[0] == cfg["training"]["time_limit_s"]
+
+
+def test_a_record_says_how_many_batch_shapes_its_windows_saw_and_how_many_were_new():
+    from ftbench.summary import window_shapes
+
+    steps = [{"phase": "warmup", "shape": "1x2900"}, {"phase": "warmup", "shape": "1x2100"},
+             {"phase": "measure", "shape": "1x2900"}, {"phase": "measure", "shape": "1x3400"},
+             {"phase": "measure", "shape": "1x3400"}, {"phase": "measure", "shape": "1x1800"}]
+    assert window_shapes(steps) == {"shapes_measured": 3, "new_shapes_measured": 2}
+    assert window_shapes([{"phase": "measure"}]) == {}

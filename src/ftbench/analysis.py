@@ -48,6 +48,8 @@ def flatten(record: dict) -> dict:
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
     row["extra.host_changes"] = short_host_changes(record.get("extra", {}).get("host_changes"))
     row["extra.teardown"] = (record.get("extra") or {}).get("teardown")
+    row["extra.shapes_measured"] = (record.get("extra") or {}).get("shapes_measured")
+    row["extra.new_shapes_measured"] = (record.get("extra") or {}).get("new_shapes_measured")
     row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1
     return row
 
@@ -201,7 +203,8 @@ TABLE_COLUMNS = {
     "extra.host_changes": "changed by host", "extra.teardown": "failed after its record",
     "flops.mfu": "MFU %", "flops.hfu": "HFU %", "loss.eval": "eval loss", "variant.gradient_checkpointing": "grad ckpt",
     "compile.recompiles": "recompiles", "compile.backend": "compile backend", "compile.graph_breaks": "graph breaks",
-    "extra.image_tokens_per_sample": "image tokens/sample", "weights_source": "weights", "code": "code that ran", "reason": "reason",
+    "extra.image_tokens_per_sample": "image tokens/sample", "extra.shapes_measured": "shapes in the windows",
+    "extra.new_shapes_measured": "new shapes in the windows", "weights_source": "weights", "code": "code that ran", "reason": "reason",
 }
 
 

@@ -58,6 +58,7 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
              host_cpu_step_s=statistics.median(r["host_cpu_s"] for r in rows) if "host_cpu_s" in rows[0] else None)
     t["first_step_overhead_s"] = max(t["first_step_s"] - median, 0.0)
     record["outliers"].update(outliers(meter.rows, m.outlier_factor, median, window_s))
+    record["extra"].update(window_shapes(meter.rows))
     samples = sum(r["samples"] for r in rows)
     thr = record["throughput"]
     thr.update(samples_per_s=samples / window_s, samples_per_hour=3600 * samples / window_s,
@@ -112,6 +113,17 @@ def outliers(steps: list[dict], factor: float, median: float, window_s: float) -
     # dominated: the outliers move throughput by more than a tenth against the median-step figure
     return {"factor": factor, "count": len(out), "time_s": spent, "time_share": spent / window_s,
             "dominated": spent / window_s > 0.1 if out else False, "steps": out[:20]}
+
+
+def window_shapes(steps: list[dict]) -> dict:
+    """How many batch shapes the measured windows saw, and how many of them no earlier step had (each a recompile
+    for a compiled model with static shapes): what a step time under AnyRes averages over. Empty where the runner
+    logs no shape."""
+    before = {r["shape"] for r in steps if r.get("phase") != "measure" and r.get("shape") is not None}
+    measured = [r["shape"] for r in steps if r.get("phase") == "measure" and r.get("shape") is not None]
+    if not measured:
+        return {}
+    return {"shapes_measured": len(set(measured)), "new_shapes_measured": len(set(measured) - before)}
 
 
 def _compile(meter, record: dict) -> None:

@@ -83,6 +83,9 @@ def evidence(row: dict, base: dict | None = None) -> str:
         if any(x is not None for x in (graphs, again, breaks)):
             parts.append(", ".join(f"{x:.0f} {name}" for x, name in ((graphs, "graphs"), (again, "recompiles"),
                                                                      (breaks, "graph breaks")) if x is not None))
+        if row.get("extra.new_shapes_measured"):
+            parts.append(f"{row['extra.new_shapes_measured']:.0f} of the {row['extra.shapes_measured']:.0f} batch "
+                         "shapes in the measured windows were new (each a compile)")
     tokens = row.get("throughput.tokens_per_sample")
     if base is not None and tokens and base.get("throughput.tokens_per_sample"):
         ref = base["throughput.tokens_per_sample"]
