@@ -32,7 +32,8 @@
 #   b32-alpaca, b32-wiki, oss-alpaca, oss-wiki
 #             Study B's published table at full scale (issue 24; bench/study_b_full.yaml: 2 repeats of >= 8 steps):
 #             Qwen3-32B at batch 32 and gpt-oss-120b at 32 (japanese_alpaca) and 16 (wikipedia_ja), built in the
-#             training process (never written); unsloth-qlora (records why Unsloth cannot take such a model) and
+#             training process; unsloth-qlora (written as a 4-bit checkpoint in the job's temporary folder for
+#             Unsloth's from_pretrained, or the measured reason that route failed) and
 #             the same 4-bit model through PEFT (qlora-gc-pf: packed rows, variable-length attention, gpt-oss's
 #             sinks folded in), then its profile. One call each
 #   b32-beside Qwen3-32B lora and qlora at batches 1 and 2 (the largest that fits), both datasets

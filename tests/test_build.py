@@ -206,3 +206,35 @@ def test_a_model_too_large_for_the_host_is_refused_before_building(tmp_path, mon
     monkeypatch.undo()
     small = materialize_model(load_architecture(ARCH / "qwen3-8b.yaml", "tiny"), "random", tmp_path / "t", 42)
     assert small["build"] == "checkpoint"  # the real host takes the tiny model
+
+
+def test_a_4bit_checkpoint_written_for_unsloth_holds_the_in_process_models_tensors(tmp_path, monkeypatch):
+    """Unsloth loads from a path: a model built in process reaches it as a bitsandbytes 4-bit checkpoint of the same
+    seeded weights (tiny scale, on the CPU), which transformers reads back tensor for tensor; a disk too small for it
+    refuses before writing, with both numbers."""
+    import shutil
+    from collections import namedtuple
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import ftbench.build as build
+    from ftbench.knobs import Variant
+    from ftbench.variants import quantization_config
+
+    arch = load_architecture(ARCH / "qwen3-8b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path / "m", 42, build="in_process")
+    quant = quantization_config(Variant("unsloth-qlora", precision="nf4", framework="unsloth"))
+    facts = build.write_4bit_checkpoint(manifest, 42, "cpu", tmp_path / "ckpt", quant)
+    assert facts["route"] == build.UNSLOTH_ROUTE and facts["quantized_4bit"] == 14
+    assert facts["checkpoint_disk_bytes"] > 0 and AutoTokenizer.from_pretrained(tmp_path / "ckpt").pad_token_id is not None
+    ref, _ = build_model(manifest, 42, "cpu", torch.bfloat16, quant)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", device_map={"": "cpu"})
+    assert type(back.model.layers[0].self_attn.q_proj).__name__ == "Linear4bit"
+    want, got = ref.state_dict(), back.state_dict()
+    assert set(want) == set(got)
+    for name, tensor in want.items():
+        assert torch.equal(got[name].cpu(), tensor.cpu()), name
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(1, 1, 1000))  # a full disk
+    with pytest.raises(build.TooLarge, match=r"4-bit checkpoint would take 0\.0 GiB and .* has 0\.0 GiB free"):
+        build.write_4bit_checkpoint(manifest, 42, "cpu", tmp_path / "full", quant)

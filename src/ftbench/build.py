@@ -25,10 +25,11 @@ from .harness import Unsupported
 
 GIB = 2**30
 GENERATOR = "torch.Generator per parameter on the build device, seeded with sha256('<seed>/<parameter name>')"
-UNSLOTH_REFUSAL = ("Unsloth's FastLanguageModel.from_pretrained loads a checkpoint from a path and patches the model "
-                   "as it loads; this model is built in the training process from its architecture and never "
-                   "written whole (ftbench.build), so Unsloth cannot take it. The same 4-bit model through PEFT "
-                   "with Unsloth's kernels left out is the variant qlora-gc (or qlora-gc-pf)")
+# how a model built in process reaches Unsloth, whose FastLanguageModel.from_pretrained loads from a path only: the
+# same seeded weights drawn in NF4 and written as a bitsandbytes 4-bit checkpoint (write_4bit_checkpoint), the
+# format of Unsloth's own "-bnb-4bit" checkpoints, in the job's temporary folder
+UNSLOTH_ROUTE = ("built in process in NF4 (the seeded weights of ftbench.build), written as a bitsandbytes 4-bit "
+                 "checkpoint in the job's temporary folder, read by Unsloth's FastLanguageModel.from_pretrained")
 
 
 def parameter_seed(seed: int, name: str) -> int:
@@ -224,6 +225,37 @@ def check_manifest(manifest: dict, seed: int) -> dict:
         raise ValueError(f"seed mismatch: the model manifest ({where}) was made for seed {manifest.get('seed')}, "
                          f"this run asks for seed {seed}; rerun materialize_model")
     return arch
+
+
+def write_4bit_checkpoint(manifest: dict, seed: int, device, out, quantization_config) -> dict:
+    """The in-process model drawn in NF4 on `device` and written to `out` as a bitsandbytes 4-bit checkpoint with its
+    tokenizer (a path Unsloth's from_pretrained reads), refused before writing where the disk cannot hold it; the
+    model is freed before returning. Returns the facts for the record (`model.build`)."""
+    import shutil
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    if getattr(quantization_config, "load_in_4bit", False) is not True:
+        raise ValueError("a 4-bit checkpoint needs a bitsandbytes 4-bit quantization config (an nf4 variant)")
+    model, facts = build_model(manifest, seed, device, quantization_config.bnb_4bit_compute_dtype,
+                               quantization_config)
+    need = parameter_bytes(model, quantization_config.bnb_4bit_compute_dtype)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(out).free
+    if need > free:
+        del model
+        raise TooLarge(f"the 4-bit checkpoint would take {need / GIB:.1f} GiB and {out} has {free / GIB:.1f} GiB "
+                       "free: refused before writing")
+    t0 = time.perf_counter()
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(manifest["path"]).save_pretrained(out)
+    del model
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    written = sum(f.stat().st_size for f in Path(out).rglob("*") if f.is_file())
+    return {**facts, "method": "in_process, then a 4-bit checkpoint", "route": UNSLOTH_ROUTE,
+            "checkpoint_write_s": time.perf_counter() - t0, "checkpoint_disk_bytes": written}
 
 
 def build_model(manifest: dict, seed: int, device, dtype=torch.bfloat16, quantization_config=None):

@@ -323,7 +323,7 @@ NOTE = ("Every published cell of the four studies, computed from the records and
         "where the variant compiles (its compile budget ran out: a result); an oom only on a GPU with at least the "
         "study's GPU memory. Tiny and proxy records never fill a cell. \"measured by\" names the variant that ran "
         "it: Study A's variants with gradient checkpointing (-gc; the study's published memory implies it), Study B's "
-        "PEFT stand-in where Unsloth cannot take a model built in process. Ratios: Study A against bf16 of the same "
+        "PEFT stand-in where Unsloth has no record of its own. Ratios: Study A against bf16 of the same "
         "GPU and batch, Study C against 0 workers of the same GPU, Study B against the published figure itself.")
 
 

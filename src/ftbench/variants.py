@@ -16,10 +16,10 @@ from .records import host_change
 def check_supported(variant: Variant, device: torch.device, manifest: dict | None = None) -> None:
     """Raise Unsupported with the reason when this machine cannot run the variant, or (Unsloth) this model, as its
     manifest describes it, cannot be given to it."""
-    from .build import UNSLOTH_REFUSAL
-
-    if variant.framework == "unsloth" and (manifest or {}).get("build") == "in_process":  # first: true anywhere
-        raise Unsupported(UNSLOTH_REFUSAL)
+    if variant.framework == "unsloth" and (manifest or {}).get("build") == "in_process" and variant.precision != "nf4":
+        # a model built in process reaches Unsloth as a 4-bit checkpoint (ftbench.build.write_4bit_checkpoint)
+        raise Unsupported("this model is built in process and reaches Unsloth as a 4-bit checkpoint only; a 16-bit "
+                          f"Unsloth variant ({variant.precision}) would need the whole model written in 16 bits")
     cuda = device.type == "cuda"
     if variant.framework == "unsloth":
         if not cuda:

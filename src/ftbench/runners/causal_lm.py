@@ -9,21 +9,35 @@ import torch
 
 from .. import attention, fp8, fused, packing
 from ..profiling import SyncWatch
-from ..build import build_model
+from ..build import build_model, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwargs, compile_kwargs, compile_model,
                         compute_dtype, load_pretrained, parameter_counts, precision_ran, quantization_config,
                         repeated_blocks)
 
 
+def unsloth_checkpoint_dir() -> str:
+    """Where a model built in process is written for Unsloth: the job's temporary folder under the supervisor (it
+    goes with the job, killed or not), else a fresh temporary folder."""
+    import os
+    import tempfile
+
+    job = os.environ.get("FTBENCH_PROGRESS")
+    return tempfile.mkdtemp(prefix="unsloth-4bit-", dir=os.path.dirname(job) if job else None)
+
+
 def load_model(ctx, device):
     """Load the checkpoint (random or hub), or build the model in process (ftbench.build), with the variant's
     precision and adapters applied; with how it was built and the FP8 conversion's summary."""
     v, path, lora = ctx.variant, ctx.manifest["path"], ctx.settings.lora
-    in_process = ctx.manifest.get("build") == "in_process"  # Unsloth refused then (variants.check_supported)
+    in_process = ctx.manifest.get("build") == "in_process"
     if v.framework == "unsloth":
         from unsloth import FastLanguageModel  # imported first: Unsloth patches transformers
 
+        build = {"method": "checkpoint (Unsloth's from_pretrained)"}
+        if in_process:  # the same seeded weights, in NF4, through a checkpoint Unsloth can read
+            path = unsloth_checkpoint_dir()
+            build = write_4bit_checkpoint(ctx.manifest, ctx.settings.seed, device, path, quantization_config(v))
         model, tokenizer = FastLanguageModel.from_pretrained(
             path, max_seq_length=ctx.settings.max_seq_length, dtype=compute_dtype(v),
             load_in_4bit=v.precision == "nf4")
@@ -31,7 +45,7 @@ def load_model(ctx, device):
             model, r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
             target_modules=lora.get("target_modules"), bias="none", random_state=3407,
             use_gradient_checkpointing="unsloth" if v.gradient_checkpointing else False)
-        return model, tokenizer, {"build": {"method": "checkpoint (Unsloth's from_pretrained)"}}
+        return model, tokenizer, {"build": build}
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
