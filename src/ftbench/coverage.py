@@ -338,7 +338,7 @@ FRONT_STYLE = ("<style>div.flex.items-center.h-screen.overflow-auto:has(.ftbench
                "div.grow.flex.gap-3.items-start:has(.ftbench-coverage) { flex-wrap: wrap; min-width: 0; } "
                "div.grow.flex.gap-3.items-start > div:has(.ftbench-coverage) { min-width: 0; flex: 1 1 100%; } "
                "div.prose.max-w-lg:has(.ftbench-coverage) { max-width: min(78rem, 100%); } "
-               ".ftbench-coverage { overflow-x: auto; }</style>")
+               ".ftbench-coverage { overflow-x: auto; } .ftbench-grid svg { max-width: 100%; height: auto; }</style>")
 
 
 def coverage_html(table: pl.DataFrame) -> str:
@@ -350,7 +350,8 @@ def coverage_html(table: pl.DataFrame) -> str:
     lead = "".join(f"<li><b>{r['study']}</b>: {counts_line({v: r[v] for v in VERDICTS})}</li>"
                    for r in per_study.iter_rows(named=True))
     grid = table.filter(pl.col("study") == "A")
-    picture = svg_string(study_a_grid(grid)) if grid.height else ""
+    # the picture shrinks to the page's width (its viewBox keeps the proportions): a phone sees it whole
+    picture = f"<div class='ftbench-grid'>{svg_string(study_a_grid(grid))}</div>" if grid.height else ""
     return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>"
             f"<ul>{lead}</ul><p>{VERDICT_NOTE}</p>" + picture
             + "<h4>Coverage and verdicts, per study</h4>" + html_table(per_study, "coverage_counts")
