@@ -104,3 +104,26 @@ def test_token_budget_needs_padding_free():
     assert knob_problems("causal_lm", Variant("x", padding_free=True, attention="varlen", token_budget=4096)) == []
     assert "without padding_free" in knob_problems("causal_lm", Variant("x", token_budget=4096))[0]
     assert "fused_projections" in knob_problems("causal_lm", Variant("x", precision="nf4", fused_projections=True))[0]
+
+
+def test_the_padded_and_packed_rows_of_one_batch_hold_the_same_real_tokens():
+    """Study B's batch shape (padded batches, as the study's SFTTrainer made them) and ours packed (one row, no
+    padding): the same sequences, the same real tokens and labels; only the padding differs, and the record counts
+    it (real against computed tokens)."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from ftbench.runners.causal_lm import batch_sequences
+
+    examples = [{"input_ids": list(range(5, 5 + n)), "completion_mask": [0] * (n // 2) + [1] * (n - n // 2)}
+                for n in (7, 30, 12, 3)]
+    padded = DataCollatorForLanguageModeling(pad_token_id=0)(examples)
+    packed = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(examples)
+    assert padded["input_ids"].shape == (4, 30) and packed["input_ids"].shape == (1, 52)
+    computed, real = batch_sequences(padded["input_ids"], padded["attention_mask"], None)
+    p_computed, p_real = batch_sequences(packed["input_ids"], None, packed["position_ids"])
+    assert real == p_real == [7, 30, 12, 3] and sum(p_computed) == 52 and sum(computed) == 120
+    # the tokens the loss predicts (labels shift by one inside the model: a sequence's first token is never a
+    # target; packed, the collator masks it so no sequence predicts across into the next): the same 48
+    assert (padded["labels"][:, 1:] != -100).sum() == (packed["labels"][:, 1:] != -100).sum() == 52 - 4
+    real_ids = [t for row, mask in zip(padded["input_ids"], padded["attention_mask"]) for t, m in zip(row, mask) if m]
+    assert [int(t) for t in real_ids] == packed["input_ids"][0].tolist()

@@ -101,3 +101,25 @@ def test_the_front_page_counts_are_the_tables():
     assert counts["holds"] == 2 and counts["differs"] == 1 and sum(counts.values()) == 42
     assert summary(table).row(0, named=True)["holds"] == counts["holds"]
     assert "<svg" in html and "Study A: step time against bf16" in html  # the grid picture
+
+
+def test_study_bs_padded_batch_shape_leads_and_the_packed_run_stands_beside():
+    published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
+
+    def llm(variant, sph, padding_free, real=None, padded=None):
+        rec = record("llm", variant, 2.0, gpu=H100, batch=32, scale="full", model="qwen3-32b")
+        rec["run"]["dataset"] = "japanese_alpaca"
+        rec["variant"] = {"padding_free": padding_free}
+        rec["throughput"].update(samples_per_hour=sph, tokens_per_s=real, padded_tokens_per_s=padded)
+        return flatten(rec)
+
+    measured_by = {"unsloth-qlora": ["unsloth-qlora", "qlora-gc-pf", "qlora-gc"]}
+    only_packed = [llm("qlora-gc-pf", 43228.0, True, 100.0, 100.0)]
+    both = only_packed + [llm("unsloth-qlora", 27500.0, False, 100.0, 160.0)]
+    for rows, verdict in ((only_packed, "not comparable"), (both, "holds")):
+        table = coverage_rows(pl.DataFrame(rows, infer_schema_length=None),
+                              [{"table": "study_b", "published": published, "measured_by": measured_by}])
+        cell = table.filter(pl.col("published") == "27,000").row(0, named=True)
+        assert cell["ours, packed"] == "43,228 by qlora-gc-pf on the H100 SXM5 (padding 0%; 1.60x published)"
+        assert cell["verdict"] == verdict, cell["how"]
+    assert cell["measured by"] == "unsloth-qlora" and cell["ours"] == "27,500 (padding 38%)"

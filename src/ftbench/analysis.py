@@ -45,6 +45,7 @@ def flatten(record: dict) -> dict:
     row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
     row["variant.compile"] = record["variant"].get("compile")
     row["variant.token_budget"] = record["variant"].get("token_budget")  # batch = rows of this many tokens
+    row["variant.padding_free"] = bool(record["variant"].get("padding_free"))  # a batch packed into one row
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
     row["extra.host_changes"] = short_host_changes(record.get("extra", {}).get("host_changes"))
     row["extra.teardown"] = (record.get("extra") or {}).get("teardown")

@@ -160,12 +160,21 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         variant, bs = how.get("variant", "unsloth-qlora"), how.get("batch_size")
         order = measured_by.get(variant, [variant])
         rows = _rows(full, model=cell["model"], dataset=cell["dataset"], variant=order, batch_size=bs)
+        # the study's batch shape (padded batches, as its SFTTrainer made them) leads; a packed run stands beside
+        packed = [x for x in rows if x.get("variant.padding_free")]
+        rows = [x for x in rows if not x.get("variant.padding_free")]
         here = [r for r in rows if r["gpu"] == cell["gpu"]]
         base = {"study": "B", "model": cell["model"], "dataset": cell["dataset"], "variant": variant, "batch": bs,
-                "metric": f"samples/h on the {cell['gpu']}", "published": f"{cell['samples_per_hour']:,}"}
+                "metric": f"samples/h on the {cell['gpu']}", "published": f"{cell['samples_per_hour']:,}",
+                "ours, packed": _packed(packed, order, cell)}
         r = _pick(here, order, False, None)
         if r is None and any(x["status"] == "oom" for x in here):  # the published GPU cannot hold ours: a larger one
             r = _pick([x for x in rows if x["gpu"] != cell["gpu"]], order, False, None)
+        if r is None and base["ours, packed"]:  # only packed rows measured: beside, never in the study's place
+            out.append({**base, "measured": True, "status": "ok", "verdict": "not comparable",
+                        "how": "measured only in packed rows (no padding), not the study's padded batches",
+                        "why": _why(here, None) if here else "no run in the study's batch shape (padded) yet"})
+            continue
         if r is None:
             why = _why(here, None) if here else (
                 f"no record from the {cell['gpu']} (samples/h are per GPU); ours elsewhere: {_why(rows, None)}"
@@ -187,11 +196,28 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
             judged = judge(ours, published_range(cell["samples_per_hour"]), r["timing.noise_cv"],
                            lower_is_faster=False)
         out.append({**base, "GPU": r["gpu"], "measured by": r["variant"], "status": "ok",
-                    "ours": f"{ours:,.0f}", "ratio": ours / cell["samples_per_hour"],
+                    "ours": f"{ours:,.0f} ({_padding(r)})", "ratio": ours / cell["samples_per_hour"],
                     "noise (CV)": r["timing.noise_cv"], "why": note, "measured": True,
                     "x published": _verdict(ours / cell["samples_per_hour"], r["timing.noise_cv"], None),
                     **_judged(judged, r)})
     return out
+
+
+def _padding(r: dict) -> str:
+    """A run's padding share: the padded tokens it computed that were not real ones."""
+    real, padded = r.get("throughput.tokens_per_s"), r.get("throughput.padded_tokens_per_s")
+    return f"padding {1 - real / padded:.0%}" if real and padded else "padding not recorded"
+
+
+def _packed(packed: list[dict], order: list[str], cell: dict) -> str | None:
+    """The packed run beside a Study B cell (on the published GPU, else the one that held it): samples/h, who, where,
+    its padding share and its ratio to the published figure."""
+    r = _pick([x for x in packed if x["gpu"] == cell["gpu"]], order, False, None) or _pick(packed, order, False, None)
+    if r is None:
+        return None
+    sph = r["throughput.samples_per_hour"]
+    return (f"{sph:,.0f} by {r['variant']} on the {r['gpu']} ({_padding(r)}; {sph / cell['samples_per_hour']:.2f}x "
+            "published)")
 
 
 def _first_reason(rows: list[dict], variant: str) -> str:
@@ -298,8 +324,8 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
     for s in studies:
         rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"))
     cols = ["study", "model", "dataset", "variant", "batch", "metric", "published", "GPU", "measured by", "status",
-            "published x", "ours", "ratio", "x published", "noise (CV)", "verdict", "how", "cause (measured)", "why",
-            "measured"]
+            "published x", "ours", "ratio", "x published", "noise (CV)", "verdict", "how", "cause (measured)",
+            "ours, packed", "why", "measured"]
     table = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame({c: [] for c in cols})
     for c in cols:
         if c not in table.columns:
