@@ -36,6 +36,8 @@
 #             Unsloth's from_pretrained, or the measured reason that route failed) and
 #             the same 4-bit model through PEFT (qlora-gc-pf: packed rows, variable-length attention, gpt-oss's
 #             sinks folded in), then its profile. One call each
+#   oss-alpaca-grouped, oss-wiki-grouped  the same with gpt-oss's experts as one grouped GEMM per projection per
+#             layer (qlora-gc-pf-grouped, issue 35: the per-expert loop's ~10^5 launches a step), Unsloth beside
 #   b32-beside Qwen3-32B lora and qlora at batches 1 and 2 (the largest that fits), both datasets
 #   b32-wiki-bf16  Qwen3-32B wikipedia_ja bs32 with the non-quantized parameters kept in bf16 (qlora-gc-pf-bf16, as
 #             Unsloth keeps them; PEFT's fp32 copies cost 6.2 GB): does the study's H100 hold it then?
@@ -118,8 +120,10 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
        sm --configfile config/study_b_random.yaml -- \
          $llm/{lora-pf-liger,lora-pf-liger-compile,lora-padding-free}/bs2/metrics.json \
          $llm/{lora-pf-compile,lora-pf-varlen-compile}/bs{4,8}/metrics.json ;;
-    b32-alpaca|b32-wiki|oss-alpaca|oss-wiki|b32-wiki-bf16)
+    b32-alpaca|b32-wiki|oss-alpaca|oss-wiki|b32-wiki-bf16|oss-alpaca-grouped|oss-wiki-grouped)
        case $part in
+         oss-alpaca-grouped) m=gpt-oss-120b d=japanese_alpaca v=qlora-gc-pf-grouped b=32 ;;
+         oss-wiki-grouped) m=gpt-oss-120b d=wikipedia_ja v=qlora-gc-pf-grouped b=16 ;;
          b32-wiki-bf16) m=qwen3-32b d=wikipedia_ja v=qlora-gc-pf-bf16 b=32 ;;
          b32-alpaca) m=qwen3-32b d=japanese_alpaca v=qlora-gc-pf b=32 ;;
          b32-wiki) m=qwen3-32b d=wikipedia_ja v=qlora-gc-pf b=32 ;;

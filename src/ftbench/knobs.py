@@ -56,6 +56,9 @@ class Variant:
     activation_offloading: bool = False  # causal LM: saved activations in pinned host memory (TRL's offloading)
     optim: str | None = None  # the optimizer (a transformers optim name), over training.optim
     fused_projections: bool = False  # causal LM: q/k/v and gate/up as one GEMM each, LoRA per projection
+    # gpt-oss's frozen experts: loop (one expert at a time, ~10 launches each) | grouped (one grouped GEMM per
+    # projection per layer over all experts, weights dequantized inside it: ftbench.build.SplitExperts)
+    experts: str = "loop"
     # how attention keeps a batch's sequences apart: mask (a padding or block-diagonal mask: SDPA's masked
     # kernels) | varlen (causal LM, padding-free: per-sequence kernel on the cumulative lengths, no mask;
     # ftbench.attention) | causal (LMM: no padding mask, the causal one alone; right padding means no real token
@@ -95,7 +98,8 @@ HONOURED = {
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
-                  "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY},
+                  "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
+                  "experts": {"loop", "grouped"}},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
             "fp8_backend": ANY, "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
@@ -148,6 +152,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
     if variant.fused_projections and (variant.framework == "unsloth" or variant.precision in ("nf4", "fp8")):
         problems.append("fused_projections with Unsloth, nf4 or fp8 (the fused weights are bf16/fp32 copies of "
                         "the projections)")
+    if variant.experts == "grouped" and variant.framework == "unsloth":
+        problems.append("experts='grouped' with framework='unsloth' (Unsloth runs its own MoE kernels)")
     if variant.compile_backend != DEFAULTS["compile_backend"] and not variant.compile:
         problems.append(f"compile_backend={variant.compile_backend!r} without compile")
     if variant.nf4_compute != DEFAULTS["nf4_compute"] and variant.precision != "nf4":

@@ -9,7 +9,7 @@ import torch
 
 from .. import attention, fp8, fused, packing
 from ..profiling import SyncWatch
-from ..build import build_model, write_4bit_checkpoint
+from ..build import build_model, group_experts, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwargs, compile_kwargs, compile_model,
                         compute_dtype, load_pretrained, parameter_counts, precision_ran, quantization_config,
@@ -59,6 +59,12 @@ def load_model(ctx, device):
         build = {"method": "checkpoint", "disk_bytes": ctx.manifest.get("disk_bytes"),
                  "checkpoint_bf16_gib": ctx.manifest.get("checkpoint_bf16_gib")}
     info = {"build": build}
+    if v.experts == "grouped":  # gpt-oss's frozen experts as one grouped GEMM per projection per layer
+        from ..harness import Unsupported
+
+        if not group_experts(model):
+            raise Unsupported("experts: grouped needs a model with split experts (gpt-oss built by ftbench.build)")
+        info["experts"] = "grouped: one grouped GEMM per projection per layer (torch._grouped_mm)"
     if v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs (torchao), before LoRA wraps them
         info["fp8"] = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN)
     model = apply_lora(model, v, lora)
@@ -183,6 +189,7 @@ def train(ctx, record, device, meter):
     record["precision"].update(precision_ran(model, compute, fp8_info.get("converted")))
     record["extra"]["fp8"] = fp8_info or None
     record["extra"]["fused_projections"] = info.get("fused_projections")
+    record["extra"]["experts"] = info.get("experts")
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
         attention.use_varlen(model)
