@@ -60,6 +60,8 @@
 #             (fixed-compile-gc, fp8-te-fixed-compile-gc), plain compile (compile-gc, fp8-te-compile-gc: 180 s
 #             limit). FP8 needs Transformer Engine (../shared/device/transformer-engine.sh). One call each
 #   a-cell-VARIANT-bsN[,M..]  one of those variants alone at the batch sizes named (the cells still missing)
+#   a-profile-VARIANT-bsN[,M..]  its profile (bench/study_a_sweep.yaml's profile list: bf16-gc, fp8-te-gc and
+#             fp8-te-compile-gc at 1 and 8; GEMMs against FP8 casts and scaling, issue 36)
 #   c-cell-VARIANT[,VARIANT..], c-profile-VARIANT[,VARIANT..]
 #             Study C at full scale as the study ran it (config/study_c_random.yaml: images of the dataset's size,
 #             1024 px JPEGs decoded and cropped to 512 px in the loader; 3 repeats): the variants' runs, or their
@@ -134,10 +136,12 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
          results/runs/llm/$m/full/$d/{unsloth-qlora,$v}/bs$b/metrics.json
        sm --configfile config/study_b_random.yaml bench/study_b_full.yaml -- \
          results/profiles/llm/$m/full/$d/$v/bs$b/summary.json ;;
-    a-cell-*)  # one variant of Study A's sweep at the batch sizes named: a-cell-VARIANT-bsN[,M..]
-       v=${part#a-cell-}; v=${v%-bs*}
+    a-cell-*|a-profile-*)  # one variant of Study A's sweep at the batch sizes named: its runs, or its profiles
+       v=${part#a-*-}; v=${v%-bs*}
        sm --configfile config/study_a_random.yaml bench/study_a_sweep.yaml -- \
-         $(for bs in $(echo "${part##*-bs}" | tr , ' '); do echo "$lmm/$v/bs$bs/metrics.json"; done) ;;
+         $(for bs in $(echo "${part##*-bs}" | tr , ' '); do case $part in
+             a-cell-*) echo "$lmm/$v/bs$bs/metrics.json" ;;
+             *) echo "results/profiles/lmm/llava-v1.6-mistral-7b/full/beans/$v/bs$bs/summary.json" ;; esac; done) ;;
     c-cell-*|c-profile-*)
        sd=stable-diffusion-v1-5/full/naruto
        sm --configfile config/study_c_random.yaml -- $(for v in $(echo "${part#c-*-}" | tr , ' '); do

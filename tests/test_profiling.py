@@ -28,6 +28,21 @@ def test_busy_idle_and_gaps_from_a_known_trace():
     assert s["busy_share"] == pytest.approx(0.85) and s["idle_share"] == pytest.approx(0.15)
     assert s["cpu_bound"] is False  # 85% busy: not CPU-bound by the 80% rule
     assert s["top_operators"] == [{"name": "gemm"}]
+    assert [st["kernels"] for st in s["per_step"]] == [3, 1]
+
+
+def test_a_profile_counts_the_fp8_casts_and_scaling_apart_from_the_gemms_they_feed():
+    kernels = [("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn", 500),  # an FP8 GEMM: a GEMM
+               ("void transformer_engine::detail::cast_transpose_kernel<float8_e4m3>", 200),
+               ("void transformer_engine::delayed_scaling_recipe::kernel::amax_and_scale_update", 100),
+               ("triton_red_fused_abs_amax_max_0", 50), ("void at::native::vectorized_elementwise_kernel", 150)]
+    events = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000}]
+    t = 0
+    for name, dur in kernels:
+        events.append({"ph": "X", "name": name, "cat": "kernel", "ts": t, "dur": dur})
+        t += dur
+    s = summarize_trace(events, top_ops=[])
+    assert s["gemm_share"] == pytest.approx(0.5) and s["fp8_work_share"] == pytest.approx(0.35)
 
 
 def test_long_idle_gaps_are_named_by_the_innermost_host_operator_running_through_them():

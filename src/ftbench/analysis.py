@@ -109,7 +109,8 @@ def read_runs(path) -> pl.DataFrame:
 
 
 PROFILE_COLUMNS = ("profile.busy_pct", "profile.cpu_bound", "profile.idle_cause", "profile.data_loading_share",
-                   "profile.kernels_per_step", "profile.idle_gaps_per_step")
+                   "profile.kernels_per_step", "profile.idle_gaps_per_step", "profile.gemm_share",
+                   "profile.fp8_work_share")
 
 
 def idle_cause(summary: dict) -> str | None:
@@ -147,11 +148,13 @@ def profile_rows(summaries) -> pl.DataFrame:
                      "profile.busy_pct": 100 * s["busy_share"], "profile.cpu_bound": s.get("cpu_bound"),
                      "profile.idle_cause": idle_cause(s), "profile.data_loading_share": s.get("data_loading_share"),
                      "profile.kernels_per_step": _per_step(s, "kernels"),
-                     "profile.idle_gaps_per_step": _per_step(s, "idle_gaps")})
+                     "profile.idle_gaps_per_step": _per_step(s, "idle_gaps"),
+                     "profile.gemm_share": s.get("gemm_share"), "profile.fp8_work_share": s.get("fp8_work_share")})
     schema = {**{k: pl.String for k in KEY}, "batch_size": pl.Int64, "profile.busy_pct": pl.Float64,
               "profile.cpu_bound": pl.Boolean, "profile.idle_cause": pl.String,
               "profile.data_loading_share": pl.Float64, "profile.kernels_per_step": pl.Float64,
-              "profile.idle_gaps_per_step": pl.Float64}
+              "profile.idle_gaps_per_step": pl.Float64, "profile.gemm_share": pl.Float64,
+              "profile.fp8_work_share": pl.Float64}
     return pl.DataFrame(rows, schema=schema).unique(subset=KEY, keep="last", maintain_order=True)
 
 

@@ -21,8 +21,18 @@ GPU_BOUND_SHARE = 0.8  # kernels busy at least this share of the steps: GPU-boun
 GEMM_NAME = re.compile(r"gemm|nvjet|xmma|triton_tem_", re.IGNORECASE)
 
 
+# the work FP8 adds around its GEMMs, by kernel name: Transformer Engine's casts (cast_transpose, quantize), amax
+# reductions and scale updates (delayed scaling), torchao's float8 casts and amax (Inductor names its fused kernels
+# after them); an FP8 GEMM itself (e4m3 in a cuBLAS/CUTLASS name) counts as a GEMM
+FP8_WORK_NAME = re.compile(r"amax|fp8|float8|e4m3|e5m2|cast_transpose|quantiz|compute_scale|scaling", re.IGNORECASE)
+
+
 def is_gemm(name: str) -> bool:
     return bool(GEMM_NAME.search(name)) and "flash" not in name.lower()
+
+
+def is_fp8_work(name: str) -> bool:
+    return bool(FP8_WORK_NAME.search(name)) and not is_gemm(name)
 
 
 def gemm_share(summary: dict) -> tuple[float | None, bool]:
@@ -146,6 +156,7 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     device = "cuda" if kernels else "cpu"
     device_us = sum(e["dur"] for e in complete if e.get("cat") in DEVICE_CATEGORIES)
     gemm_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_gemm(e.get("name", "")))
+    fp8_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_fp8_work(e.get("name", "")))
     if not kernels:  # on a CPU the "device" is the host: top-level operators stand in for kernels
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") == "cpu_op"]
     loading = [(e["ts"], e["ts"] + e["dur"]) for e in complete
@@ -182,6 +193,7 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
             "idle_share": 1 - weighted("busy_share") if span else None,
             "data_loading_share": weighted("data_loading_share"), "per_step": per_step,
             "gemm_share": gemm_us / device_us if device == "cuda" and device_us else None,
+            "fp8_work_share": fp8_us / device_us if device == "cuda" and device_us else None,
             "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < GPU_BOUND_SHARE if device == "cuda" else None,
             "idle_causes": [{"host_op": k, "idle_ms": v} for k, v in sorted(causes.items(), key=lambda kv: -kv[1])]}
 

@@ -70,6 +70,10 @@ def evidence(row: dict, base: dict | None = None) -> str:
         parts.append(f"profile: {kind}, GPU busy {busy:.0f} % of a step"
                      + (f", data loader {100 * loading:.0f} %" if loading is not None else "")
                      + (f", {kernels:,.0f} kernels a step" if kernels else "")
+                     + (f"; GEMMs {100 * row['profile.gemm_share']:.0f} % of kernel time"
+                        if row.get("profile.gemm_share") is not None else "")
+                     + (f", FP8 casts and scaling {100 * row['profile.fp8_work_share']:.0f} %"
+                        if row.get("profile.fp8_work_share") else "")
                      + (f"; idle: {cause}" if cause and bound else ""))
     wait = row.get("data.wait_share")
     if wait is not None and busy is None:
