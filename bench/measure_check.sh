@@ -53,7 +53,9 @@
 #             rung below, same machine) and lora-tb at 2 (rung 0's step on the same rows: the loss on the same tokens);
 #             frontier-profile-async: its profile with FTBENCH_SYNC_DEBUG=1 (the syncs left, by site);
 #             e: lora-tb-cg-lean-fused-async-pinned at 2 (the batch copied from pinned memory, non-blocking) beside
-#             rung 5 and lora-tb at 2, on the same machine
+#             rung 5 and lora-tb at 2, on the same machine;
+#             f: FP8 on rung 5 (torchao float8 on the frozen base, tensorwise and rowwise) beside rung 5 and lora-tb at
+#             2 (the loss on the same tokens, issue 37); g: FP8 on rung 6 beside rung 6
 #   a-eager-bsN[,M..], a-fixed-bsN[,M..], a-dynamic-bsN[,M..]
 #             Study A's seven variants at full scale with gradient checkpointing (issue 25; bench/study_a_sweep.yaml),
 #             at the batch sizes named: eager (bf16-gc, fp8-te-gc, qlora-gc), fixed shape + compile
@@ -160,7 +162,7 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
        done
        sm --configfile config/study_a_random.yaml bench/study_a_sweep.yaml -- "${targets[@]}" ;;
     sink-check) python3 bench/sink_check.py ;;
-    frontier-a|frontier-b|frontier-c|frontier-d|frontier-e|frontier-profile|frontier-profile-async)
+    frontier-a|frontier-b|frontier-c|frontier-d|frontier-e|frontier-f|frontier-g|frontier-profile|frontier-profile-async)
        llm=results/runs/llm/qwen3-8b/full/wikipedia_ja
        case $part in
          frontier-a) targets="$llm/lora-pf-varlen-compile/bs4 $llm/lora-tb/bs1 $llm/lora-tb-cg/bs1" ;;
@@ -170,6 +172,9 @@ print(sys.argv[1], d['status'], p['device']['uuid'], 'ended', p['timestamp'], 't
          frontier-d) targets="$llm/lora-tb-cg-lean-fused-async/bs2 $llm/lora-tb-cg-lean-fused/bs2 $llm/lora-tb/bs2" ;;
          frontier-e) targets="$llm/lora-tb-cg-lean-fused-async-pinned/bs2 $llm/lora-tb-cg-lean-fused-async/bs2
                               $llm/lora-tb/bs2" ;;
+         frontier-f) targets="$llm/lora-tb-cg-lean-async-fp8/bs2 $llm/lora-tb-cg-lean-async-fp8-rowwise/bs2
+                              $llm/lora-tb-cg-lean-fused-async/bs2 $llm/lora-tb/bs2" ;;
+         frontier-g) targets="$llm/lora-tb-cg-lean-async-pinned-fp8/bs2 $llm/lora-tb-cg-lean-fused-async-pinned/bs2" ;;
          frontier-profile|frontier-profile-async) targets="" ;;
        esac
        if [ -n "$targets" ]; then  # one at a time, in the order listed (what matters most first)

@@ -1,5 +1,6 @@
 """FP8 conversion without Transformer Engine: which layers convert, the shape rule, token padding."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -94,7 +95,7 @@ def test_a_causal_lm_converts_its_decoder_projections_and_lora_wraps_them(tiny_q
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
     layers = model.config.num_hidden_layers
     info = convert_torchao(model, include_vision=False, pattern=DECODER_PATTERN)
-    assert info == {"converted": 7 * layers, "vision_converted": 0}
+    assert info == {"converted": 7 * layers, "vision_converted": 0, "recipe": "tensorwise (torchao's default config)"}
     assert not isinstance(model.lm_head, Float8Linear)
     model = apply_lora(model, Variant("l8", peft="lora", precision="fp8", fp8_backend="torchao"),
                        {"target_modules": "all-linear"})
@@ -125,3 +126,50 @@ def test_under_compile_a_frozen_fp8_weight_costs_no_gradient_gemm():
     x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
     compiled(x).sum().backward()
     assert len(graphs["fw"]) == 2 and len(graphs["bw"]) == 3  # eager would run 4: the frozen weight's gradient
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "rowwise"])
+def test_the_fp8_conversion_leaves_loras_parameters_and_the_trainable_set_unchanged(tiny_qwen, recipe):
+    """FP8 on the top rung: the frozen base's projections become torchao float8 linears under LoRA, in the scaling
+    the variant names; LoRA's parameters (names, shapes, dtypes, values at init) and the trainable set are those of
+    the bf16 model."""
+    from torchao.float8.float8_linear import Float8Linear
+    from transformers import AutoModelForCausalLM
+
+    from ftbench.config import Variant
+    from ftbench.fp8 import DECODER_PATTERN, convert_torchao
+    from ftbench.variants import apply_lora
+
+    lora = {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+    def adapted(fp8):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
+        info = convert_torchao(model, False, DECODER_PATTERN, recipe=recipe) if fp8 else None
+        v = Variant("v", precision="fp8" if fp8 else "bf16", fp8_backend="torchao" if fp8 else None,
+                    fp8_recipe=recipe if fp8 else "delayed")
+        torch.manual_seed(1)
+        model = apply_lora(model, v, lora)
+        return model, info, {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+    plain, _, want = adapted(False)
+    converted, info, got = adapted(True)
+    assert info["recipe"] == (recipe if recipe != "delayed" else "tensorwise (torchao's default config)")
+    assert isinstance(converted.get_submodule("base_model.model.model.layers.0.mlp.down_proj").base_layer,
+                      Float8Linear)
+    assert list(got) == list(want) and all("lora_" in n for n in got)
+    for name, p in want.items():
+        assert got[name].shape == p.shape and got[name].dtype == p.dtype and torch.equal(got[name], p), name
+
+
+def test_the_fp8_knob_on_a_cpu_records_unsupported_with_its_reason():
+    from ftbench.config import Variant
+    from ftbench.harness import Unsupported
+    from ftbench.knobs import knob_problems
+    from ftbench.variants import check_supported
+
+    v = Variant("lora-tb-cg-lean-async-fp8", precision="fp8", fp8_backend="torchao", fp8_recipe="rowwise")
+    assert knob_problems("causal_lm", v) == []
+    with pytest.raises(Unsupported, match="FP8 needs a CUDA GPU of compute capability 8.9 or newer; this machine has none"):
+        check_supported(v, torch.device("cpu"))
+    assert any("fp8 only" in p for p in knob_problems("causal_lm", Variant("x", fp8_recipe="rowwise")))

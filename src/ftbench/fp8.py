@@ -108,15 +108,22 @@ def convert_te(model: nn.Module, include_vision: bool) -> dict:
     return {"converted": len(names), "vision_converted": len(vision)}
 
 
-def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN) -> dict:
+TORCHAO_RECIPES = ("tensorwise", "rowwise")  # torchao's named Float8LinearConfig recipes the variants may ask for
+
+
+def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN,
+                    recipe: str | None = None) -> dict:
     """torchao float8 training: nn.Linear subclasses that PEFT wraps and torch.compile traces through. For a
     frozen weight torchao's backward still computes the weight's gradient; under torch.compile that GEMM's
-    unused output is dropped from the graph, which is why the FP8 variants are compiled ones."""
-    from torchao.float8 import convert_to_float8_training
+    unused output is dropped from the graph, which is why the FP8 variants are compiled ones. `recipe`: one of
+    TORCHAO_RECIPES (scales per tensor, or per row of each operand), else torchao's default config (tensorwise)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     names = set(select_linears(model, include_vision, pattern))
-    convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn in names)
-    return {"converted": len(names), "vision_converted": sum(1 for n in names if VISION_PATTERN.search(n))}
+    config = Float8LinearConfig.from_recipe_name(recipe) if recipe in TORCHAO_RECIPES else None
+    convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn in names, config=config)
+    return {"converted": len(names), "vision_converted": sum(1 for n in names if VISION_PATTERN.search(n)),
+            "recipe": recipe if recipe in TORCHAO_RECIPES else "tensorwise (torchao's default config)"}
 
 
 def te_checkpoint_function():

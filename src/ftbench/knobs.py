@@ -28,7 +28,9 @@ class Variant:
     # norms) to fp32; false keeps them in the compute dtype, as Unsloth's 4-bit models do
     kbit_upcast: bool = True
     fp8_backend: str | None = None  # te | torchao (precision fp8 only)
-    fp8_recipe: str = "delayed"  # delayed | current (Transformer Engine)
+    # delayed | current (Transformer Engine's scaling); torchao (causal LM): delayed is its default config
+    # (tensorwise dynamic scaling), or tensorwise | rowwise by name (torchao's Float8LinearConfig recipes)
+    fp8_recipe: str = "delayed"
     fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
     compile: str | None = None  # None | default | reduce-overhead | max-autotune
     compile_backend: str = "inductor"  # torch.compile's backend: inductor | aot_eager (graphs captured, no codegen)
@@ -92,7 +94,7 @@ ANY = None  # any value of the knob's type
 HONOURED = {
     # TRL SFTTrainer (ftbench.runners.causal_lm)
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
-                  "fp8_backend": {None, "torchao"},
+                  "fp8_backend": {None, "torchao"}, "fp8_recipe": {"delayed", "tensorwise", "rowwise"},
                   "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
@@ -158,6 +160,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append(f"compile_backend={variant.compile_backend!r} without compile")
     if variant.nf4_compute != DEFAULTS["nf4_compute"] and variant.precision != "nf4":
         problems.append(f"nf4_compute={variant.nf4_compute!r} with precision={variant.precision!r} (nf4 only)")
+    if variant.fp8_recipe != DEFAULTS["fp8_recipe"] and variant.precision != "fp8":
+        problems.append(f"fp8_recipe={variant.fp8_recipe!r} with precision={variant.precision!r} (fp8 only)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:
         problems.append("precision='fp8' without fp8_backend (te or torchao)")
     if variant.precision == "fp8" and (variant.framework == "unsloth" or variant.parallel):

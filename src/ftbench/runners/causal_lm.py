@@ -66,7 +66,8 @@ def load_model(ctx, device):
             raise Unsupported("experts: grouped needs a model with split experts (gpt-oss built by ftbench.build)")
         info["experts"] = "grouped: one grouped GEMM per projection per layer (torch._grouped_mm)"
     if v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs (torchao), before LoRA wraps them
-        info["fp8"] = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN)
+        info["fp8"] = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN,
+                                          recipe=v.fp8_recipe)
     model = apply_lora(model, v, lora)
     if v.fused_projections:  # q/k/v and gate/up as one GEMM each, LoRA kept per projection (ftbench.fused)
         info["fused_projections"] = fused.fuse_projections(model)
