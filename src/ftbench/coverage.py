@@ -323,8 +323,9 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
     rows = []
     for s in studies:
         rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"))
-    cols = ["study", "model", "dataset", "variant", "batch", "metric", "published", "GPU", "measured by", "status",
-            "published x", "ours", "ratio", "x published", "noise (CV)", "verdict", "how", "cause (measured)",
+    # what a reader asks first (published, ours, the verdict and why) before how it was measured
+    cols = ["study", "model", "dataset", "variant", "batch", "published", "ours", "verdict", "how", "cause (measured)",
+            "metric", "GPU", "measured by", "status", "published x", "ratio", "x published", "noise (CV)",
             "ours, packed", "why", "measured"]
     table = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame({c: [] for c in cols})
     for c in cols:
