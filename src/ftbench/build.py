@@ -17,6 +17,7 @@ import hashlib
 import json
 import resource
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -305,12 +306,15 @@ def check_manifest(manifest: dict, seed: int) -> dict:
     return arch
 
 
+def disk_bytes(path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
 def write_4bit_checkpoint(manifest: dict, seed: int, device, out, quantization_config) -> dict:
     """The in-process model drawn in NF4 on `device` and written to `out` as a bitsandbytes 4-bit checkpoint with its
     tokenizer (a path Unsloth's from_pretrained reads), refused before writing where the disk cannot hold it; the
     model is freed before returning. Returns the facts for the record (`model.build`)."""
     import shutil
-    from pathlib import Path
 
     from transformers import AutoTokenizer
 
@@ -331,9 +335,8 @@ def write_4bit_checkpoint(manifest: dict, seed: int, device, out, quantization_c
     del model
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
-    written = sum(f.stat().st_size for f in Path(out).rglob("*") if f.is_file())
     return {**facts, "method": "in_process, then a 4-bit checkpoint", "route": UNSLOTH_ROUTE,
-            "checkpoint_write_s": time.perf_counter() - t0, "checkpoint_disk_bytes": written}
+            "checkpoint_write_s": time.perf_counter() - t0, "checkpoint_disk_bytes": disk_bytes(out)}
 
 
 def build_model(manifest: dict, seed: int, device, dtype=torch.bfloat16, quantization_config=None):

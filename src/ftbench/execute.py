@@ -17,7 +17,7 @@ from .config import RunSpec, TrainSettings
 from .knobs import Variant
 from .flops import peak_precision, peak_tflops
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, host_change
-from .harness import (Meter, Unsupported, guarded, new_record, pick_device, provenance, write_csv,
+from .harness import (Meter, Unsupported, guarded, job_dir, new_record, pick_device, provenance, write_csv,
                       write_record)
 from .summary import summarize
 
@@ -76,8 +76,7 @@ def compile_cache(v: Variant, record: dict):
         return
     from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir  # torch 2.11 (the GPU hosts) and 2.13
 
-    job_dir = Path(os.environ["FTBENCH_PROGRESS"]).parent if os.environ.get("FTBENCH_PROGRESS") else None
-    with tempfile.TemporaryDirectory(prefix="inductor-", dir=job_dir) as folder, temporary_cache_dir(folder):
+    with tempfile.TemporaryDirectory(prefix="inductor-", dir=job_dir()) as folder, temporary_cache_dir(folder):
         yield
 
 

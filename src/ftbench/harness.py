@@ -103,6 +103,12 @@ def device_info(device: torch.device) -> dict:
     return info
 
 
+def job_dir() -> Path | None:
+    """The job's own temporary folder under the supervisor (it goes with the job, killed or not); None outside one."""
+    progress = os.environ.get("FTBENCH_PROGRESS")
+    return Path(progress).parent if progress else None
+
+
 def _versions() -> dict:
     out = {"python": platform.python_version()}
     for pkg in PACKAGES:

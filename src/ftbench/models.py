@@ -149,10 +149,6 @@ def local_checkpoint_manifest(path, family: str, out_dir) -> dict:
     return manifest
 
 
-def disk_bytes(path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
 def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str = "cpu", build: str | None = None,
                       build_limit_gib: float = 24.0) -> dict:
     """Write a loadable checkpoint (random weights) or, for a hub source, a manifest pointing at it.
@@ -165,6 +161,8 @@ def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str =
     manifest = {"family": arch["family"], "architecture": arch["hub_id"], "scale": arch["scale"],
                 "weights_source": source, "seed": seed}
     if source == "random":
+        from .build import disk_bytes
+
         ckpt = out / "checkpoint"
         t0 = time.perf_counter()
         torch.manual_seed(seed)

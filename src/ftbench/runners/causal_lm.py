@@ -17,13 +17,13 @@ from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwa
 
 
 def unsloth_checkpoint_dir() -> str:
-    """Where a model built in process is written for Unsloth: the job's temporary folder under the supervisor (it
-    goes with the job, killed or not), else a fresh temporary folder."""
-    import os
+    """Where a model built in process is written for Unsloth: in the job's temporary folder (harness.job_dir), else
+    a fresh temporary folder."""
     import tempfile
 
-    job = os.environ.get("FTBENCH_PROGRESS")
-    return tempfile.mkdtemp(prefix="unsloth-4bit-", dir=os.path.dirname(job) if job else None)
+    from ..harness import job_dir
+
+    return tempfile.mkdtemp(prefix="unsloth-4bit-", dir=job_dir())
 
 
 def load_model(ctx, device):
