@@ -235,9 +235,17 @@ def test_a_4bit_checkpoint_written_for_unsloth_holds_the_in_process_models_tenso
     for name, tensor in want.items():
         assert torch.equal(got[name].cpu(), tensor.cpu()), name
     Usage = namedtuple("Usage", "total used free")
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(1, 1, 1000))  # a full disk
-    with pytest.raises(build.TooLarge, match=r"4-bit checkpoint would take 0\.0 GiB and .* has 0\.0 GiB free"):
-        build.write_4bit_checkpoint(manifest, 42, "cpu", tmp_path / "full", quant)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(1, 1, 1000) if "full" in str(path) else real(path))
+    with pytest.raises(build.TooLarge, match=r"4-bit checkpoint would take 0\.0 GiB and .*full \(disk\) has 0\.0 GiB "
+                                             r"free; .*full-too \(host memory\) has 0\.0 GiB free: refused"):
+        build.write_4bit_checkpoint(manifest, 42, "cpu", [(tmp_path / "full", "disk"),
+                                                          (tmp_path / "full-too", "host memory")], quant)
+    # the next route with room takes it, and the record says which routes were measured
+    facts = build.write_4bit_checkpoint(manifest, 42, "cpu", [(tmp_path / "full", "disk"),
+                                                              (tmp_path / "roomy", "host memory")], quant)
+    assert facts["checkpoint_path"] == str(tmp_path / "roomy") and (tmp_path / "roomy" / "config.json").exists()
+    assert [(t["kind"], t["fits"]) for t in facts["checkpoint_routes"]] == [("disk", False), ("host memory", True)]
 
 
 @pytest.mark.parametrize("precision", ["bf16", "nf4"])
@@ -246,6 +254,8 @@ def test_grouped_experts_give_the_per_expert_loops_outputs_and_gradients(tmp_pat
     loop, on the same built model, with routing that leaves some experts empty: the same outputs and the same
     gradients to the tokens and the routing weights, within bf16 tolerance; in NF4 the weights are dequantized
     inside the grouped GEMM."""
+    import bitsandbytes.functional as bnbf
+
     from ftbench.build import group_experts
     from ftbench.config import Variant
     from ftbench.variants import quantization_config
@@ -270,6 +280,16 @@ def test_grouped_experts_give_the_per_expert_loops_outputs_and_gradients(tmp_pat
     loop = run()
     assert group_experts(model) == arch["config"]["num_hidden_layers"] and experts.grouped
     grouped = run()
+    packed = experts.packed["gate_up"]  # one buffer a projection: exactly each expert's own dequantized weight
+    for e in (0, 4, 7):
+        lin = experts.gate_up_projs[e]
+        own = (bnbf.dequantize_4bit(lin.weight.data, lin.weight.quant_state) if precision == "nf4" else lin.weight)
+        assert torch.equal(packed.weight(torch.bfloat16)[e], own.to(torch.bfloat16))
+    if precision == "nf4":
+        assert packed.nested and lin.weight.data.data_ptr() == packed.data[7 * lin.weight.data.numel():].data_ptr()
+    experts.grouped = False
+    assert all(torch.equal(a, b) for a, b in zip(run(), loop))  # the loop reads the packed views unchanged
+    experts.grouped = True
     for want, got in zip(loop, grouped):
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
     assert grouped[0].abs().sum() > 0 and grouped[1].abs().sum() > 0

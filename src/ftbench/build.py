@@ -87,22 +87,35 @@ class SplitExperts(nn.Module):
         """What the per-expert loop computes, with one grouped GEMM per projection over all of the layer's experts
         (torch._grouped_mm on the (token, slot) rows sorted by expert, the experts' offsets on the device): a few
         dozen launches a layer instead of ~10 per expert hit, and no host sync (the loop reads its counts back).
-        The frozen weights are dequantized to the compute dtype inside the GEMM's own autograd function, in its
-        forward and again in its backward, never kept (a full-scale layer's experts are ~6 GB in bf16)."""
+        The frozen weights live packed, one buffer per projection (`pack`), and are dequantized to the compute
+        dtype in a few launches inside the GEMM's own autograd function, in its forward and again in its
+        backward, never kept (a full-scale layer's experts are ~6 GB in bf16)."""
+        if not self.packed:
+            self.pack()
         k = router_indices.shape[-1]
         flat = router_indices.reshape(-1)
         order = flat.argsort(stable=True)
-        offsets = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
+        # counts by scatter, not bincount: CUDA's bincount reads the input's maximum back to the host
+        counts = torch.zeros(self.num_experts, dtype=torch.int32, device=flat.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        offsets = counts.cumsum(0, dtype=torch.int32)
         token_idx, slot, expert = order // k, order % k, flat[order]
-        dtype = _compute_dtype(self.gate_up_projs[0])
-        gate_up = (_GroupedLinear.apply(hidden_states[token_idx].to(dtype), offsets, self.gate_up_projs)
-                   + _stacked_bias(self.gate_up_projs, dtype)[expert])
+        gate_up_w, down_w = self.packed["gate_up"], self.packed["down"]
+        dtype = gate_up_w.dtype
+        gate_up = _GroupedLinear.apply(hidden_states[token_idx].to(dtype), offsets, gate_up_w) + gate_up_w.bias[expert]
         gate, up = gate_up[..., ::2], gate_up[..., 1::2]
         gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
-        y = (_GroupedLinear.apply((up + 1) * (gate * torch.sigmoid(gate * self.alpha)), offsets, self.down_projs)
-             + _stacked_bias(self.down_projs, dtype)[expert])
+        y = _GroupedLinear.apply((up + 1) * (gate * torch.sigmoid(gate * self.alpha)), offsets, down_w) + down_w.bias[expert]
         weighted = (y * routing_weights[token_idx, slot, None]).to(hidden_states.dtype)
         return torch.zeros_like(hidden_states).index_add_(0, token_idx, weighted)
+
+    packed = None
+
+    def pack(self) -> None:
+        """Each projection's frozen expert weights in one buffer, the experts' own parameters made views into it
+        (no second copy; the per-expert loop and the checkpoint writer read them as before), so the grouped path
+        dequantizes a layer's experts in a few launches rather than a few per expert."""
+        self.packed = {"gate_up": PackedExperts(self.gate_up_projs), "down": PackedExperts(self.down_projs)}
 
     @classmethod
     def from_stock(cls, experts, config) -> "SplitExperts":
@@ -123,43 +136,82 @@ def _compute_dtype(linear) -> torch.dtype:
         linear.weight.dtype if linear.weight.dtype.is_floating_point else torch.bfloat16)
 
 
-def _dequantized(linear, dtype) -> torch.Tensor:
-    w = linear.weight
-    if type(w).__name__ == "Params4bit":
+class PackedExperts:
+    """One projection's experts (E linear layers of one shape, frozen) packed: bf16 weights as one (E, out, in)
+    tensor, or bitsandbytes 4-bit weights as one buffer of packed codes with their block scales (double-quantized
+    scales kept as they are: uint8 codes, the second level's scales and each expert's offset). `weight()`
+    dequantizes all E at once: exactly bitsandbytes' per-expert arithmetic (code[q] * absmax2[block // 256] +
+    offset, then the 4-bit codes), in a handful of launches."""
+
+    def __init__(self, linears):
+        first = linears[0]
+        self.num, self.shape = len(linears), (first.out_features, first.in_features)
+        self.dtype = _compute_dtype(first)
+        self.bias = torch.stack([lin.bias.detach().to(self.dtype) for lin in linears])  # frozen: (E, out)
+        weights = [lin.weight for lin in linears]
+        if type(first.weight).__name__ != "Params4bit":
+            self.weight_bf16 = torch.stack([w.detach() for w in weights])
+            for i, w in enumerate(weights):
+                w.data = self.weight_bf16[i]
+            self.quant = None
+            return
+        states = [w.quant_state for w in weights]
+        q0 = states[0]
+        n = weights[0].data.numel()
+        if any(w.data.numel() != n or s.blocksize != q0.blocksize or s.nested != q0.nested for w, s in zip(weights, states)):
+            raise ValueError("experts of one projection quantized differently: cannot pack")
+        self.data = _pack([w.data for w in weights])
+        for i, w in enumerate(weights):
+            w.data = self.data[i * n:(i + 1) * n].view(w.data.shape)
+        self.quant = (q0.blocksize, q0.quant_type, q0.code)
+        self.absmax = _pack([s.absmax for s in states])
+        for i, s in enumerate(states):
+            s.absmax = self.absmax.view(self.num, -1)[i]
+        self.nested = q0.nested
+        if self.nested:
+            self.absmax2 = _pack([s.state2.absmax for s in states])
+            for i, s in enumerate(states):
+                s.state2.absmax = self.absmax2.view(self.num, -1)[i]
+            self.offsets = torch.stack([s.offset.reshape(()) for s in states]).float()
+            self.code2, b2 = q0.state2.code, q0.state2.blocksize
+            nblk = q0.absmax.numel()
+            self.block2 = torch.arange(nblk, device=self.absmax.device) // b2  # each first-level block's scale
+
+    def weight(self, dtype) -> torch.Tensor:
+        """All E experts' weights, (E, out, in), in `dtype`: a fresh tensor (the caller frees it)."""
+        if self.quant is None:
+            return self.weight_bf16.to(dtype)
         import bitsandbytes.functional as bnbf
 
-        return bnbf.dequantize_4bit(w.data, w.quant_state).to(dtype)
-    return w.to(dtype)
+        blocksize, quant_type, code = self.quant
+        absmax = self.absmax
+        if self.nested:
+            scales2 = self.absmax2.view(self.num, -1)[:, self.block2]  # (E, blocks)
+            absmax = (self.code2[self.absmax.view(self.num, -1).long()] * scales2 + self.offsets[:, None]).reshape(-1)
+        state = bnbf.QuantState(absmax=absmax, shape=(self.num * self.shape[0], self.shape[1]), code=code,
+                                blocksize=blocksize, quant_type=quant_type, dtype=dtype)
+        return bnbf.dequantize_4bit(self.data, state).view(self.num, *self.shape)
 
 
-def _stacked_bias(linears, dtype) -> torch.Tensor:
-    return torch.stack([lin.bias.to(dtype) for lin in linears])
+def _pack(tensors) -> torch.Tensor:
+    """One flat buffer holding the tensors in turn (the caller re-points each at its slice)."""
+    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 class _GroupedLinear(torch.autograd.Function):
     """x (rows sorted by expert, `offsets` the experts' cumulative row counts) times each expert's frozen weight, as
-    one grouped GEMM; the weights (E, out, in) are rebuilt in the backward rather than saved."""
+    one grouped GEMM; the weights (E, out, in) are dequantized again in the backward rather than saved."""
 
     @staticmethod
-    def forward(ctx, x, offsets, linears):
+    def forward(ctx, x, offsets, packed):
         ctx.save_for_backward(offsets)
-        ctx.linears = linears
-        return torch._grouped_mm(x, _stacked_weight(linears, x.dtype).transpose(-2, -1), offs=offsets)
+        ctx.packed = packed
+        return torch._grouped_mm(x, packed.weight(x.dtype).transpose(-2, -1), offs=offsets)
 
     @staticmethod
     def backward(ctx, grad):
         (offsets,) = ctx.saved_tensors
-        return torch._grouped_mm(grad.contiguous(), _stacked_weight(ctx.linears, grad.dtype), offs=offsets), None, None
-
-
-def _stacked_weight(linears, dtype) -> torch.Tensor:
-    """The experts' weights as one (E, out, in) tensor, each dequantized straight into its slice (no second copy)."""
-    first = linears[0]
-    shape = (first.out_features, first.in_features)
-    weight = torch.empty((len(linears), *shape), dtype=dtype, device=first.weight.device)
-    for i, lin in enumerate(linears):
-        weight[i].copy_(_dequantized(lin, dtype).reshape(shape))
-    return weight
+        return torch._grouped_mm(grad.contiguous(), ctx.packed.weight(grad.dtype), offs=offsets), None, None
 
 
 def group_experts(model) -> int:
@@ -167,6 +219,7 @@ def group_experts(model) -> int:
     modules = [m for m in model.modules() if isinstance(m, SplitExperts)]
     for m in modules:
         m.grouped = True
+        m.pack()
     return len(modules)
 
 
@@ -310,25 +363,36 @@ def disk_bytes(path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def write_4bit_checkpoint(manifest: dict, seed: int, device, out, quantization_config) -> dict:
-    """The in-process model drawn in NF4 on `device` and written to `out` as a bitsandbytes 4-bit checkpoint with its
-    tokenizer (a path Unsloth's from_pretrained reads), refused before writing where the disk cannot hold it; the
-    model is freed before returning. Returns the facts for the record (`model.build`)."""
+def write_4bit_checkpoint(manifest: dict, seed: int, device, routes, quantization_config) -> dict:
+    """The in-process model drawn in NF4 on `device` and written as a bitsandbytes 4-bit checkpoint with its
+    tokenizer (a path Unsloth's from_pretrained reads) to the first of `routes` ((folder, what it is) pairs, e.g.
+    the job's folder on disk, then host memory) with room for it; each route's measured room is recorded, and
+    where none has room it is refused before writing, naming each. The model is freed before returning. Returns
+    the facts for the record (`model.build`), `checkpoint_path` the folder written."""
     import shutil
 
     from transformers import AutoTokenizer
 
     if getattr(quantization_config, "load_in_4bit", False) is not True:
         raise ValueError("a 4-bit checkpoint needs a bitsandbytes 4-bit quantization config (an nf4 variant)")
+    if isinstance(routes, (str, Path)):
+        routes = [(routes, "disk")]
     model, facts = build_model(manifest, seed, device, quantization_config.bnb_4bit_compute_dtype,
                                quantization_config)
     need = parameter_bytes(model, quantization_config.bnb_4bit_compute_dtype)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(out).free
-    if need > free:
+    tried, out = [], None
+    for folder, kind in routes:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(folder).free
+        tried.append({"path": str(folder), "kind": kind, "free_gib": round(free / GIB, 1), "fits": need <= free})
+        if need <= free:
+            out = folder
+            break
+    if out is None:
         del model
-        raise TooLarge(f"the 4-bit checkpoint would take {need / GIB:.1f} GiB and {out} has {free / GIB:.1f} GiB "
-                       "free: refused before writing")
+        raise TooLarge(f"the 4-bit checkpoint would take {need / GIB:.1f} GiB and "
+                       + "; ".join(f"{t['path']} ({t['kind']}) has {t['free_gib']:.1f} GiB free" for t in tried)
+                       + ": refused before writing")
     t0 = time.perf_counter()
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(manifest["path"]).save_pretrained(out)
@@ -336,6 +400,7 @@ def write_4bit_checkpoint(manifest: dict, seed: int, device, out, quantization_c
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     return {**facts, "method": "in_process, then a 4-bit checkpoint", "route": UNSLOTH_ROUTE,
+            "checkpoint_routes": tried, "checkpoint_path": str(out), "checkpoint_need_gib": round(need / GIB, 1),
             "checkpoint_write_s": time.perf_counter() - t0, "checkpoint_disk_bytes": disk_bytes(out)}
 
 

@@ -16,14 +16,19 @@ from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwa
                         repeated_blocks)
 
 
-def unsloth_checkpoint_dir() -> str:
-    """Where a model built in process is written for Unsloth: in the job's temporary folder (harness.job_dir), else
-    a fresh temporary folder."""
+def unsloth_checkpoint_routes() -> list:
+    """Where a model built in process may be written for Unsloth, in order: the job's temporary folder on disk
+    (harness.job_dir, else a fresh temporary folder), then host memory (/dev/shm, where the host has it: a lent
+    GPU host has twice as much memory as disk room for gpt-oss-120b's ~63 GiB checkpoint)."""
+    import os
     import tempfile
 
     from ..harness import job_dir
 
-    return tempfile.mkdtemp(prefix="unsloth-4bit-", dir=job_dir())
+    routes = [(tempfile.mkdtemp(prefix="unsloth-4bit-", dir=job_dir()), "disk")]
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        routes.append((tempfile.mkdtemp(prefix="ftbench-unsloth-4bit-", dir="/dev/shm"), "host memory (/dev/shm)"))
+    return routes
 
 
 def load_model(ctx, device):
@@ -36,11 +41,22 @@ def load_model(ctx, device):
 
         build = {"method": "checkpoint (Unsloth's from_pretrained)"}
         if in_process:  # the same seeded weights, in NF4, through a checkpoint Unsloth can read
-            path = unsloth_checkpoint_dir()
-            build = write_4bit_checkpoint(ctx.manifest, ctx.settings.seed, device, path, quantization_config(v))
-        model, tokenizer = FastLanguageModel.from_pretrained(
-            path, max_seq_length=ctx.settings.max_seq_length, dtype=compute_dtype(v),
-            load_in_4bit=v.precision == "nf4")
+            routes = unsloth_checkpoint_routes()
+            try:
+                build = write_4bit_checkpoint(ctx.manifest, ctx.settings.seed, device, routes, quantization_config(v))
+                path = build["checkpoint_path"]
+                model, tokenizer = FastLanguageModel.from_pretrained(
+                    path, max_seq_length=ctx.settings.max_seq_length, dtype=compute_dtype(v),
+                    load_in_4bit=v.precision == "nf4")
+            finally:  # the checkpoint is read: its folders go (one in host memory would hold the host's RAM)
+                import shutil
+
+                for folder, _ in routes:
+                    shutil.rmtree(folder, ignore_errors=True)
+        else:
+            model, tokenizer = FastLanguageModel.from_pretrained(
+                path, max_seq_length=ctx.settings.max_seq_length, dtype=compute_dtype(v),
+                load_in_4bit=v.precision == "nf4")
         model = FastLanguageModel.get_peft_model(
             model, r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
             target_modules=lora.get("target_modules"), bias="none", random_state=3407,
