@@ -226,6 +226,9 @@ def test_a_4bit_checkpoint_written_for_unsloth_holds_the_in_process_models_tenso
     quant = quantization_config(Variant("unsloth-qlora", precision="nf4", framework="unsloth"))
     facts = build.write_4bit_checkpoint(manifest, 42, "cpu", tmp_path / "ckpt", quant)
     assert facts["route"] == build.UNSLOTH_ROUTE and facts["quantized_4bit"] == 14
+    # the estimate counts a quantized weight's stored shape, not its packed storage: within 10 % of what was written
+    weights = sum(f.stat().st_size for f in (tmp_path / "ckpt").glob("*.safetensors"))
+    assert 0.95 <= facts["checkpoint_need_bytes"] / weights <= 1.1
     assert facts["checkpoint_disk_bytes"] > 0 and AutoTokenizer.from_pretrained(tmp_path / "ckpt").pad_token_id is not None
     ref, _ = build_model(manifest, 42, "cpu", torch.bfloat16, quant)
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", device_map={"": "cpu"})

@@ -275,7 +275,14 @@ class TooLarge(Unsupported):
 def parameter_bytes(model, dtype=torch.bfloat16) -> int:
     """What a skeleton's parameters take once drawn: `dtype`'s size each, NF4 where a layer is bitsandbytes 4-bit."""
     size = torch.empty((), dtype=dtype).element_size()
-    return int(sum(p.numel() * (NF4_BYTES if type(p).__name__ == "Params4bit" else size) for p in model.parameters()))
+    return int(sum(_weights(p) * (NF4_BYTES if type(p).__name__ == "Params4bit" else size) for p in model.parameters()))
+
+
+def _weights(p) -> int:
+    """How many weights a parameter holds: a quantized Params4bit's storage packs two in a byte, its quant state
+    keeps the shape it stands for."""
+    state = getattr(p, "quant_state", None)
+    return int(torch.Size(state.shape).numel()) if state is not None and state.shape is not None else p.numel()
 
 
 def available_bytes(device) -> int | None:
@@ -363,6 +370,9 @@ def disk_bytes(path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
+CHECKPOINT_MARGIN = 1.05
+
+
 def write_4bit_checkpoint(manifest: dict, seed: int, device, routes, quantization_config) -> dict:
     """The in-process model drawn in NF4 on `device` and written as a bitsandbytes 4-bit checkpoint with its
     tokenizer (a path Unsloth's from_pretrained reads) to the first of `routes` ((folder, what it is) pairs, e.g.
@@ -384,8 +394,9 @@ def write_4bit_checkpoint(manifest: dict, seed: int, device, routes, quantizatio
     for folder, kind in routes:
         Path(folder).mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(folder).free
-        tried.append({"path": str(folder), "kind": kind, "free_gib": round(free / GIB, 1), "fits": need <= free})
-        if need <= free:
+        fits = need * CHECKPOINT_MARGIN <= free  # safetensors' headers, the tokenizer, the estimate's own error
+        tried.append({"path": str(folder), "kind": kind, "free_gib": round(free / GIB, 1), "fits": fits})
+        if fits:
             out = folder
             break
     if out is None:
@@ -400,7 +411,7 @@ def write_4bit_checkpoint(manifest: dict, seed: int, device, routes, quantizatio
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     return {**facts, "method": "in_process, then a 4-bit checkpoint", "route": UNSLOTH_ROUTE,
-            "checkpoint_routes": tried, "checkpoint_path": str(out), "checkpoint_need_gib": round(need / GIB, 1),
+            "checkpoint_routes": tried, "checkpoint_path": str(out), "checkpoint_need_bytes": need,
             "checkpoint_write_s": time.perf_counter() - t0, "checkpoint_disk_bytes": disk_bytes(out)}
 
 
