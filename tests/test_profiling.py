@@ -2,7 +2,7 @@
 
 import pytest
 
-from ftbench.profiling import summarize_trace
+from ftbench.profiling import is_fp8_work, summarize_trace
 
 
 def test_busy_idle_and_gaps_from_a_known_trace():
@@ -35,7 +35,8 @@ def test_a_profile_counts_the_fp8_casts_and_scaling_apart_from_the_gemms_they_fe
     kernels = [("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn", 500),  # an FP8 GEMM: a GEMM
                ("void transformer_engine::detail::cast_transpose_kernel<float8_e4m3>", 200),
                ("void transformer_engine::delayed_scaling_recipe::kernel::amax_and_scale_update", 100),
-               ("triton_red_fused_abs_amax_max_0", 50), ("void at::native::vectorized_elementwise_kernel", 150)]
+               ("triton_red_fused_abs_amax_max_0", 50), ("void at::native::vectorized_elementwise_kernel", 100),
+               ("void kDequantizeBlockwise<__nv_bfloat16, 512, 64, 8, 2>(float*, unsigned char*, float*)", 50)]
     events = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000}]
     t = 0
     for name, dur in kernels:
@@ -43,6 +44,12 @@ def test_a_profile_counts_the_fp8_casts_and_scaling_apart_from_the_gemms_they_fe
         t += dur
     s = summarize_trace(events, top_ops=[])
     assert s["gemm_share"] == pytest.approx(0.5) and s["fp8_work_share"] == pytest.approx(0.35)
+    assert s["dequant_4bit_share"] == pytest.approx(0.05)  # bitsandbytes' NF4 dequantization is not FP8 work
+    # torchao under Inductor: the casts fused into the kernels around _scaled_mm, the amax into a reduction
+    for name in ("triton_poi_fused__scaled_mm__to_copy_add_clamp_clone_mul_reciprocal_silu_7",
+                 "triton_red_fused_abs_add_max_mul_silu_silu_backward_view_6"):
+        assert is_fp8_work(name)
+    assert not is_fp8_work("triton_poi_fused__unsafe_view_add_mul_view_23")
 
 
 def test_long_idle_gaps_are_named_by_the_innermost_host_operator_running_through_them():

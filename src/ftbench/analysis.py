@@ -110,7 +110,7 @@ def read_runs(path) -> pl.DataFrame:
 
 PROFILE_COLUMNS = ("profile.busy_pct", "profile.cpu_bound", "profile.idle_cause", "profile.data_loading_share",
                    "profile.kernels_per_step", "profile.idle_gaps_per_step", "profile.gemm_share",
-                   "profile.fp8_work_share")
+                   "profile.fp8_work_share", "profile.dequant_4bit_share")
 
 
 def idle_cause(summary: dict) -> str | None:
@@ -134,6 +134,23 @@ def _per_step(summary: dict, key: str) -> float | None:
     return sum(values) / len(values) if values and None not in values else None
 
 
+def kernel_shares(summary: dict) -> dict:
+    """The FP8 casts' and bitsandbytes' 4-bit dequantization's shares of kernel time. Summaries written before the
+    two were told apart (no `dequant_4bit_share`) counted the dequantization kernels as FP8 work and missed torchao's
+    casts fused by Inductor: on read, their top operators correct both (lower bounds: only the top kernels are
+    listed)."""
+    fp8, nf4 = summary.get("fp8_work_share"), summary.get("dequant_4bit_share")
+    if fp8 is not None and nf4 is None and summary.get("device") == "cuda":
+        from .profiling import FP8_WORK_NAME_BEFORE, is_dequant_4bit, is_fp8_work
+
+        tops = [(o.get("name", ""), o.get("share") or 0.0) for o in summary.get("top_operators") or []]
+        nf4 = sum(share for name, share in tops if is_dequant_4bit(name))
+        # and torchao's casts fused by Inductor, which the old names missed
+        fused = sum(share for name, share in tops if is_fp8_work(name) and not FP8_WORK_NAME_BEFORE.search(name))
+        fp8 = max(fp8 - nf4, 0.0) + fused
+    return {"profile.fp8_work_share": fp8, "profile.dequant_4bit_share": nf4}
+
+
 def profile_rows(summaries) -> pl.DataFrame:
     """Profile summaries (results/profiles/.../summary.json, or a merged folder's profiles/) as rows keyed like the
     runs: the trace's GPU busy share, whether it reads host-bound, and the host operator through the longest idle
@@ -149,12 +166,12 @@ def profile_rows(summaries) -> pl.DataFrame:
                      "profile.idle_cause": idle_cause(s), "profile.data_loading_share": s.get("data_loading_share"),
                      "profile.kernels_per_step": _per_step(s, "kernels"),
                      "profile.idle_gaps_per_step": _per_step(s, "idle_gaps"),
-                     "profile.gemm_share": s.get("gemm_share"), "profile.fp8_work_share": s.get("fp8_work_share")})
+                     "profile.gemm_share": s.get("gemm_share"), **kernel_shares(s)})
     schema = {**{k: pl.String for k in KEY}, "batch_size": pl.Int64, "profile.busy_pct": pl.Float64,
               "profile.cpu_bound": pl.Boolean, "profile.idle_cause": pl.String,
               "profile.data_loading_share": pl.Float64, "profile.kernels_per_step": pl.Float64,
               "profile.idle_gaps_per_step": pl.Float64, "profile.gemm_share": pl.Float64,
-              "profile.fp8_work_share": pl.Float64}
+              "profile.fp8_work_share": pl.Float64, "profile.dequant_4bit_share": pl.Float64}
     return pl.DataFrame(rows, schema=schema).unique(subset=KEY, keep="last", maintain_order=True)
 
 

@@ -24,7 +24,14 @@ GEMM_NAME = re.compile(r"gemm|nvjet|xmma|triton_tem_", re.IGNORECASE)
 # the work FP8 adds around its GEMMs, by kernel name: Transformer Engine's casts (cast_transpose, quantize), amax
 # reductions and scale updates (delayed scaling), torchao's float8 casts and amax (Inductor names its fused kernels
 # after them); an FP8 GEMM itself (e4m3 in a cuBLAS/CUTLASS name) counts as a GEMM
-FP8_WORK_NAME = re.compile(r"amax|fp8|float8|e4m3|e5m2|cast_transpose|quantiz|compute_scale|scaling", re.IGNORECASE)
+# (torchao under Inductor: the casts fuse into `triton_*_fused__scaled_mm_*` and the amax into
+# `triton_red_fused_abs_*max*` kernels with their neighbours, so that share is an upper bound). bitsandbytes' 4-bit
+# dequantization (kDequantizeBlockwise: NF4 codes to bf16) is not FP8 work: it is counted on its own
+FP8_WORK_NAME = re.compile(r"amax|fp8|float8|e4m3|e5m2|cast_transpose|(?<!de)quantiz|compute_scale|scaling"
+                           r"|triton_\w*fused_\w*_scaled_mm|triton_red_fused_abs_\w*max", re.IGNORECASE)
+# the names summaries counted before 2026-11-25 (analysis.kernel_shares corrects those summaries on read)
+FP8_WORK_NAME_BEFORE = re.compile(r"amax|fp8|float8|e4m3|e5m2|cast_transpose|quantiz|compute_scale|scaling", re.IGNORECASE)
+DEQUANT_4BIT_NAME = re.compile(r"kDequantize|dequantize_4bit|kgemm_4bit|kQuantizeBlockwise")
 
 
 def is_gemm(name: str) -> bool:
@@ -32,7 +39,11 @@ def is_gemm(name: str) -> bool:
 
 
 def is_fp8_work(name: str) -> bool:
-    return bool(FP8_WORK_NAME.search(name)) and not is_gemm(name)
+    return bool(FP8_WORK_NAME.search(name)) and not is_gemm(name) and not is_dequant_4bit(name)
+
+
+def is_dequant_4bit(name: str) -> bool:
+    return bool(DEQUANT_4BIT_NAME.search(name))
 
 
 def gemm_share(summary: dict) -> tuple[float | None, bool]:
@@ -157,6 +168,7 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     device_us = sum(e["dur"] for e in complete if e.get("cat") in DEVICE_CATEGORIES)
     gemm_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_gemm(e.get("name", "")))
     fp8_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_fp8_work(e.get("name", "")))
+    nf4_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_dequant_4bit(e.get("name", "")))
     if not kernels:  # on a CPU the "device" is the host: top-level operators stand in for kernels
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") == "cpu_op"]
     loading = [(e["ts"], e["ts"] + e["dur"]) for e in complete
@@ -194,6 +206,7 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
             "data_loading_share": weighted("data_loading_share"), "per_step": per_step,
             "gemm_share": gemm_us / device_us if device == "cuda" and device_us else None,
             "fp8_work_share": fp8_us / device_us if device == "cuda" and device_us else None,
+            "dequant_4bit_share": nf4_us / device_us if device == "cuda" and device_us else None,
             "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < GPU_BOUND_SHARE if device == "cuda" else None,
             "idle_causes": [{"host_op": k, "idle_ms": v} for k, v in sorted(causes.items(), key=lambda kv: -kv[1])]}
 
