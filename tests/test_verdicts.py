@@ -123,3 +123,7 @@ def test_study_bs_padded_batch_shape_leads_and_the_packed_run_stands_beside():
         assert cell["ours, packed"] == "43,228 by qlora-gc-pf on the H100 SXM5 (padding 0%; 1.60x published)"
         assert cell["verdict"] == verdict, cell["how"]
     assert cell["measured by"] == "unsloth-qlora" and cell["ours"] == "27,500 (padding 38%)"
+    # a cell of a GPU we were not lent stays not measured; the packed run of another GPU stands beside it
+    blackwell = table.filter(pl.col("published") == "11,000").row(0, named=True)
+    assert blackwell["verdict"] == "not measured" and "1.60x" not in (blackwell["ours, packed"] or "")
+    assert blackwell["ours, packed"].startswith("43,228 by qlora-gc-pf on the H100 SXM5")

@@ -170,7 +170,7 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         r = _pick(here, order, False, None)
         if r is None and any(x["status"] == "oom" for x in here):  # the published GPU cannot hold ours: a larger one
             r = _pick([x for x in rows if x["gpu"] != cell["gpu"]], order, False, None)
-        if r is None and base["ours, packed"]:  # only packed rows measured: beside, never in the study's place
+        if r is None and any(x["gpu"] == cell["gpu"] for x in packed):  # only packed rows: beside, never in its place
             out.append({**base, "measured": True, "status": "ok", "verdict": "not comparable",
                         "how": "measured only in packed rows (no padding), not the study's padded batches",
                         "why": _why(here, None) if here else "no run in the study's batch shape (padded) yet"})
