@@ -10,7 +10,7 @@ import torch
 from ftbench import harness
 from ftbench.config import MeasureSettings
 from ftbench.summary import summarize
-from ftbench.harness import (RECORD_TEMPLATE, DeviceSampler, Meter, Unsupported, guarded, memory_now, new_record,
+from ftbench.harness import (RECORD_TEMPLATE, DeviceSampler, Meter, Progress, Unsupported, guarded, memory_now, new_record,
                              provenance, write_json_atomic)
 
 CPU = torch.device("cpu")
@@ -181,7 +181,7 @@ def test_progress_file_is_written_at_most_every_fifth_of_a_second(tmp_path, monk
     progress = tmp_path / "progress.json"
     monkeypatch.setenv("FTBENCH_PROGRESS", str(progress))
     writes = []
-    monkeypatch.setattr(Meter, "_write_progress", lambda self, row: writes.append(self.steps_taken))
+    monkeypatch.setattr(Progress, "write", lambda self, step, graphs: writes.append(step))
     meter = Meter(CPU, MeasureSettings(warmup_steps=0, steps=10**6, repeats=1))
     meter.start()
     t0 = time.perf_counter()

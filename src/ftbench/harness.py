@@ -209,6 +209,50 @@ def _scalar(v):
     return v
 
 
+class Progress:
+    """What a run has reached, for its supervisor (ftbench.supervise reads the file named by FTBENCH_PROGRESS when
+    the process dies): the last step and the compiled graphs, rewritten at most every PROGRESS_EVERY_S and whenever
+    TorchDynamo finishes a compile; and fault injection for tests (`inject`: die by SIGKILL, or hang, at a step, as
+    a crashing run would, the file brought up to date first)."""
+
+    def __init__(self, inject: dict | None = None):
+        path = os.environ.get("FTBENCH_PROGRESS")
+        self.file = open(path, "w") if path else None
+        self.inject = dict(inject or {})
+        self._at = float("-inf")
+        self._on_compiled = None
+
+    def watch_compiles(self, step):
+        """While compiling (a run killed in its first step's compile says how far it got): `step()` the step."""
+        if self.file is not None:
+            self._on_compiled = lambda *_: self.write(step(), compiled_graphs())
+            _compile_end_callbacks("register", self._on_compiled)
+
+    def unwatch(self):
+        if self._on_compiled is not None:
+            _compile_end_callbacks("remove", self._on_compiled)
+            self._on_compiled = None
+
+    def write(self, step: int, graphs: int | None):
+        self.file.seek(0)
+        self.file.write(json.dumps({"step": step or None, "compiled_graphs": graphs}))
+        self.file.truncate()
+        self.file.flush()
+
+    def stepped(self, step: int, graphs: int | None):
+        """After each step: the file, if due, then any fault injected at this step."""
+        now = time.perf_counter()
+        if self.file is not None and now - self._at >= PROGRESS_EVERY_S:
+            self.write(step, graphs)
+            self._at = now
+        if step in (self.inject.get("kill_at_step"), self.inject.get("hang_at_step")):
+            if self.file is not None:
+                self.write(step, graphs)
+            if self.inject.get("kill_at_step") == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(10**6)
+
+
 class Meter:
     """The one measurement every runner goes through: model load, warm-up, measured windows, evaluation.
 
@@ -232,13 +276,8 @@ class Meter:
         self._pending: list[dict] = []
         self._phase = None  # "warmup" | repeat index
         self._steps = 0
-        self.inject = dict(inject or {})
-        # the supervisor reads the last step reached from here when the process dies (ftbench.supervise)
-        progress = os.environ.get("FTBENCH_PROGRESS")
-        self._progress = open(progress, "w") if progress else None
-        self._progress_at = float("-inf")
+        self.progress = Progress(inject)
         self._trained = None  # compile time and graph count when training finished
-        self._on_compiled = None  # while the Meter is entered (compiled runs): TorchDynamo's compile-end callback
         # several ranks: a function that returns the maximum of an int over the ranks (one collective). The
         # window length in steps is agreed with it once, at the end of warm-up, so that every rank closes its
         # windows and stops at the same step (a rank that stopped alone would leave the others waiting)
@@ -247,15 +286,12 @@ class Meter:
 
     def __enter__(self):
         self.sampler.__enter__()
-        if self.count_graphs and self._progress is not None:  # a run killed while it still compiles its first
-            self._on_compiled = lambda *_: self._write_progress(compiled_graphs())  # step says how far it got
-            _compile_end_callbacks("register", self._on_compiled)
+        if self.count_graphs:
+            self.progress.watch_compiles(lambda: self._steps)
         return self
 
     def __exit__(self, *exc):
-        if self._on_compiled is not None:
-            _compile_end_callbacks("remove", self._on_compiled)
-            self._on_compiled = None
+        self.progress.unwatch()
         self.sampler.__exit__(*exc)
 
     def _mark(self):
@@ -311,11 +347,7 @@ class Meter:
         self._in_window += 1
         if self.profiler is not None:
             self.profiler.step()
-        now = time.perf_counter()
-        if self._progress is not None and now - self._progress_at >= PROGRESS_EVERY_S:
-            self._write_progress(row.get("compiled_graphs"))
-            self._progress_at = now
-        self._fault()
+        self.progress.stepped(self._steps, row.get("compiled_graphs"))
         m = self.measure
         if self._phase == "warmup":
             if self._in_window >= m.warmup_steps:
@@ -329,23 +361,6 @@ class Meter:
         if self._steps % self.memory_log_every == 0 or self.done:  # allocator statistics: no synchronisation
             self.memory_log.append(memory_log_row(self._steps, self.device, **(log_fields or {})))
         return self.done
-
-    def _write_progress(self, graphs: int | None):
-        self._progress.seek(0)
-        self._progress.write(json.dumps({"step": self._steps or None, "compiled_graphs": graphs}))
-        self._progress.truncate()
-        self._progress.flush()
-
-    def _fault(self):
-        """Fault injection (tests): die by SIGKILL, or hang, at a given step, as a crashing run would (the
-        progress file is brought up to date first, so the test can check the step the supervisor reads)."""
-        if self._progress is not None and self._steps in (self.inject.get("kill_at_step"),
-                                                          self.inject.get("hang_at_step")):
-            self._write_progress(self._pending[-1]["row"].get("compiled_graphs"))
-        if self.inject.get("kill_at_step") == self._steps:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.inject.get("hang_at_step") == self._steps:
-            time.sleep(10**6)
 
     def _close(self, truncated: bool = False):
         synchronize(self.device)  # the one synchronisation of a window, at its end
@@ -365,16 +380,9 @@ class Meter:
             prev_mark, prev_host, prev_cpu = p["mark"], p["host"], p["cpu"]
             self.rows.append(row)
         if self._phase != "warmup" and self._pending:
-            rows = self.rows[-len(self._pending):]
-            times = [r["step_time_s"] for r in rows]
-            self.windows.append({
-                "repeat": self._phase, "steps": len(rows), "device_s": sum(times),
-                "host_s": host_end - self._host_start, "host_span": (self._host_start, host_end),
-                "median_step_s": statistics.median(times), "samples": sum(r["samples"] for r in rows),
-                "samples_per_s": sum(r["samples"] for r in rows) / sum(times) if sum(times) else None,
-                "tokens": None if any(r.get("tokens") is None for r in rows) else sum(r["tokens"] for r in rows),
-                "energy_j": (energy_end - self._energy_start) / 1e3 if None not in (energy_end, self._energy_start)
-                else None, "truncated": truncated})
+            energy_j = (energy_end - self._energy_start) / 1e3 if None not in (energy_end, self._energy_start) else None
+            self.windows.append(window_summary(self.rows[-len(self._pending):], self._phase,
+                                               (self._host_start, host_end), energy_j, truncated))
         self._pending = []
         if self.agree is not None and self._window_steps is None:
             self._agree_window()
@@ -422,6 +430,18 @@ class Meter:
         write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "host_cpu_s", "t_end_s", "samples",
                                     "tokens", "padded_tokens", "loss", "flops_model", "flops_hardware",
                                     "data_wait_s", "compiled_graphs", "shape"])
+
+
+def window_summary(rows: list[dict], repeat: int, host_span: tuple[float, float], energy_j: float | None,
+                   truncated: bool) -> dict:
+    """A measured window from its steps' rows: steps, device and host time, median step, samples and tokens."""
+    times = [r["step_time_s"] for r in rows]
+    samples = sum(r["samples"] for r in rows)
+    return {"repeat": repeat, "steps": len(rows), "device_s": sum(times), "host_s": host_span[1] - host_span[0],
+            "host_span": host_span, "median_step_s": statistics.median(times), "samples": samples,
+            "samples_per_s": samples / sum(times) if sum(times) else None,
+            "tokens": None if any(r.get("tokens") is None for r in rows) else sum(r["tokens"] for r in rows),
+            "energy_j": energy_j, "truncated": truncated}
 
 
 def write_csv(path, rows: list[dict], fields: list[str] | None = None):
