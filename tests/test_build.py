@@ -300,3 +300,23 @@ def test_grouped_experts_give_the_per_expert_loops_outputs_and_gradients(tmp_pat
     model.train()
     loss = model(input_ids=ids, labels=ids).loss
     assert torch.isfinite(loss)
+
+
+def test_a_jobs_folder_in_host_memory_goes_with_the_job(tmp_path, monkeypatch):
+    """The Unsloth checkpoint's host-memory route: its /dev/shm folder is named after the job's temporary folder,
+    and the supervisor's release removes it (a killed child cannot), leaving other jobs' folders alone."""
+    from ftbench import harness, supervise
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(harness, "HOST_MEMORY", shm)
+    job = tmp_path / "ftbench-abc123"
+    job.mkdir()
+    monkeypatch.setenv("FTBENCH_PROGRESS", str(job / "progress.json"))
+    mine = harness.host_memory_dir("unsloth-4bit-")
+    (mine / "model.safetensors").write_bytes(b"0" * 1024)
+    other = shm / "ftbench-zzz999-unsloth-4bit-x"
+    other.mkdir()
+    assert mine.parent == shm and mine.name.startswith("ftbench-abc123-unsloth-4bit-")
+    assert supervise.release_host_memory(job, shm) == [str(mine)]
+    assert not mine.exists() and other.exists()

@@ -103,6 +103,21 @@ def device_info(device: torch.device) -> dict:
     return info
 
 
+HOST_MEMORY = Path("/dev/shm")  # a tmpfs: files there live in the host's memory
+
+
+def host_memory_dir(prefix: str) -> Path | None:
+    """A fresh folder in host memory (/dev/shm) for this job, named after the job's own temporary folder so that
+    its supervisor removes it when the job ends, killed or not (supervise.release_host_memory); None where the
+    host has no writable /dev/shm."""
+    import tempfile
+
+    if not (HOST_MEMORY.is_dir() and os.access(HOST_MEMORY, os.W_OK)):
+        return None
+    job = job_dir()
+    return Path(tempfile.mkdtemp(prefix=f"{job.name}-{prefix}" if job else prefix, dir=HOST_MEMORY))
+
+
 def job_dir() -> Path | None:
     """The job's own temporary folder under the supervisor (it goes with the job, killed or not); None outside one."""
     progress = os.environ.get("FTBENCH_PROGRESS")

@@ -29,6 +29,18 @@ from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_te
 POLL_S = 0.5
 
 
+def release_host_memory(job: Path, shm: Path = Path("/dev/shm")) -> list[str]:
+    """Remove what the job left in host memory: the /dev/shm folders named after its temporary folder
+    (harness.host_memory_dir), which a killed child cannot remove itself. Returns the folders removed."""
+    import shutil
+
+    gone = []
+    for folder in shm.glob(f"{job.name}-*") if shm.is_dir() else []:
+        shutil.rmtree(folder, ignore_errors=True)
+        gone.append(str(folder))
+    return gone
+
+
 def _session_rss_bytes(sid: int) -> int:
     """Resident memory of every process in the child's session (data-loader workers included)."""
     total, page = 0, os.sysconf("SC_PAGE_SIZE")
@@ -80,6 +92,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
     out.unlink(missing_ok=True)  # a record found when the child has ended is then the child's own
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ftbench-"))
+        stack.callback(release_host_memory, Path(tmp))  # runs after the child has ended, killed or not
         job, progress = Path(tmp) / "job.json", Path(tmp) / "progress.json"
         job.write_text(json.dumps({"kind": kind, "params": params, "paths": paths}))
         env = dict(os.environ, FTBENCH_PROGRESS=str(progress),

@@ -20,14 +20,14 @@ def unsloth_checkpoint_routes() -> list:
     """Where a model built in process may be written for Unsloth, in order: the job's temporary folder on disk
     (harness.job_dir, else a fresh temporary folder), then host memory (/dev/shm, where the host has it: a lent
     GPU host has twice as much memory as disk room for gpt-oss-120b's ~63 GiB checkpoint)."""
-    import os
     import tempfile
 
-    from ..harness import job_dir
+    from ..harness import host_memory_dir, job_dir
 
     routes = [(tempfile.mkdtemp(prefix="unsloth-4bit-", dir=job_dir()), "disk")]
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
-        routes.append((tempfile.mkdtemp(prefix="ftbench-unsloth-4bit-", dir="/dev/shm"), "host memory (/dev/shm)"))
+    shm = host_memory_dir("unsloth-4bit-")  # removed by the supervisor when the job ends, whatever happens
+    if shm is not None:
+        routes.append((str(shm), "host memory (/dev/shm)"))
     return routes
 
 
