@@ -76,6 +76,9 @@ def test_a_cell_that_differs_names_the_runs_own_evidence_or_says_none_was_measur
     text = evidence(row)
     assert text.startswith("profile: host-bound, GPU busy 16 % of a step, data loader 1 %, 23,949 kernels a step")
     assert "host CPU 446 ms per 798 ms step (56%)" in text
+    nf4 = evidence({"profile.busy_pct": 58.6, "profile.cpu_bound": True, "profile.gemm_share": 0.327,
+                    "profile.fp8_work_share": 0.0008, "profile.dequant_4bit_share": 0.314})
+    assert "GEMMs 33 % of kernel time, NF4 dequantization 31 %" in nf4  # FP8 work under 0.5 %: not named
     assert evidence({"profile.busy_pct": 40.0, "profile.cpu_bound": True,
                      "profile.data_loading_share": 0.3}).startswith("profile: loader-bound")
     assert evidence({"timing.step_time_s": 1.0}) == "cause not measured"

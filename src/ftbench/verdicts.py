@@ -73,7 +73,9 @@ def evidence(row: dict, base: dict | None = None) -> str:
                      + (f"; GEMMs {100 * row['profile.gemm_share']:.0f} % of kernel time"
                         if row.get("profile.gemm_share") is not None else "")
                      + (f", FP8 casts and scaling {100 * row['profile.fp8_work_share']:.0f} %"
-                        if row.get("profile.fp8_work_share") else "")
+                        if (row.get("profile.fp8_work_share") or 0) >= 0.005 else "")
+                     + (f", NF4 dequantization {100 * row['profile.dequant_4bit_share']:.0f} %"
+                        if (row.get("profile.dequant_4bit_share") or 0) >= 0.005 else "")
                      + (f"; idle: {cause}" if cause and bound else ""))
     wait = row.get("data.wait_share")
     if wait is not None and busy is None:
