@@ -178,7 +178,7 @@ class PackedExperts:
             self.block2 = torch.arange(nblk, device=self.absmax.device) // b2  # each first-level block's scale
 
     def weight(self, dtype) -> torch.Tensor:
-        """All E experts' weights, (E, out, in), in `dtype`: a fresh tensor (the caller frees it)."""
+        """All E experts' weights, (E, out, in), in `dtype` (read only: in bf16 it may be the packed tensor itself)."""
         if self.quant is None:
             return self.weight_bf16.to(dtype)
         import bitsandbytes.functional as bnbf
