@@ -82,6 +82,10 @@ def commands(run: dict) -> list[list[str] | str]:
     return [base + g for g in groups]
 
 
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def main(argv: list[str]) -> int:
     plan = yaml.safe_load(PARTS.read_text())
     if argv[:1] == ["--list"]:
@@ -99,7 +103,6 @@ def main(argv: list[str]) -> int:
         return 2
     worst = 0
     for name, steps in todo:
-        now = lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
         print(f"== {name} {now()}", flush=True)
         rc = 0
         with open(out / f"{name.replace(',', '_')}.log", "w") as log:

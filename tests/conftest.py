@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 LORA = {"r": 8, "alpha": 16, "dropout": 0.0,
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+def copy_tracked(dest: Path) -> Path:
+    """The project's tracked files copied to `dest`, as a user's fresh clone would have them."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, files.split("\0")):
+        src, dst = ROOT / name, dest / name
+        if not src.exists() and not src.is_symlink():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst, follow_symlinks=False)
+    return dest
 
 
 def snakemake(*args, cwd=None, timeout=900):

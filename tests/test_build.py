@@ -224,7 +224,7 @@ def test_a_4bit_checkpoint_written_for_unsloth_holds_the_in_process_models_tenso
     arch = load_architecture(ARCH / "qwen3-8b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path / "m", 42, build="in_process")
     quant = quantization_config(Variant("unsloth-qlora", precision="nf4", framework="unsloth"))
-    facts = build.write_4bit_checkpoint(manifest, 42, "cpu", tmp_path / "ckpt", quant)
+    facts = build.write_4bit_checkpoint(manifest, 42, "cpu", [(tmp_path / "ckpt", "disk")], quant)
     assert facts["route"] == build.UNSLOTH_ROUTE and facts["quantized_4bit"] == 14
     # the estimate counts a quantized weight's stored shape, not its packed storage: within 10 % of what was written
     weights = sum(f.stat().st_size for f in (tmp_path / "ckpt").glob("*.safetensors"))

@@ -3,13 +3,12 @@ the project, as a new user's clone would be."""
 
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, copy_tracked
 
 README = (ROOT / "README.md").read_text()
 
@@ -28,15 +27,7 @@ def readme_commands() -> list[str]:
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
     """The tracked files of the working tree, copied as a clone would have them."""
-    dest = tmp_path_factory.mktemp("clone")
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    for name in filter(None, files.split("\0")):
-        src, dst = ROOT / name, dest / name
-        if not src.exists() and not src.is_symlink():
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst, follow_symlinks=False)
-    return dest
+    return copy_tracked(tmp_path_factory.mktemp("clone"))
 
 
 def test_the_readme_has_the_commands_a_user_needs():

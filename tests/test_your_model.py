@@ -10,7 +10,7 @@ import sys
 
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, copy_tracked
 
 COMMAND = "snakemake --cores 8 --resources gpu=1 --configfile config/your_model.yaml"
 
@@ -20,14 +20,7 @@ def test_the_readme_names_the_command():
 
 
 def test_your_model_trains_through_the_one_command(tmp_path, tiny_qwen):
-    work = tmp_path / "project"
-    work.mkdir()
-    for name in ("Snakefile", "rules", "workflow", "config", "src", "report", "envs"):
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, work / name, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.exists():
-            shutil.copy2(src, work / name)
+    work = copy_tracked(tmp_path / "project")
     (work / "your_model").mkdir()
     shutil.copytree(tiny_qwen["path"], work / "your_model" / "checkpoint")
     with open(work / "your_model" / "train.jsonl", "w") as f:

@@ -28,9 +28,10 @@ GIB = 2**30
 GENERATOR = "torch.Generator per parameter on the build device, seeded with sha256('<seed>/<parameter name>')"
 # how a model built in process reaches Unsloth, whose FastLanguageModel.from_pretrained loads from a path only: the
 # same seeded weights drawn in NF4 and written as a bitsandbytes 4-bit checkpoint (write_4bit_checkpoint), the
-# format of Unsloth's own "-bnb-4bit" checkpoints, in the job's temporary folder
+# format of Unsloth's own "-bnb-4bit" checkpoints, in the first place with room for it
 UNSLOTH_ROUTE = ("built in process in NF4 (the seeded weights of ftbench.build), written as a bitsandbytes 4-bit "
-                 "checkpoint in the job's temporary folder, read by Unsloth's FastLanguageModel.from_pretrained")
+                 "checkpoint in the first place with room (the job's folder on disk, then host memory: "
+                 "checkpoint_routes), read by Unsloth's FastLanguageModel.from_pretrained")
 
 
 def parameter_seed(seed: int, name: str) -> int:
@@ -90,8 +91,6 @@ class SplitExperts(nn.Module):
         The frozen weights live packed, one buffer per projection (`pack`), and are dequantized to the compute
         dtype in a few launches inside the GEMM's own autograd function, in its forward and again in its
         backward, never kept (a full-scale layer's experts are ~6 GB in bf16)."""
-        if not self.packed:
-            self.pack()
         k = router_indices.shape[-1]
         flat = router_indices.reshape(-1)
         order = flat.argsort(stable=True)
@@ -385,8 +384,6 @@ def write_4bit_checkpoint(manifest: dict, seed: int, device, routes, quantizatio
 
     if getattr(quantization_config, "load_in_4bit", False) is not True:
         raise ValueError("a 4-bit checkpoint needs a bitsandbytes 4-bit quantization config (an nf4 variant)")
-    if isinstance(routes, (str, Path)):
-        routes = [(routes, "disk")]
     model, facts = build_model(manifest, seed, device, quantization_config.bnb_4bit_compute_dtype,
                                quantization_config)
     need = parameter_bytes(model, quantization_config.bnb_4bit_compute_dtype)

@@ -185,10 +185,9 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         note = None
         if r["gpu"] != cell["gpu"]:
             note = f"the {cell['gpu']} ran out of memory; measured on the {r['gpu']}"
-        if r["variant"] != variant:
+        if r["variant"] != variant:  # a stand-in is never the study's system: its figure is beside, not a verdict
             note = "; ".join(x for x in (note, f"{variant} cannot run here ({(_first_reason(rows, variant))}); "
                                          f"{r['variant']} stands in") if x)
-        if r["variant"] != variant:  # a stand-in is never the study's system: its figure is beside, not a verdict
             judged = _not_comparable(f"a stand-in: {r['variant']} for the study's {variant}")
         elif r["gpu"] != cell["gpu"]:
             judged = _not_comparable(f"measured on the {r['gpu']}, not the {cell['gpu']}")

@@ -120,10 +120,11 @@ def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern 
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     names = set(select_linears(model, include_vision, pattern))
-    config = Float8LinearConfig.from_recipe_name(recipe) if recipe in TORCHAO_RECIPES else None
+    named = recipe in TORCHAO_RECIPES
+    config = Float8LinearConfig.from_recipe_name(recipe) if named else None
     convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn in names, config=config)
     return {"converted": len(names), "vision_converted": sum(1 for n in names if VISION_PATTERN.search(n)),
-            "recipe": recipe if recipe in TORCHAO_RECIPES else "tensorwise (torchao's default config)"}
+            "recipe": recipe if named else "tensorwise (torchao's default config)"}
 
 
 def te_checkpoint_function():

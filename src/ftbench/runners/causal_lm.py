@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 import time
 
 import torch
@@ -40,23 +41,17 @@ def load_model(ctx, device):
         from unsloth import FastLanguageModel  # imported first: Unsloth patches transformers
 
         build = {"method": "checkpoint (Unsloth's from_pretrained)"}
-        if in_process:  # the same seeded weights, in NF4, through a checkpoint Unsloth can read
-            routes = unsloth_checkpoint_routes()
-            try:
+        routes = unsloth_checkpoint_routes() if in_process else []
+        try:
+            if in_process:  # the same seeded weights, in NF4, through a checkpoint Unsloth can read
                 build = write_4bit_checkpoint(ctx.manifest, ctx.settings.seed, device, routes, quantization_config(v))
                 path = build["checkpoint_path"]
-                model, tokenizer = FastLanguageModel.from_pretrained(
-                    path, max_seq_length=ctx.settings.max_seq_length, dtype=compute_dtype(v),
-                    load_in_4bit=v.precision == "nf4")
-            finally:  # the checkpoint is read: its folders go (one in host memory would hold the host's RAM)
-                import shutil
-
-                for folder, _ in routes:
-                    shutil.rmtree(folder, ignore_errors=True)
-        else:
             model, tokenizer = FastLanguageModel.from_pretrained(
                 path, max_seq_length=ctx.settings.max_seq_length, dtype=compute_dtype(v),
                 load_in_4bit=v.precision == "nf4")
+        finally:  # the checkpoint is read: its folders go (one in host memory would hold the host's RAM)
+            for folder, _ in routes:
+                shutil.rmtree(folder, ignore_errors=True)
         model = FastLanguageModel.get_peft_model(
             model, r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
             target_modules=lora.get("target_modules"), bias="none", random_state=3407,
