@@ -93,6 +93,9 @@ def main(argv: list[str]) -> int:
             part = plan["parts"].get(name) or plan["patterns"][name]
             print(f"{name}: {part.get('about', '')}")
         return 0
+    if argv and argv[0].startswith("-"):  # an option it does not know is not an output folder
+        print(__doc__, file=sys.stderr)
+        return 0 if argv[0] in ("-h", "--help") else 2
     out = Path(argv[0] if argv else "results/measure_check")
     names = argv[1:] or plan["default"]
     out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,13 @@ def test_brace_expansion_and_patterns_read_as_bash_and_the_plan_say():
         mc.runs("a-cell-bs8", PLAN)  # no variant named
 
 
+def test_an_option_is_never_taken_for_the_output_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert mc.main(["--help"]) == 0 and mc.main(["-x"]) == 2
+    assert "measure_check.py --list" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no folder made, no part run
+
+
 def test_every_part_asks_for_targets_its_configs_can_make(tmp_path):
     groups = {}
     for name in list(PLAN["parts"]) + INSTANCES:

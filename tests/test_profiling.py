@@ -57,6 +57,7 @@ def test_long_idle_gaps_are_named_by_the_innermost_host_operator_running_through
     events = [
         {"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100 * ms},
         {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 0, "dur": 10 * ms},
+        {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 1 * ms, "dur": 2 * ms},
         # 10..70 ms: the device idles while the host builds an attention plan (nested host operators)
         {"ph": "X", "name": "autograd::engine::evaluate_function: AttnBackward0", "cat": "cpu_op",
          "ts": 9 * ms, "dur": 62 * ms},
@@ -69,6 +70,10 @@ def test_long_idle_gaps_are_named_by_the_innermost_host_operator_running_through
     step = s["per_step"][0]
     assert step["largest_gap_ms"] == pytest.approx(60)
     assert step["largest_gap_host_op"] == "aten::_cudnn_attention_backward"
+    # where it lies in the step, and the host operators around it
+    assert step["largest_gap_at_ms"] == pytest.approx(10)
+    assert step["largest_gap_after_host_op"] == "aten::mm"
+    assert step["largest_gap_next_host_op"] == "aten::_cudnn_attention_backward"
     assert s["idle_causes"] == [{"host_op": "aten::_cudnn_attention_backward", "idle_ms": pytest.approx(60)},
                                 {"host_op": "(no host operator)", "idle_ms": pytest.approx(15)}]
     assert s["cpu_bound"] is True

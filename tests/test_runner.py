@@ -3,8 +3,10 @@
 import csv
 import json
 import math
+from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import LORA
 from ftbench.config import MeasureSettings, RunSpec, TrainSettings, Variant
@@ -441,3 +443,45 @@ def test_attention_knob_is_honoured_only_where_its_runner_acts_on_it():
     assert "honours [None, 'torchao']" in knob_problems("causal_lm", Variant("x", precision="fp8", fp8_backend="te"))[0]
     assert "without fp8_backend" in knob_problems("causal_lm", Variant("x", precision="fp8"))[0]
     assert "one GPU" in knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp", **fp8))[0]
+
+
+def test_the_garbage_collectors_pauses_are_timed_per_step_and_freezing_leaves_nothing_frozen():
+    import gc
+
+    from ftbench.harness import Meter
+
+    meter = Meter(torch.device("cpu"), MeasureSettings(warmup_steps=1, steps=2, repeats=1), gc_freeze=True)
+    garbage = [[i] for i in range(10**5)]  # objects alive before training starts: frozen by start()
+    with meter:
+        meter.start()
+        assert meter.gc.frozen_objects >= len(garbage) and gc.get_freeze_count() == meter.gc.frozen_objects
+        meter.step(1)
+        gc.collect()  # a full collection inside the second step
+        meter.step(1)
+        meter.step(1)
+    assert gc.get_freeze_count() == 0  # unfrozen when the meter closes
+    rows = meter.rows
+    assert [r["gc_full"] for r in rows] == [0, 1, 0]
+    assert rows[1]["gc_pause_s"] > 0 and rows[1]["gc_pause_s"] >= rows[2]["gc_pause_s"]
+    assert meter.gc.largest_s >= rows[1]["gc_pause_s"] / 2
+
+
+def test_gpt_oss_trains_with_grouped_experts_no_step_sync_and_a_frozen_gc(tmp_path, instruction_data):
+    """qlora-gc-pf-grouped-async as a CPU can run it (pinned memory needs a CUDA GPU): the grouped experts, the
+    loader's host-side varlen bounds, no per-step metrics, fused AdamW's arithmetic, the model's objects frozen."""
+    from ftbench.architectures import load_architecture
+    from ftbench.models import materialize_model
+
+    arch = load_architecture(Path(__file__).parents[1] / "config/architectures/gpt-oss-120b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path / "model", 42)
+    v = Variant("qlora-gc-pf-grouped-async", precision="nf4", gradient_checkpointing=True, padding_free=True,
+                attention="varlen", kbit_upcast=False, experts="grouped", trainer_metrics=False, sync_free=True,
+                optim="adamw_torch_fused", gc_freeze=True)
+    rec = run(tmp_path, manifest, instruction_data, v, batch_size=4, max_steps=4)
+    assert rec["status"] == "ok", rec["reason"]
+    assert rec["extra"]["experts"].startswith("grouped")
+    assert rec["extra"]["step_bounds"] == "the loader's collator, host tensors"
+    g = rec["extra"]["python_gc"]
+    assert g["frozen_objects"] > 10**4 and g["pause_ms_per_step"] >= 0 and g["full_collections"] >= 0
+    steps = list(csv.DictReader(open(tmp_path / "steps.csv")))
+    assert all(float(r["gc_pause_s"]) >= 0 for r in steps)

@@ -13,6 +13,7 @@ on the seed, the parameter's name and the device type's generator (CPU or CUDA),
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import resource
@@ -370,6 +371,7 @@ def disk_bytes(path) -> int:
 
 
 CHECKPOINT_MARGIN = 1.05
+CHECKPOINT_SHARD = "5GB"
 
 
 def write_4bit_checkpoint(manifest: dict, seed: int, device, routes, quantization_config) -> dict:
@@ -402,9 +404,12 @@ def write_4bit_checkpoint(manifest: dict, seed: int, device, routes, quantizatio
                        + "; ".join(f"{t['path']} ({t['kind']}) has {t['free_gib']:.1f} GiB free" for t in tried)
                        + ": refused before writing")
     t0 = time.perf_counter()
-    model.save_pretrained(out)
+    # shards of at most 5 GB: safetensors holds a whole shard in host memory while writing it (transformers'
+    # default, 50 GB, beside a checkpoint in /dev/shm would need twice the host memory)
+    model.save_pretrained(out, max_shard_size=CHECKPOINT_SHARD)
     AutoTokenizer.from_pretrained(manifest["path"]).save_pretrained(out)
     del model
+    gc.collect()  # the model's reference cycles, before the device's memory is handed back
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
     return {**facts, "method": "in_process, then a 4-bit checkpoint", "route": UNSLOTH_ROUTE,

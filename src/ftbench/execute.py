@@ -96,7 +96,7 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     family = ctx.manifest.get("family")
     meter = Meter(device, ctx.settings.measure, profiler=ctx.profiler,
                   memory_log_every=ctx.settings.memory_log_every, count_graphs=v.compile is not None,
-                  inject=ctx.settings.inject)
+                  inject=ctx.settings.inject, gc_freeze=v.gc_freeze)
     if ranks.world_size() > 1:  # launched by the supervisor with torchrun (variant knob gpus > 1)
         meter.agree = ranks.agree_max(device)
     with guarded(record, device):

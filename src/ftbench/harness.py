@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import gc
 import importlib.metadata
 import json
 import math
@@ -268,6 +269,46 @@ class Progress:
             time.sleep(10**6)
 
 
+class GcClock:
+    """Python's garbage collector, timed (gc.callbacks): each collection's pause, summed by the Meter per step. A
+    full collection (generation 2) walks every tracked object: gpt-oss-120b's 9,216 expert layers with their 4-bit
+    states are ~10^6 objects, a few hundred ms of the training thread in which it launches nothing. `freeze`
+    (variant knob gc_freeze) moves the objects alive after load to the permanent generation (gc.freeze, as
+    Megatron-LM's and NeMo's manual GC do to the same end), never walked again; `__exit__` unfreezes them."""
+
+    def __init__(self):
+        self.pause_s, self.full, self.largest_s = 0.0, 0, 0.0
+        self.frozen_objects = None
+        self._t0 = None
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            pause, self._t0 = time.perf_counter() - self._t0, None
+            self.pause_s += pause
+            self.largest_s = max(self.largest_s, pause)
+            self.full += info.get("generation") == 2
+
+    def __enter__(self):
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc):
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+        if self.frozen_objects is not None:
+            gc.unfreeze()
+
+    def freeze(self) -> None:
+        gc.collect()
+        gc.freeze()
+        self.frozen_objects = gc.get_freeze_count()
+
+    def reading(self) -> tuple[float, int]:
+        return self.pause_s, self.full
+
+
 class Meter:
     """The one measurement every runner goes through: model load, warm-up, measured windows, evaluation.
 
@@ -278,8 +319,10 @@ class Meter:
     far as they stall the device. A host wall clock spans each window beside the events."""
 
     def __init__(self, device: torch.device, measure: MeasureSettings, profiler=None, memory_log_every: int = 10,
-                 count_graphs: bool = False, inject: dict | None = None):
+                 count_graphs: bool = False, inject: dict | None = None, gc_freeze: bool = False):
         self.device, self.measure, self.profiler = device, measure, profiler
+        self.gc, self.gc_freeze = GcClock(), gc_freeze
+        self._gc_last = (0.0, 0)
         self.cuda = device.type == "cuda"
         self.memory_log_every, self.count_graphs = memory_log_every, count_graphs
         self.sampler = DeviceSampler(device)
@@ -301,12 +344,14 @@ class Meter:
 
     def __enter__(self):
         self.sampler.__enter__()
+        self.gc.__enter__()
         if self.count_graphs:
             self.progress.watch_compiles(lambda: self._steps)
         return self
 
     def __exit__(self, *exc):
         self.progress.unwatch()
+        self.gc.__exit__(*exc)
         self.sampler.__exit__(*exc)
 
     def _mark(self):
@@ -338,6 +383,9 @@ class Meter:
         """Open the run's first segment (warm-up, or the first window when there is none)."""
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+        if self.gc_freeze:  # the model, data and trainer built: their objects never walked again
+            self.gc.freeze()
+        self._gc_last = self.gc.reading()
         synchronize(self.device)
         self._origin_host = time.perf_counter()
         self._open(self._mark(), self._origin_host, "warmup" if self.measure.warmup_steps else 0)
@@ -354,6 +402,9 @@ class Meter:
         function returning more fields: both are read when the window closes. Returns True once the last
         window has closed (the caller stops training)."""
         row = {"step": self._steps + 1, "samples": samples, **fields}
+        gc_now = self.gc.reading()  # the garbage collector's pauses in this step (host time, no device read)
+        row.update(gc_pause_s=gc_now[0] - self._gc_last[0], gc_full=gc_now[1] - self._gc_last[1])
+        self._gc_last = gc_now
         if self.count_graphs:
             row["compiled_graphs"] = compiled_graphs()
         self._pending.append({"mark": self._mark(), "host": time.perf_counter(), "cpu": time.thread_time(),
@@ -444,7 +495,7 @@ class Meter:
     def write_steps(self, path):
         write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "host_cpu_s", "t_end_s", "samples",
                                     "tokens", "padded_tokens", "loss", "flops_model", "flops_hardware",
-                                    "data_wait_s", "compiled_graphs", "shape"])
+                                    "data_wait_s", "gc_pause_s", "gc_full", "compiled_graphs", "shape"])
 
 
 def window_summary(rows: list[dict], repeat: int, host_span: tuple[float, float], energy_j: float | None,

@@ -73,6 +73,9 @@ class Variant:
     # diffusion: the UNet and VAE weights and their inputs in channels-last (NHWC) memory format, the layout cuDNN's
     # convolutions run in on tensor cores (NCHW tensors are converted around every convolution)
     channels_last: bool = False
+    # the objects alive once the model, data and trainer are built moved to Python's permanent GC generation
+    # (gc.freeze): full collections stop walking the model's ~10^5-10^6 objects (ftbench.harness.GcClock)
+    gc_freeze: bool = False
     time_limit_s: float | None = None  # the job's time budget, over the study's (ftbench.supervise)
     gpus: int = 1  # GPUs (ranks) the job trains on; more than 1 needs `parallel`
     parallel: str | None = None  # None | ddp (data parallel) | fsdp2 (fully sharded, FSDP2): causal LM only
@@ -114,6 +117,7 @@ HONOURED = {
 }
 for _family in HONOURED.values():  # the supervisor, not the runner, honours the time limit
     _family["time_limit_s"] = ANY
+    _family["gc_freeze"] = ANY  # the harness's Meter freezes (every runner goes through it)
     _family["compile_backend"] = ANY  # every runner compiles through torch.compile (ftbench.variants.compile_kwargs)
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Variant) if f.name != "name"}
 

@@ -195,7 +195,8 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
                          "idle_gaps": len(gaps), "idle_gap_ms_total": sum(g[0] for g in gaps) / 1e3,
                          "largest_gap_ms": largest[0] / 1e3 if largest else 0.0,
                          "largest_gap_host_op": (named.get(largest) or host_op_in_gap(host_ops, *largest))
-                         if host_ops and largest else None})
+                         if host_ops and largest else None,
+                         **largest_gap_place(host_ops, largest, lo)})
     span = sum(s["duration_ms"] for s in per_step)
 
     def weighted(key):
@@ -222,6 +223,21 @@ def host_op_in_gap(host_ops: list[dict], length: float, start: float, end: float
         if min(f, end) - max(s, start) >= 0.5 * length and (best is None or e["dur"] < best["dur"]):
             best = e
     return best["name"][:120] if best else "(no host operator)"
+
+
+def largest_gap_place(host_ops: list[dict], gap, step_start: float) -> dict:
+    """Where in its step the largest idle gap lies (ms from the step's start) and the host operators around it:
+    the last to end before it began and the first to begin inside it (what the host was doing just before the
+    device went idle, and what it started next); {} without host operators."""
+    if not host_ops or gap is None:
+        return {}
+    _, start, end = gap
+    before = max((e for e in host_ops if e["ts"] + e["dur"] <= start and not e["name"].startswith("ProfilerStep#")),
+                 key=lambda e: e["ts"] + e["dur"], default=None)
+    inside = min((e for e in host_ops if start <= e["ts"] < end), key=lambda e: e["ts"], default=None)
+    return {"largest_gap_at_ms": (start - step_start) / 1e3,
+            "largest_gap_after_host_op": before["name"][:120] if before else None,
+            "largest_gap_next_host_op": inside["name"][:120] if inside else None}
 
 
 def profile_run(ctx, trace_path, summary_path) -> dict:

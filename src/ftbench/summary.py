@@ -69,6 +69,7 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
     padded = [r.get("padded_tokens") for r in rows]
     if None not in padded:
         thr["padded_tokens_per_s"] = sum(padded) / window_s
+    record["extra"]["python_gc"] = python_gc(meter, rows, window_s)
     waits = [r.get("data_wait_s") for r in rows]
     if None not in waits:
         record["data"]["wait_share"] = sum(waits) / window_s
@@ -89,6 +90,17 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
     if None not in hardware:
         f.update(hardware_per_step=statistics.fmean(hardware), hardware_tflops=sum(hardware) / window_s / 1e12,
                  hfu=mfu(sum(hardware) / window_s, peak_tflops))  # the same ratio, of executed FLOPs
+
+
+def python_gc(meter, rows: list[dict], window_s: float) -> dict:
+    """Python's garbage collector in the measured steps: its pauses of the training thread per step (host time,
+    which stalls the GPU where the host has not queued ahead), the full collections, the largest pause of the
+    run, and whether the objects alive after load were frozen (variant knob gc_freeze)."""
+    pauses = [r.get("gc_pause_s") or 0.0 for r in rows]
+    return {"frozen_objects": meter.gc.frozen_objects, "pause_ms_per_step": 1e3 * statistics.fmean(pauses),
+            "pause_share_of_window": sum(pauses) / window_s if window_s else None,
+            "full_collections": sum(r.get("gc_full") or 0 for r in rows),
+            "largest_pause_ms_run": 1e3 * meter.gc.largest_s}
 
 
 def outliers(steps: list[dict], factor: float, median: float, window_s: float) -> dict:
