@@ -485,3 +485,23 @@ def test_gpt_oss_trains_with_grouped_experts_no_step_sync_and_a_frozen_gc(tmp_pa
     assert g["frozen_objects"] > 10**4 and g["pause_ms_per_step"] >= 0 and g["full_collections"] >= 0
     steps = list(csv.DictReader(open(tmp_path / "steps.csv")))
     assert all(float(r["gc_pause_s"]) >= 0 for r in steps)
+
+
+@pytest.mark.parametrize("metrics, walks", [(True, 5), (False, 1)])
+def test_without_trainer_metrics_the_flop_count_walks_the_model_once(tmp_path, tiny_qwen, instruction_data,
+                                                                     monkeypatch, metrics, walks):
+    """The Trainer's FLOP total walks every module and parameter each step (num_parameters(exclude_embeddings));
+    trainer_metrics: false counts them once, for the same total."""
+    from transformers import PreTrainedModel
+
+    calls = []
+    count = PreTrainedModel.num_parameters
+
+    def counted(self, only_trainable=False, exclude_embeddings=False):
+        calls.append(exclude_embeddings)
+        return count(self, only_trainable, exclude_embeddings)
+
+    monkeypatch.setattr(PreTrainedModel, "num_parameters", counted)
+    rec = run(tmp_path, tiny_qwen, instruction_data, Variant("lora", trainer_metrics=metrics), max_steps=5)
+    assert rec["status"] == "ok", rec["reason"]
+    assert calls.count(True) == walks
