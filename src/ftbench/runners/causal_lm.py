@@ -266,6 +266,18 @@ def train(ctx, record, device, meter):
                 self.params_counted = self.model.num_parameters(exclude_embeddings=True)
             return 6 * inputs[main].numel() * self.params_counted
 
+        trained = None
+
+        def _clip_grad_norm(self, model):
+            """Gradient clipping; without trainer metrics over the trainable parameters listed once (the same
+            norm: frozen parameters have no gradient) rather than `model.parameters()`, which the Trainer walks
+            through every module each step. FSDP2 keeps the Trainer's own path (sharded gradients)."""
+            if v.trainer_metrics or v.parallel == "fsdp2":
+                return super()._clip_grad_norm(model)
+            if self.trained is None:
+                self.trained = [p for p in model.parameters() if p.requires_grad]
+            return self.accelerator.clip_grad_norm_(self.trained, self.args.max_grad_norm)
+
         def _prepare_inputs(self, inputs):
             if v.attention == "varlen":  # (sync_free: the collator added them on the host already)
                 # accelerate's loader has moved the batch to the device: reading the position ids syncs the host
