@@ -69,6 +69,23 @@ def test_a_timeout_and_a_stand_in_never_hold():
     assert "holds" not in table["verdict"].to_list()
 
 
+def test_the_study_system_out_of_memory_is_named_by_its_measured_peak_beside_the_stand_in():
+    published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
+    recs = []
+    for variant, status in (("unsloth-qlora", "oom"), ("qlora-gc", "ok")):
+        r = record("llm", variant, 2.0, gpu=H100, batch=32, scale="full", model="gpt-oss-120b", mem=78.1)
+        r["run"]["dataset"], r["status"] = "japanese_alpaca", status
+        r["reason"] = "CUDA out of memory. Tried to allocate 720.00 MiB." if status == "oom" else None
+        r["throughput"]["samples_per_hour"] = 5000.0
+        recs.append(flatten(r))
+    table = coverage_rows(pl.DataFrame(recs, infer_schema_length=None),
+                          [{"table": "study_b", "published": published,
+                            "measured_by": {"unsloth-qlora": ["unsloth-qlora", "qlora-gc"]}}])
+    cell = table.filter(pl.col("measured") & (pl.col("model") == "gpt-oss-120b")).row(0, named=True)
+    assert "unsloth-qlora cannot run here (oom at 78.1 GiB on the H100" in cell["why"]
+    assert cell["verdict"] == "not comparable"
+
+
 def test_a_cell_that_differs_names_the_runs_own_evidence_or_says_none_was_measured():
     row = {"profile.busy_pct": 15.6, "profile.cpu_bound": True, "profile.data_loading_share": 0.009,
            "profile.kernels_per_step": 23949.0, "profile.idle_cause": "16622 gaps between kernels",
@@ -82,6 +99,13 @@ def test_a_cell_that_differs_names_the_runs_own_evidence_or_says_none_was_measur
     assert evidence({"profile.busy_pct": 40.0, "profile.cpu_bound": True,
                      "profile.data_loading_share": 0.3}).startswith("profile: loader-bound")
     assert evidence({"timing.step_time_s": 1.0}) == "cause not measured"
+    # no profile: NVML's busy share and the executed FLOPs say a slow run is GPU-bound on padding (Qwen3-32B
+    # wikipedia_ja through Unsloth, h100-2026-11-25-h)
+    padded = evidence({"device_usage.gpu_util_mean_pct": 98.46, "flops.hfu": 0.5875,
+                       "throughput.tokens_per_s": 1168.0, "throughput.padded_tokens_per_s": 2784.0,
+                       "flops.model_per_step": 3.618e15, "flops.hardware_per_step": 1.331e16})
+    assert padded == ("NVML: GPU busy 98 % of the windows, 59 % HFU (executed FLOPs, recompute and padding included); "
+                      "padding 58% of the tokens, 73% of the executed FLOPs padding or recompute")
     fixed = {"throughput.tokens_per_sample": 1194.0, "variant.compile": "default", "compile.unique_graphs": 12.0,
              "compile.recompiles": 0.0, "compile.graph_breaks": 23.0}
     assert evidence(fixed, {"throughput.tokens_per_sample": 2946.0}) == (

@@ -221,6 +221,8 @@ def _packed(packed: list[dict], order: list[str], cell: dict) -> str | None:
 
 def _first_reason(rows: list[dict], variant: str) -> str:
     for r in rows:
+        if r["variant"] == variant and r["status"] == "oom":  # the measured limit, not the allocator's sentence
+            return f"oom at {r.get('memory.at_failure_gib') or r.get('memory.peak_reserved_gib') or 0:.1f} GiB on the {r['gpu']}"
         if r["variant"] == variant and r.get("reason"):
             return r["reason"][:90]
     return "no record"
