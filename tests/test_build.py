@@ -302,6 +302,44 @@ def test_grouped_experts_give_the_per_expert_loops_outputs_and_gradients(tmp_pat
     assert torch.isfinite(loss)
 
 
+def test_expert_lora_is_the_merged_weights_update_with_gradients_only_where_experts_ran(tmp_path):
+    """LoRA on every expert's projections (variant knob expert_lora), as two grouped GEMMs a projection, computes
+    what the experts compute with W + (alpha / r) B A merged into their weights; A is drawn, B starts at zero (the
+    outputs unchanged), and an expert no token reached gets no gradient."""
+    from ftbench.build import adapt_experts, group_experts
+
+    arch = load_architecture(ARCH / "gpt-oss-120b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path, 42)
+    model, _ = build_model(manifest, 42, "cpu", torch.bfloat16)
+    group_experts(model)
+    experts = model.model.layers[0].mlp.experts
+    torch.manual_seed(0)
+    h, n_experts = arch["config"]["hidden_size"], arch["config"]["num_local_experts"]
+    x = torch.randn(24, h, dtype=torch.bfloat16, requires_grad=True)
+    idx = torch.tensor([[1, 4], [4, 6], [6, 1]] * 8)  # experts 0, 2, 3, 5 and 7 get no rows
+    weights = torch.rand(24, 2, dtype=torch.bfloat16).softmax(-1)
+    plain = experts(x, idx, weights)
+    facts = adapt_experts(model, {"r": 8, "alpha": 16})
+    d = arch["config"]["intermediate_size"]
+    per_expert = 8 * h + 2 * d * 8 + 8 * d + h * 8
+    assert facts["parameters"] == arch["config"]["num_hidden_layers"] * n_experts * per_expert
+    assert facts["dtype"] == "float32" and experts.lora_scaling == 2.0
+    assert torch.equal(experts(x, idx, weights), plain)  # B = 0: nothing changes before training
+    with torch.no_grad():
+        for name in ("gate_up", "down"):
+            experts.lora[f"{name}_B"].normal_(0, 0.02)
+    got = experts(x, idx, weights)
+    (got.float() ** 2).sum().backward()
+    grad_b = experts.lora["gate_up_B"].grad
+    assert grad_b[[1, 4, 6]].abs().sum() > 0 and grad_b[[0, 2, 3, 5, 7]].abs().sum() == 0
+    lora, experts.lora = experts.lora, None  # the same update merged into the experts' weights
+    with torch.no_grad():
+        for name, packed in experts.packed.items():
+            delta = 2.0 * lora[f"{name}_B"] @ lora[f"{name}_A"]
+            packed.weight_bf16 += delta.to(torch.bfloat16)
+    torch.testing.assert_close(experts(x, idx, weights).float(), got.float(), rtol=3e-2, atol=3e-2)
+
+
 def test_a_jobs_folder_in_host_memory_goes_with_the_job(tmp_path, monkeypatch):
     """The Unsloth checkpoint's host-memory route: its /dev/shm folder is named after the job's temporary folder,
     and the supervisor's release removes it (a killed child cannot), leaving other jobs' folders alone."""

@@ -1,6 +1,7 @@
 """The causal-LM runner on a tiny real model: ok, unsupported and error records, logs."""
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -485,6 +486,13 @@ def test_gpt_oss_trains_with_grouped_experts_no_step_sync_and_a_frozen_gc(tmp_pa
     assert g["frozen_objects"] > 10**4 and g["pause_ms_per_step"] >= 0 and g["full_collections"] >= 0
     steps = list(csv.DictReader(open(tmp_path / "steps.csv")))
     assert all(float(r["gc_pause_s"]) >= 0 for r in steps)
+    # ... and with LoRA on every expert too (expert_lora): the trainable parameters grow by exactly those
+    expert = run(tmp_path / "expert-lora", manifest, instruction_data,
+                 dataclasses.replace(v, name="qlora-gc-pf-grouped-async-expert-lora", expert_lora=True),
+                 batch_size=4, max_steps=3)
+    assert expert["status"] == "ok", expert["reason"]
+    added = expert["extra"]["expert_lora"]["parameters"]
+    assert added > 0 and expert["model"]["trainable_parameters"] == rec["model"]["trainable_parameters"] + added
 
 
 def test_without_trainer_metrics_the_model_is_walked_once_for_the_same_training(tmp_path, tiny_qwen,

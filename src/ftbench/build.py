@@ -59,6 +59,7 @@ class SplitExperts(nn.Module):
         self.gate_up_projs = nn.ModuleList(nn.Linear(h, 2 * d, bias=True) for _ in range(self.num_experts))
         self.down_projs = nn.ModuleList(nn.Linear(d, h, bias=True) for _ in range(self.num_experts))
         self.alpha, self.limit = 1.702, getattr(config, "swiglu_limit", 7.0)
+        self.lora = None  # expert LoRA (add_lora): per projection A (E, r, in) and B (E, out, r), trainable
 
     grouped = False  # variant knob experts: grouped (group_experts): one grouped GEMM per projection per layer
 
@@ -102,14 +103,44 @@ class SplitExperts(nn.Module):
         token_idx, slot, expert = order // k, order % k, flat[order]
         gate_up_w, down_w = self.packed["gate_up"], self.packed["down"]
         dtype = gate_up_w.dtype
-        gate_up = _GroupedLinear.apply(hidden_states[token_idx].to(dtype), offsets, gate_up_w) + gate_up_w.bias[expert]
+        x = hidden_states[token_idx].to(dtype)
+        gate_up = _GroupedLinear.apply(x, offsets, gate_up_w) + gate_up_w.bias[expert] + self._lora("gate_up", x, offsets)
         gate, up = gate_up[..., ::2], gate_up[..., 1::2]
         gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
-        y = _GroupedLinear.apply((up + 1) * (gate * torch.sigmoid(gate * self.alpha)), offsets, down_w) + down_w.bias[expert]
+        act = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        y = _GroupedLinear.apply(act, offsets, down_w) + down_w.bias[expert] + self._lora("down", act, offsets)
         weighted = (y * routing_weights[token_idx, slot, None]).to(hidden_states.dtype)
         return torch.zeros_like(hidden_states).index_add_(0, token_idx, weighted)
 
     packed = None
+    lora_scaling = 1.0
+
+    def _lora(self, name: str, x, offsets):
+        """LoRA's update for every expert at once, two grouped GEMMs (x A_e^T, then B_e^T, times alpha / r), in
+        the activations' dtype (as autocast runs PEFT's adapters); 0 without expert LoRA."""
+        if self.lora is None:
+            return 0
+        a, b = self.lora[f"{name}_A"].to(x.dtype), self.lora[f"{name}_B"].to(x.dtype)
+        low = torch._grouped_mm(x, a.transpose(-2, -1), offs=offsets)
+        return self.lora_scaling * torch._grouped_mm(low, b.transpose(-2, -1), offs=offsets)
+
+    def add_lora(self, r: int, alpha: float, dtype) -> int:
+        """LoRA on each expert's gate_up and down projections, as Unsloth adapts gpt-oss's per-expert layers for the
+        study's gate/up/down target modules: A drawn as PEFT draws it (Kaiming uniform, a = sqrt(5)), B zero, so
+        the model's outputs are unchanged until it trains. Returns the trainable parameters added."""
+        if not self.grouped:
+            raise ValueError("expert LoRA runs in the grouped path (experts: grouped)")
+        device = self.packed["gate_up"].bias.device
+        params = {}
+        for name, packed in self.packed.items():
+            out, inp = packed.shape
+            a = torch.empty(self.num_experts, r, inp, dtype=dtype, device=device)
+            for e in range(self.num_experts):
+                nn.init.kaiming_uniform_(a[e], a=5 ** 0.5)
+            params[f"{name}_A"] = nn.Parameter(a)
+            params[f"{name}_B"] = nn.Parameter(torch.zeros(self.num_experts, out, r, dtype=dtype, device=device))
+        self.lora, self.lora_scaling = nn.ParameterDict(params), alpha / r
+        return sum(p.numel() for p in params.values())
 
     def pack(self) -> None:
         """Each projection's frozen expert weights in one buffer, the experts' own parameters made views into it
@@ -221,6 +252,19 @@ def group_experts(model) -> int:
         m.grouped = True
         m.pack()
     return len(modules)
+
+
+def adapt_experts(model, lora: dict) -> dict:
+    """LoRA (the config's r and alpha) on every grouped SplitExperts module's experts (variant knob expert_lora), in
+    the dtype PEFT gave the model's other adapters; what was added, for the record. PEFT does not know these
+    adapters: its saved adapter holds attention's only."""
+    modules = [m for m in model.modules() if isinstance(m, SplitExperts)]
+    peft = next((p for n, p in model.named_parameters() if "lora_A" in n), None)
+    dtype = peft.dtype if peft is not None else torch.float32
+    r, alpha = lora.get("r", 8), lora.get("alpha", 16)
+    added = sum(m.add_lora(r, alpha, dtype) for m in modules)
+    return {"modules": len(modules), "projections": ["gate_up", "down"], "r": r, "alpha": alpha,
+            "dtype": str(dtype).removeprefix("torch."), "parameters": added}
 
 
 def split_experts(model) -> None:

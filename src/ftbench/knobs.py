@@ -64,6 +64,9 @@ class Variant:
     # gpt-oss's frozen experts: loop (one expert at a time, ~10 launches each) | grouped (one grouped GEMM per
     # projection per layer over all experts, weights dequantized inside it: ftbench.build.SplitExperts)
     experts: str = "loop"
+    # gpt-oss, experts grouped: LoRA on each expert's gate_up and down projections too (grouped GEMMs), as Unsloth
+    # adapts the per-expert layers for the study's gate/up/down target modules (PEFT's names miss them)
+    expert_lora: bool = False
     # how attention keeps a batch's sequences apart: mask (a padding or block-diagonal mask: SDPA's masked
     # kernels) | varlen (causal LM, padding-free: per-sequence kernel on the cumulative lengths, no mask;
     # ftbench.attention) | causal (LMM: no padding mask, the causal one alone; right padding means no real token
@@ -107,7 +110,7 @@ HONOURED = {
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
-                  "experts": {"loop", "grouped"}},
+                  "experts": {"loop", "grouped"}, "expert_lora": ANY},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
             "fp8_backend": ANY, "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
@@ -144,6 +147,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("parallel with framework='unsloth' (Unsloth trains on one GPU)")
     if variant.parallel == "fsdp2" and variant.precision == "nf4":
         problems.append("parallel='fsdp2' with precision='nf4' (sharding 4-bit weights is not wired; use ddp)")
+    if variant.expert_lora and variant.experts != "grouped":
+        problems.append("expert_lora without experts='grouped' (expert LoRA runs in the grouped path)")
     if variant.attention == "varlen" and not variant.padding_free:
         problems.append("attention='varlen' without padding_free (it reads the packed row's sequence boundaries)")
     if variant.attention == "varlen" and variant.framework == "unsloth":

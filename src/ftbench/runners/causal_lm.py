@@ -10,7 +10,7 @@ import torch
 
 from .. import attention, fp8, fused, packing
 from ..profiling import SyncWatch
-from ..build import build_model, group_experts, write_4bit_checkpoint
+from ..build import adapt_experts, build_model, group_experts, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwargs, compile_kwargs, compile_model,
                         compute_dtype, load_pretrained, parameter_counts, precision_ran, quantization_config,
@@ -80,6 +80,8 @@ def load_model(ctx, device):
         info["fp8"] = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN,
                                           recipe=v.fp8_recipe)
     model = apply_lora(model, v, lora)
+    if v.expert_lora:  # after PEFT, which freezes every parameter it did not add
+        info["expert_lora"] = adapt_experts(model, lora)
     if v.fused_projections:  # q/k/v and gate/up as one GEMM each, LoRA kept per projection (ftbench.fused)
         info["fused_projections"] = fused.fuse_projections(model)
     return model, tokenizer, info
@@ -202,6 +204,7 @@ def train(ctx, record, device, meter):
     record["extra"]["fp8"] = fp8_info or None
     record["extra"]["fused_projections"] = info.get("fused_projections")
     record["extra"]["experts"] = info.get("experts")
+    record["extra"]["expert_lora"] = info.get("expert_lora")
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
         attention.use_varlen(model)
