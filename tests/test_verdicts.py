@@ -104,8 +104,7 @@ def test_a_cell_that_differs_names_the_runs_own_evidence_or_says_none_was_measur
     padded = evidence({"device_usage.gpu_util_mean_pct": 98.46, "flops.hfu": 0.5875,
                        "throughput.tokens_per_s": 1168.0, "throughput.padded_tokens_per_s": 2784.0,
                        "flops.model_per_step": 3.618e15, "flops.hardware_per_step": 1.331e16})
-    assert padded == ("NVML: GPU busy 98 % of the windows, 59 % HFU (executed FLOPs, recompute and padding included); "
-                      "padding 58% of the tokens, 73% of the executed FLOPs padding or recompute")
+    assert padded == "NVML busy 98 %, HFU 59 %; padding 58% of the tokens (73% of executed FLOPs with recompute)"
     fixed = {"throughput.tokens_per_sample": 1194.0, "variant.compile": "default", "compile.unique_graphs": 12.0,
              "compile.recompiles": 0.0, "compile.graph_breaks": 23.0}
     assert evidence(fixed, {"throughput.tokens_per_sample": 2946.0}) == (

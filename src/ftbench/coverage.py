@@ -392,5 +392,6 @@ VERDICT_NOTE = ("Each published cell's verdict is computed from config/published
                 "how much and which way; <b>not comparable</b> where the record cannot answer the question as "
                 "published (a stand-in for the study's system, another GPU for an absolute figure, an out-of-memory "
                 "result), saying why; <b>not measured</b> with no record, or a timeout (never a result). Where a "
-                "cell differs, \"cause (measured)\" is the run's own evidence (profile, host CPU per step, data "
-                "wait, recompiles, tokens per sample, padding), or \"cause not measured\".")
+                "cell differs, \"cause (measured)\" is the run's own evidence (profile; without one, NVML's busy "
+                "share of the windows and HFU, the executed FLOPs' share of the GPU's dense peak; host CPU per step, "
+                "data wait, recompiles, tokens per sample, padding), or \"cause not measured\".")

@@ -79,8 +79,7 @@ def evidence(row: dict, base: dict | None = None) -> str:
                      + (f"; idle: {cause}" if cause and bound else ""))
     nvml, hfu = row.get("device_usage.gpu_util_mean_pct"), row.get("flops.hfu")
     if busy is None and nvml is not None:  # no profile: NVML's share of the windows a kernel ran, and how full
-        parts.append(f"NVML: GPU busy {nvml:.0f} % of the windows"
-                     + (f", {100 * hfu:.0f} % HFU (executed FLOPs, recompute and padding included)" if hfu else ""))
+        parts.append(f"NVML busy {nvml:.0f} %" + (f", HFU {100 * hfu:.0f} %" if hfu else ""))
     wait = row.get("data.wait_share")
     if wait is not None and busy is None:
         parts.append(f"data wait {100 * wait:.1f} % of the step")
@@ -105,7 +104,7 @@ def evidence(row: dict, base: dict | None = None) -> str:
     if real and padded and padded > real * (1 + TOKENS_DIFFER):
         model, hardware = row.get("flops.model_per_step"), row.get("flops.hardware_per_step")
         parts.append(f"padding {1 - real / padded:.0%} of the tokens"
-                     + (f", {1 - model / hardware:.0%} of the executed FLOPs padding or recompute" if model and hardware
+                     + (f" ({1 - model / hardware:.0%} of executed FLOPs with recompute)" if model and hardware
                         else ""))
     return "; ".join(parts) or "cause not measured"
 
