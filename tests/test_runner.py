@@ -519,3 +519,23 @@ def test_without_trainer_metrics_the_model_is_walked_once_for_the_same_training(
         assert calls.count(True) == walks
         losses[metrics] = [float(r["loss"]) for r in csv.DictReader(open(tmp_path / str(metrics) / "steps.csv"))]
     assert len(losses[True]) == 5 and losses[True] == losses[False]
+
+
+def test_unsloth_adapts_a_mixture_of_experts_attention_only_unless_the_variant_asks_for_expert_lora():
+    """The study's Unsloth adapted gpt-oss's attention only; Unsloth 2026.10.9 maps the MLP names onto every expert
+    (536.8 M trainable parameters). unsloth-qlora leaves the MLP names out on a mixture of experts, expert_lora keeps
+    them; a dense model keeps all seven."""
+    from types import SimpleNamespace
+
+    from ftbench.knobs import knob_problems
+    from ftbench.runners.causal_lm import unsloth_targets
+
+    seven = {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+    moe, dense = SimpleNamespace(num_local_experts=128), SimpleNamespace(hidden_size=8)
+    plain = Variant("unsloth-qlora", precision="nf4", framework="unsloth")
+    experts = Variant("unsloth-qlora-expert-lora", precision="nf4", framework="unsloth", expert_lora=True)
+    assert unsloth_targets(plain, seven, moe) == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert unsloth_targets(experts, seven, moe) == seven["target_modules"]
+    assert unsloth_targets(plain, seven, dense) == seven["target_modules"]
+    assert knob_problems("causal_lm", experts) == []
+    assert "grouped" in knob_problems("causal_lm", Variant("q", precision="nf4", expert_lora=True))[0]

@@ -64,8 +64,9 @@ class Variant:
     # gpt-oss's frozen experts: loop (one expert at a time, ~10 launches each) | grouped (one grouped GEMM per
     # projection per layer over all experts, weights dequantized inside it: ftbench.build.SplitExperts)
     experts: str = "loop"
-    # gpt-oss, experts grouped: LoRA on each expert's gate_up and down projections too (grouped GEMMs), as Unsloth
-    # adapts the per-expert layers for the study's gate/up/down target modules (PEFT's names miss them)
+    # mixture of experts: LoRA on each expert's projections too. PEFT (gpt-oss, experts grouped): gate_up and down
+    # as grouped GEMMs (PEFT's names miss the split experts); Unsloth: the MLP target names kept, which its current
+    # release maps onto every expert (false: they are left out, attention only, as the study's Unsloth adapted)
     expert_lora: bool = False
     # how attention keeps a batch's sequences apart: mask (a padding or block-diagonal mask: SDPA's masked
     # kernels) | varlen (causal LM, padding-free: per-sequence kernel on the cumulative lengths, no mask;
@@ -147,8 +148,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("parallel with framework='unsloth' (Unsloth trains on one GPU)")
     if variant.parallel == "fsdp2" and variant.precision == "nf4":
         problems.append("parallel='fsdp2' with precision='nf4' (sharding 4-bit weights is not wired; use ddp)")
-    if variant.expert_lora and variant.experts != "grouped":
-        problems.append("expert_lora without experts='grouped' (expert LoRA runs in the grouped path)")
+    if variant.expert_lora and variant.experts != "grouped" and variant.framework != "unsloth":
+        problems.append("expert_lora without experts='grouped' (PEFT's expert LoRA runs in the grouped path)")
     if variant.attention == "varlen" and not variant.padding_free:
         problems.append("attention='varlen' without padding_free (it reads the packed row's sequence boundaries)")
     if variant.attention == "varlen" and variant.framework == "unsloth":

@@ -32,6 +32,21 @@ def unsloth_checkpoint_routes() -> list:
     return routes
 
 
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def unsloth_targets(variant, lora: dict, model_config) -> list | None:
+    """The modules Unsloth adapts. On a mixture-of-experts model its current release maps the MLP names onto every
+    expert's projections (gpt-oss-120b: 536.8 M trainable parameters, out of memory on an H100 at step 2,
+    measurements/h100-2026-11-25-h), where the study's Unsloth adapted attention only; so the MLP names go unless
+    the variant asks for expert LoRA (knob expert_lora)."""
+    targets = lora.get("target_modules")
+    moe = getattr(model_config, "num_local_experts", None) or getattr(model_config, "num_experts", None)
+    if targets is None or variant.expert_lora or not moe:
+        return targets
+    return [t for t in targets if t not in MLP_PROJECTIONS]
+
+
 def load_model(ctx, device):
     """Load the checkpoint (random or hub), or build the model in process (ftbench.build), with the variant's
     precision and adapters applied; with how it was built and the FP8 conversion's summary."""
@@ -52,9 +67,10 @@ def load_model(ctx, device):
         finally:  # the checkpoint is read: its folders go (one in host memory would hold the host's RAM)
             for folder, _ in routes:
                 shutil.rmtree(folder, ignore_errors=True)
+        build["unsloth_target_modules"] = targets = unsloth_targets(v, lora, model.config)
         model = FastLanguageModel.get_peft_model(
             model, r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
-            target_modules=lora.get("target_modules"), bias="none", random_state=3407,
+            target_modules=targets, bias="none", random_state=3407,
             use_gradient_checkpointing="unsloth" if v.gradient_checkpointing else False)
         return model, tokenizer, {"build": build}
     from transformers import AutoModelForCausalLM, AutoTokenizer
