@@ -208,17 +208,22 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
         rec["status"], rec["reason"] = status, None if status == "ok" else "FP8 needs a CUDA GPU"
         rec["throughput"]["tokens_per_s"] = tps
         rec["loss"].update(eval=eval_loss, mean_first_steps=9.0 + batch, first_steps=8)
+        rec["flops"]["model_tflops"] = tps / 25 if tps else None  # 14,000 tokens/s: 560 TFLOP/s
+        rec["precision"]["gemm"] = "fp8" if "fp8" in variant else "bf16"
         return rec
 
     recs = [run("lora-pf-varlen-compile", 10000, 4), run("lora-pf-varlen-compile", 9000, 2),
             run("lora-tb", 11000, 1), run("lora-tb", 12000, 2), run("lora-tb-cg", 13200, 1, eval_loss=2.001),
             run("lora-tb-cg", 14000, 2),
-            run("lora-tb-cg-lean-fp8", None, 1, status="unsupported")]
+            run("lora-tb-cg-lean-fp8", None, 1, status="unsupported"), run("lora-tb-cg-lean-async-fp8", 16000, 2)]
     df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
     lead, note, (title, table, _) = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"],
-                                             beside=["lora-tb-cg-lean-fp8"])
+                                             beside=["lora-tb-cg-lean-fp8", "lora-tb-cg-lean-async-fp8"])
     rows = {r["variant"]: r for r in table.iter_rows(named=True)}
-    assert title == "Frontier" and len(table) == 4  # one row per rung: its fastest batch
+    assert title == "Frontier" and len(table) == 5  # one row per rung: its fastest batch
+    fp8 = rows["lora-tb-cg-lean-async-fp8"]
+    assert fp8["MFU % (bf16 peak)"] == pytest.approx(100 * 640 / 989.4)
+    assert fp8["MFU % (FP8 peak)"] == pytest.approx(100 * 640 / 1978.9)
     assert rows["lora-pf-varlen-compile"]["batch"] == 4 and rows["lora-tb-cg"]["batch"] == 2
     # x previous: against the rung before at the same batch where it ran there, else its fastest (batch named)
     # (rung 0's batch counts samples, the token-budget rungs' rows: rung 1 against rung 0's fastest, batch named)
@@ -227,7 +232,10 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
     assert rows["lora-tb"]["loss vs baseline"] == pytest.approx(0.0)  # the evaluation set's, not the first steps'
     assert rows["lora-tb-cg-lean-fp8"]["rung"] == "beside" and rows["lora-tb-cg-lean-fp8"]["status"] == "unsupported"
     assert "loss, evaluation set" in table.columns and "evaluation set" in note
-    assert "lora-tb-cg</b> at batch 2" in lead and "14,000 real tokens/s" in lead
+    assert "lora-tb-cg-lean-async-fp8</b> at batch 2" in lead and "16,000 real tokens/s" in lead
+    # MFU against the card's dense bf16 peak (989.4 TFLOP/s on an H100 SXM), and the FP8 peak too for FP8 rungs
+    assert rows["lora-tb-cg"]["MFU % (bf16 peak)"] == pytest.approx(100 * 560 / 989.4)
+    assert rows["lora-tb-cg"]["MFU % (FP8 peak)"] is None and "FP8 peak too" in note
     no_cg2 = df.filter(~((pl.col("variant") == "lora-tb-cg") & (pl.col("batch_size") == 2)))
     _, _, (_, table, _) = frontier(no_cg2, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"])
     assert {r["variant"]: r["x previous"] for r in table.iter_rows(named=True)}["lora-tb-cg"] == "1.2x"  # 13,200 at 1 against lora-tb at 1, not at its fastest 2

@@ -7,6 +7,7 @@ import statistics
 import polars as pl
 
 from .analysis import full_scale, html_page, median_step_samples_per_hour, peak_memory
+from .flops import peak_tflops
 from .profiling import GPU_BOUND_SHARE
 
 NOISE_SIGMAS = 2  # a ratio is a difference only when it lies outside this many combined noise CVs of 1
@@ -425,6 +426,13 @@ def same_rows_loss(run: dict, ref: dict | None) -> dict | None:
             "within_noise": abs(mean) <= scatter}
 
 
+def mfu_against(r: dict, precision: str) -> float | None:
+    """A run's model FLOPs per second as a percentage of its GPU's dense peak in `precision` (None where the GPU's
+    peak is unknown: a CPU, or a card without that precision)."""
+    peak, done = peak_tflops(r.get("gpu"), precision), r.get("flops.model_tflops")
+    return 100 * done / peak if peak and done else None
+
+
 def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True, eval_loss=False, title="Ladder",
            same_rows: str | None = None, **_) -> list:
     """The technique ladder: each rung a variant that adds one technique to the rung before, measured at the
@@ -477,7 +485,9 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             rows.append({"model": r["model"], "scale": r["scale"], "dataset": r["dataset"], "gpu": r["gpu"],
                          "batch": r["batch_size"], "rung": str(i) if name in rungs else "beside", "variant": name,
                          "status": r["status"],
-                         "tokens/s (real)": tps, "MFU %": 100 * r["flops.mfu"] if ok and r["flops.mfu"] else None,
+                         "tokens/s (real)": tps, "MFU % (bf16 peak)": mfu_against(r, "bf16") if ok else None,
+                         "MFU % (FP8 peak)": mfu_against(r, "fp8") if ok and r.get("precision.gemm") == "fp8"
+                         else None,
                          "peak memory GiB": r["memory_gib"] if ok else None,
                          ("loss, evaluation set" if eval_loss else "loss, first steps (mean)"): loss if ok else None,
                          "loss vs baseline": (loss - base_loss) if ok and same_steps and loss is not None
@@ -501,7 +511,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                if eval_loss else "the mean over the first warm-up + window steps, which see the same samples in every "
                "rung")
     note = (f"Each rung adds one technique to the rung above it ({same}). Tokens/s counts real tokens (padding "
-            "excluded); MFU counts them against the GPU's dense peak for the GEMM dtype that ran. "
+            "excluded); MFU counts their model FLOPs against the GPU's dense bf16 peak, and for an FP8 rung against "
+            "its dense FP8 peak too (twice the bf16 peak on an H100 or H200). "
             f"The loss is {loss_is}; 'loss vs baseline' is its difference from rung 0 (random weights: equal losses "
             "mean the same computation, not a good model). " + NOISE_NOTE)
     if same_rows:
