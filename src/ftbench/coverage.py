@@ -60,14 +60,19 @@ def _why(rows: list[dict], published_gib: float | None) -> str:
     for r in rows:
         text = f"{r['variant']} on the {r['gpu']}: {r['status']}"
         if r["status"] == "oom":
-            at = r.get("memory.at_failure_gib") or r.get("memory.peak_reserved_gib")
-            text += f" at {at:.1f} GiB" if at else ""
+            text += _oom_at(r)
             if published_gib and (_gpu_mem(r) or 0) < published_gib:
                 text += f" (a GPU with >= {published_gib:.0f} GiB, as the study's, may hold it)"
         elif r.get("reason"):
             text += f" ({r['reason'][:120]})"
         parts.append(text)
     return "; ".join(parts)
+
+
+def _oom_at(r: dict) -> str:
+    """" at N GiB": the memory a run held when it ran out (its peak where the failure's was not recorded)."""
+    at = r.get("memory.at_failure_gib") or r.get("memory.peak_reserved_gib")
+    return f" at {at:.1f} GiB" if at else ""
 
 
 def _baseline_peak(full: pl.DataFrame, model, bs: int, baselines: list[str]) -> str:
@@ -222,7 +227,7 @@ def _packed(packed: list[dict], order: list[str], cell: dict) -> str | None:
 def _first_reason(rows: list[dict], variant: str) -> str:
     for r in rows:
         if r["variant"] == variant and r["status"] == "oom":  # the measured limit, not the allocator's sentence
-            return f"oom at {r.get('memory.at_failure_gib') or r.get('memory.peak_reserved_gib') or 0:.1f} GiB on the {r['gpu']}"
+            return f"oom{_oom_at(r)} on the {r['gpu']}"
         if r["variant"] == variant and r.get("reason"):
             return r["reason"][:90]
     return "no record"

@@ -13,6 +13,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+HOST_MEMORY = Path("/dev/shm")  # a tmpfs: files there live in the host's memory
+
 
 def visible_gpus() -> list[str]:
     """The GPUs this job may use: CUDA_VISIBLE_DEVICES as given (a scheduler's choice, e.g. SLURM's), else

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .config import MeasureSettings
-from .gpus import cpu_name
+from .gpus import HOST_MEMORY, cpu_name
 from .source import code_identity
 from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_record_from_template,  # noqa: F401  (the record's
                       write_json_atomic)  # shape and its writer live with its readers, torch-free)
@@ -102,9 +102,6 @@ def device_info(device: torch.device) -> dict:
                         sm_clock_at_start_mhz=_nvml(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
                         power_limit_w=limit / 1000 if limit else None)
     return info
-
-
-HOST_MEMORY = Path("/dev/shm")  # a tmpfs: files there live in the host's memory
 
 
 def host_memory_dir(prefix: str) -> Path | None:

@@ -23,13 +23,13 @@ from pathlib import Path
 
 from . import forkserver
 from .config import run_gpus, run_limits
-from .gpus import describe, gpu_slots, share, shares_gpu
+from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
 
 POLL_S = 0.5
 
 
-def release_host_memory(job: Path, shm: Path = Path("/dev/shm")) -> list[str]:
+def release_host_memory(job: Path, shm: Path = HOST_MEMORY) -> list[str]:
     """Remove what the job left in host memory: the /dev/shm folders named after its temporary folder
     (harness.host_memory_dir), which a killed child cannot remove itself. Returns the folders removed."""
     import shutil
