@@ -62,8 +62,29 @@ def test_a_hung_run_past_its_time_limit_is_a_timeout_record(tmp_path, tiny_qwen,
     assert rec["status"] == "timeout" and "time limit of 45 s" in rec["reason"] and "last step reached: 2" in rec["reason"]
     sup = rec["extra"]["supervision"]
     assert sup["time_limit_s"] == 45 and sup["last_step"] == 2 and 45 <= sup["elapsed_s"] < 90
+    # what its steps took is kept: when each ended on the host's clock, and in the reason
+    (s1, end1), (s2, end2) = sup["host_step_ends_s"]
+    assert (s1, s2) == (1, 2) and 0 < end1 < end2 < sup["elapsed_s"]
+    assert f"step 1 in {end1:.1f} s, then a median {end2 - end1:.1f} s over 1 step (host clock)" in rec["reason"]
     assert rec["run"]["variant"] == "lora" and rec["provenance"]["config_hash"]
     assert rec["provenance"]["device"]["type"] == "cpu" and rec["provenance"]["device"]["name"]  # no GPU slot here
+
+
+def test_a_killed_runs_step_times_are_told_around_the_steps_left_out(tmp_path, monkeypatch):
+    from ftbench.harness import Progress
+    from ftbench.supervise import _host_steps
+
+    monkeypatch.setenv("FTBENCH_PROGRESS", str(tmp_path / "progress.json"))
+    progress = Progress()
+    for step in range(1, 301):
+        progress.stepped(step, None, 100.0 + 2.0 * step)  # step 1 takes 102 s, every later one 2 s
+    progress.write(300, None)
+    kept = json.loads((tmp_path / "progress.json").read_text())["host_step_ends_s"]
+    assert [s for s, _ in kept] == list(range(1, 101)) + list(range(201, 301))  # the first and last 100
+    # step 201's time is unknown (step 200 left out): 99 + 99 steps after step 1
+    assert _host_steps(kept) == "step 1 in 102.0 s, then a median 2.0 s over 198 steps (host clock)"
+    assert _host_steps(kept[-5:]) == "a median 2.0 s over 4 steps (host clock)"  # step 1 not among them
+    assert _host_steps([]) is None and _host_steps(None) is None
 
 
 @pytest.mark.parametrize("launcher", ["subprocess", "fork server"])

@@ -224,9 +224,13 @@ def _scalar(v):
 
 class Progress:
     """What a run has reached, for its supervisor (ftbench.supervise reads the file named by FTBENCH_PROGRESS when
-    the process dies): the last step and the compiled graphs, rewritten at most every PROGRESS_EVERY_S and whenever
-    TorchDynamo finishes a compile; and fault injection for tests (`inject`: die by SIGKILL, or hang, at a step, as
-    a crashing run would, the file brought up to date first)."""
+    the process dies): the last step, the compiled graphs and when each step ended on the host's clock (seconds
+    from the first step's start; the device's own step times are read only when a window closes, so a run killed
+    mid-window keeps these), rewritten at most every PROGRESS_EVERY_S and whenever TorchDynamo finishes a compile;
+    and fault injection for tests (`inject`: die by SIGKILL, or hang, at a step, as a crashing run would, the file
+    brought up to date first)."""
+
+    KEEP_ENDS = 200  # the step ends kept in the file: the first ones (warm-up, first compile) and the last ones
 
     def __init__(self, inject: dict | None = None):
         path = os.environ.get("FTBENCH_PROGRESS")
@@ -234,6 +238,7 @@ class Progress:
         self.inject = dict(inject or {})
         self._at = float("-inf")
         self._on_compiled = None
+        self.ends: list[list] = []
 
     def watch_compiles(self, step):
         """While compiling (a run killed in its first step's compile says how far it got): `step()` the step."""
@@ -247,13 +252,18 @@ class Progress:
             self._on_compiled = None
 
     def write(self, step: int, graphs: int | None):
-        self.file.seek(0)
-        self.file.write(json.dumps({"step": step or None, "compiled_graphs": graphs}))
+        half = self.KEEP_ENDS // 2
+        ends = self.ends if len(self.ends) <= self.KEEP_ENDS else self.ends[:half] + self.ends[-half:]
+        self.file.seek(0)  # ends as [step, seconds] pairs: which steps they are stays plain when the middle is left out
+        self.file.write(json.dumps({"step": step or None, "compiled_graphs": graphs, "host_step_ends_s": ends}))
         self.file.truncate()
         self.file.flush()
 
-    def stepped(self, step: int, graphs: int | None):
-        """After each step: the file, if due, then any fault injected at this step."""
+    def stepped(self, step: int, graphs: int | None, end_s: float | None = None):
+        """After each step (`end_s`: when it ended, from the first step's start): the file, if due, then any
+        fault injected at this step."""
+        if end_s is not None:
+            self.ends.append([step, round(end_s, 3)])
         now = time.perf_counter()
         if self.file is not None and now - self._at >= PROGRESS_EVERY_S:
             self.write(step, graphs)
@@ -410,7 +420,7 @@ class Meter:
         self._in_window += 1
         if self.profiler is not None:
             self.profiler.step()
-        self.progress.stepped(self._steps, row.get("compiled_graphs"))
+        self.progress.stepped(self._steps, row.get("compiled_graphs"), self._pending[-1]["host"] - self._origin_host)
         m = self.measure
         if self._phase == "warmup":
             if self._in_window >= m.warmup_steps:

@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -156,7 +157,8 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         last = json.loads(progress.read_text()) if progress.is_file() and progress.stat().st_size else {}
     supervision = {"launcher": launcher, "gpu_slots": slots, "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
                    "exit_code": proc.returncode, "host_peak_rss_gib_session": peak_rss / 1024**3 or None,
-                   "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs")}
+                   "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs"),
+                   "host_step_ends_s": last.get("host_step_ends_s")}
     rc = proc.returncode
     sig = signal.Signals(-rc).name if rc and rc < 0 else None
     how = f"killed by {sig}" if sig else f"exited with code {rc}"
@@ -177,9 +179,29 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
     reason = f"{why} (last step reached: {step if step is not None else 'none'}"
     if last.get("compiled_graphs") is not None:
         reason += f", {last['compiled_graphs']} graphs compiled"
+    if took := _host_steps(last.get("host_step_ends_s")):
+        reason += f", {took}"
     reason += f", after {elapsed:.0f} s)"
     supervision.update(signal=sig, log_tail=_tail(log_path))
     return _fallback(kind, params, paths, status, reason, supervision)
+
+
+def _host_steps(ends) -> str | None:
+    """What the steps a killed run finished took on the host's clock (Progress's [step, end s] pairs): the first
+    step (compile, warm-up) apart from the median of the rest, e.g. "step 1 in 151.5 s, then a median 12.3 s
+    over 6 steps (host clock)"."""
+    took, (prev_step, prev_end) = [], (0, 0.0)  # step 0 "ends" when the first step starts
+    for step, end in ends or []:
+        if step == prev_step + 1:  # beside the gap where the middle steps were left out
+            took.append((step, end - prev_end))
+        prev_step, prev_end = step, end
+    if not took:
+        return None
+    text = f"step 1 in {took[0][1]:.1f} s" if took[0][0] == 1 else ""
+    if rest := [t for step, t in took if step != 1]:
+        text += f"{', then a' if text else 'a'} median {statistics.median(rest):.1f} s over {len(rest)} step" + \
+            "s" * (len(rest) > 1)
+    return text + " (host clock)"
 
 
 def _fallback(kind, params, paths, status, reason, supervision) -> dict:
