@@ -2,6 +2,7 @@
 experts computing what the stock module computes, a 4-bit build's host memory bounded, bad input refused."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -358,3 +359,19 @@ def test_a_jobs_folder_in_host_memory_goes_with_the_job(tmp_path, monkeypatch):
     assert mine.parent == shm and mine.name.startswith("ftbench-abc123-unsloth-4bit-")
     assert supervise.release_host_memory(job, shm) == [str(mine)]
     assert not mine.exists() and other.exists()
+
+
+def test_unsloths_own_compile_is_a_knob_read_before_unsloth_is_imported(tmp_path, monkeypatch):
+    from ftbench.knobs import knob_problems
+    from ftbench.runners.causal_lm import import_unsloth
+
+    assert knob_problems("causal_lm", Variant("x", framework="unsloth", unsloth_compile=False)) == []
+    assert "unsloth_compile: false without framework='unsloth'" in knob_problems(
+        "causal_lm", Variant("x", unsloth_compile=False))
+    # a stand-in module that notes what it saw when imported, as Unsloth reads UNSLOTH_COMPILE_DISABLE
+    (tmp_path / "unsloth.py").write_text("import os\nSEEN = os.environ.get('UNSLOTH_COMPILE_DISABLE')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for compile_, seen in ((True, None), (False, "1")):
+        monkeypatch.delenv("UNSLOTH_COMPILE_DISABLE", raising=False)
+        monkeypatch.delitem(sys.modules, "unsloth", raising=False)
+        assert import_unsloth(Variant("x", framework="unsloth", unsloth_compile=compile_)).SEEN == seen

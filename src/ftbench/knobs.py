@@ -68,6 +68,10 @@ class Variant:
     # as grouped GEMMs (PEFT's names miss the split experts); Unsloth: the MLP target names kept, which its current
     # release maps onto every expert (false: they are left out, attention only, as the study's Unsloth adapted)
     expert_lora: bool = False
+    # framework unsloth: Unsloth's own torch.compile of the model's modules (its unsloth_compiled_cache), on by
+    # default as Unsloth runs; false sets UNSLOTH_COMPILE_DISABLE=1 before Unsloth is imported (on gpt-oss-120b, with
+    # torch 2.11, a guard of its compiled router raised StopIteration at the third step, 2026-11-25)
+    unsloth_compile: bool = True
     # how attention keeps a batch's sequences apart: mask (a padding or block-diagonal mask: SDPA's masked
     # kernels) | varlen (causal LM, padding-free: per-sequence kernel on the cumulative lengths, no mask;
     # ftbench.attention) | causal (LMM: no padding mask, the causal one alone; right padding means no real token
@@ -111,7 +115,7 @@ HONOURED = {
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
-                  "experts": {"loop", "grouped"}, "expert_lora": ANY},
+                  "experts": {"loop", "grouped"}, "expert_lora": ANY, "unsloth_compile": ANY},
     # LLaVA-NeXT loop (ftbench.runners.lmm)
     "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
             "fp8_backend": ANY, "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
@@ -152,6 +156,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("expert_lora without experts='grouped' (PEFT's expert LoRA runs in the grouped path)")
     if variant.attention == "varlen" and not variant.padding_free:
         problems.append("attention='varlen' without padding_free (it reads the packed row's sequence boundaries)")
+    if not variant.unsloth_compile and variant.framework != "unsloth":
+        problems.append("unsloth_compile: false without framework='unsloth'")
     if variant.attention == "varlen" and variant.framework == "unsloth":
         problems.append("attention='varlen' with framework='unsloth' (Unsloth chooses its own attention)")
     if not variant.kbit_upcast and (variant.precision != "nf4" or variant.framework == "unsloth"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import time
 
@@ -21,7 +22,8 @@ def unsloth_checkpoint_routes() -> list:
     """Where a model built in process may be written for Unsloth, in order: the job's temporary folder on disk
     (harness.job_dir, else a fresh temporary folder), then host memory (/dev/shm, where the host has it: a lent
     GPU host has twice as much memory as disk room for gpt-oss-120b's ~63 GiB checkpoint)."""
-    import tempfile
+    import os
+import tempfile
 
     from ..harness import host_memory_dir, job_dir
 
@@ -199,10 +201,20 @@ def sft_dataset(path, kind):
     return ds.map(lambda ex: {"messages": sft_messages(ex, kind)}, remove_columns=ds.column_names)
 
 
+def import_unsloth(variant):
+    """Unsloth, imported before transformers and TRL are used (it patches them on import), with its own compiled
+    modules off where the variant says so (knob unsloth_compile; Unsloth reads UNSLOTH_COMPILE_DISABLE on import)."""
+    if not variant.unsloth_compile:
+        os.environ["UNSLOTH_COMPILE_DISABLE"] = "1"
+    import unsloth
+
+    return unsloth
+
+
 def train(ctx, record, device, meter):
     """Load, wrap, train with SFTTrainer for warm-up + measured windows, evaluate; fill the record."""
     if ctx.variant.framework == "unsloth":
-        import unsloth  # noqa: F401  (first: it patches transformers and TRL on import)
+        import_unsloth(ctx.variant)
     from transformers import Trainer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
