@@ -362,7 +362,7 @@ def test_a_jobs_folder_in_host_memory_goes_with_the_job(tmp_path, monkeypatch):
 
 
 def test_unsloths_own_compile_is_a_knob_read_before_unsloth_is_imported(tmp_path, monkeypatch):
-    from ftbench.knobs import knob_problems
+    from ftbench.knobs import Variant, knob_problems
     from ftbench.runners.causal_lm import import_unsloth
 
     assert knob_problems("causal_lm", Variant("x", framework="unsloth", unsloth_compile=False)) == []

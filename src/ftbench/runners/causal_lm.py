@@ -22,8 +22,7 @@ def unsloth_checkpoint_routes() -> list:
     """Where a model built in process may be written for Unsloth, in order: the job's temporary folder on disk
     (harness.job_dir, else a fresh temporary folder), then host memory (/dev/shm, where the host has it: a lent
     GPU host has twice as much memory as disk room for gpt-oss-120b's ~63 GiB checkpoint)."""
-    import os
-import tempfile
+    import tempfile
 
     from ..harness import host_memory_dir, job_dir
 
