@@ -375,3 +375,56 @@ def test_unsloths_own_compile_is_a_knob_read_before_unsloth_is_imported(tmp_path
         monkeypatch.delenv("UNSLOTH_COMPILE_DISABLE", raising=False)
         monkeypatch.delitem(sys.modules, "unsloth", raising=False)
         assert import_unsloth(Variant("x", framework="unsloth", unsloth_compile=compile_)).SEEN == seen
+
+
+def test_a_readers_renamed_parameters_get_the_checkpoints_tensors_and_the_rest_are_named(tmp_path):
+    """Unsloth 2026.10.9 reads gpt-oss's router as `mlp.router.linear`, where the checkpoint holds `mlp.router`: those
+    parameters would keep the reader's fresh initialisation. restore_renamed copies the checkpoint's tensors into
+    them (sharded checkpoint, layers folded in the record) and names what the checkpoint does not hold."""
+    import json
+
+    from safetensors.torch import save_file
+    from torch import nn
+
+    from ftbench.build import restore_renamed
+
+    torch.manual_seed(0)
+    saved = {f"model.layers.{i}.mlp.router.{p}": torch.randn(4, 3) if p == "weight" else torch.randn(4)
+             for i in range(3) for p in ("weight", "bias")}
+    saved["model.embed.weight"] = torch.randn(5, 3)
+    shards = {"a.safetensors": [k for k in saved if ".0." in k], "b.safetensors": [k for k in saved if ".0." not in k]}
+    for file, keys in shards.items():
+        save_file({k: saved[k] for k in keys}, tmp_path / file)
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {k: f for f, keys in shards.items() for k in keys}}))
+
+    class Router(nn.Module):  # the reader's class: the same tensors one module deeper
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 4)
+
+    reader = nn.Module()
+    reader.model = nn.Module()
+    reader.model.embed = nn.Embedding(5, 3)
+    reader.model.embed.weight.data.copy_(saved["model.embed.weight"])
+    reader.model.layers = nn.ModuleList()
+    for _ in range(3):
+        layer = nn.Module()
+        layer.mlp = nn.Module()
+        layer.mlp.router = Router()
+        layer.mlp.sinks = nn.Parameter(torch.zeros(2))  # held by no name in the checkpoint
+        reader.model.layers.append(layer)
+    facts = restore_renamed(reader, tmp_path)
+    for i in range(3):
+        assert torch.equal(reader.model.layers[i].mlp.router.linear.weight, saved[f"model.layers.{i}.mlp.router.weight"])
+        assert torch.equal(reader.model.layers[i].mlp.router.linear.bias, saved[f"model.layers.{i}.mlp.router.bias"])
+    assert facts["renamed"] == {"model.layers.{0...2}.mlp.router.linear.bias": "model.layers.{0...2}.mlp.router.bias",
+                                "model.layers.{0...2}.mlp.router.linear.weight": "model.layers.{0...2}.mlp.router.weight"}
+    assert facts["not_in_checkpoint"] == ["model.layers.{0...2}.mlp.sinks"]
+    # a checkpoint in one file, read the same way; nothing renamed where every name matches
+    (tmp_path / "one").mkdir()
+    save_file({"model.embed.weight": saved["model.embed.weight"]}, tmp_path / "one" / "model.safetensors")
+    plain = nn.Module()
+    plain.model = nn.Module()
+    plain.model.embed = nn.Embedding(5, 3)
+    assert restore_renamed(plain, tmp_path / "one") == {"renamed": {}, "not_in_checkpoint": []}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import re
 import resource
 import time
 from pathlib import Path
@@ -495,3 +496,65 @@ def build_model(manifest: dict, seed: int, device, dtype=torch.bfloat16, quantiz
              "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
     model.eval()
     return model, facts
+
+
+def _layer_groups(names) -> dict[str, list[str]]:
+    """Parameter names grouped by their first layer number folded: {"model.layers.{}.mlp.router.weight": [...]}."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(re.sub(r"\.\d+\.", ".{}.", name, count=1), []).append(name)
+    return groups
+
+
+def _layer_pattern(names) -> list[str]:
+    """Parameter names with their layer numbers folded, as transformers' load report writes them:
+    model.layers.{0...35}.mlp.router.linear.weight."""
+    out = []
+    for key, group in _layer_groups(names).items():
+        ids = sorted({int(m.group(1)) for n in group if (m := re.search(r"\.(\d+)\.", n))})
+        if not ids:
+            out.append(key)
+            continue
+        span = f"{ids[0]}...{ids[-1]}" if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)) else \
+            ",".join(map(str, ids))
+        out.append(key.replace("{}", "{" + span + "}", 1))
+    return sorted(out)
+
+
+def restore_renamed(model, checkpoint_dir) -> dict:
+    """After a reader (Unsloth) has loaded `checkpoint_dir` into its own model classes: its parameters that the
+    checkpoint holds under another name get the checkpoint's tensor, where the names differ by one inserted module
+    (Unsloth 2026.10.9's gpt-oss router is a module holding `linear`: `mlp.router.linear.weight` against the
+    checkpoint's `mlp.router.weight`, which the reader left at its fresh initialisation). Parameters the checkpoint
+    holds under no such name stay as the reader made them and are named in the result. Returns the facts for the
+    record: `renamed` ({reader's name: checkpoint's name}, layers folded) and `not_in_checkpoint`."""
+    from safetensors import safe_open
+
+    folder = Path(checkpoint_dir)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        where = json.loads(index.read_text())["weight_map"]
+    else:
+        with safe_open(folder / "model.safetensors", "pt") as f:
+            where = dict.fromkeys(f.keys(), "model.safetensors")
+    renamed, missing = {}, []
+    for name, param in model.named_parameters():
+        if name in where:
+            continue
+        parts = name.split(".")
+        alias = next((".".join(parts[:i] + parts[i + 1:]) for i in range(len(parts) - 1)
+                      if ".".join(parts[:i] + parts[i + 1:]) in where), None)
+        if alias is None:
+            missing.append(name)
+            continue
+        with safe_open(folder / where[alias], "pt", device="cpu") as f:
+            value = f.get_tensor(alias)
+        if value.shape != param.shape:
+            missing.append(name)
+            continue
+        with torch.no_grad():
+            param.copy_(value.to(device=param.device, dtype=param.dtype))
+        renamed[name] = alias
+    folded = {_layer_pattern(group)[0]: _layer_pattern([renamed[n] for n in group])[0]
+              for group in _layer_groups(renamed).values()}
+    return {"renamed": folded, "not_in_checkpoint": _layer_pattern(missing)}

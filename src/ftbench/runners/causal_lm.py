@@ -11,7 +11,7 @@ import torch
 
 from .. import attention, fp8, fused, packing
 from ..profiling import SyncWatch
-from ..build import adapt_experts, build_model, group_experts, write_4bit_checkpoint
+from ..build import adapt_experts, build_model, group_experts, restore_renamed, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwargs, compile_kwargs, compile_model,
                         compute_dtype, load_pretrained, parameter_counts, precision_ran, quantization_config,
@@ -65,6 +65,8 @@ def load_model(ctx, device):
             model, tokenizer = FastLanguageModel.from_pretrained(
                 path, max_seq_length=ctx.settings.max_seq_length, dtype=compute_dtype(v),
                 load_in_4bit=v.precision == "nf4")
+            if in_process:  # what Unsloth's classes name otherwise gets the seeded tensor too, or is named
+                build["unsloth_load"] = restore_renamed(model, path)
         finally:  # the checkpoint is read: its folders go (one in host memory would hold the host's RAM)
             for folder, _ in routes:
                 shutil.rmtree(folder, ignore_errors=True)
