@@ -129,6 +129,22 @@ def test_record_has_the_fixed_schema_whatever_the_status():
     assert "KeyError" in rec["reason"] and "traceback" in rec["extra"]
 
 
+def test_an_error_without_a_message_is_recorded_with_where_it_was_raised():
+    def first_key(d):  # what Dynamo's dict_keys_getitem does with a dict shorter than its guard expected
+        return next(iter(d))
+
+    def router(d):
+        return first_key(d)
+
+    rec = new_record({"study": "s"}, {"peft": "lora"})
+    with guarded(rec, CPU):
+        router({})
+    assert rec["status"] == "error"
+    assert rec["reason"] == ("StopIteration (no message) in first_key (tests/test_harness.py:"
+                             f"{first_key.__code__.co_firstlineno + 1}), called from router (tests/test_harness.py:"
+                             f"{router.__code__.co_firstlineno + 1})")
+
+
 def test_records_are_written_atomically(tmp_path, monkeypatch):
     path = tmp_path / "metrics.json"
     write_json_atomic(path, {"a": 1})

@@ -86,6 +86,34 @@ def test_the_study_system_out_of_memory_is_named_by_its_measured_peak_beside_the
     assert cell["verdict"] == "not comparable"
 
 
+def test_the_study_system_with_a_setting_changed_fills_its_cell_as_itself_and_says_which():
+    """Unsloth with its own compile off is Unsloth, not a stand-in: it fills the cell (here on the H200, the H100
+    having run out of memory), and the note names the knob it changed, against the study variant's record (one
+    made before the knob existed ran with its default)."""
+    published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
+    runs = (("unsloth-qlora", "error", H100, {"framework": "unsloth"}),
+            ("unsloth-qlora-eager", "oom", H100, {"framework": "unsloth", "unsloth_compile": False}),
+            ("unsloth-qlora-eager", "ok", "NVIDIA H200", {"framework": "unsloth", "unsloth_compile": False}),
+            ("qlora-gc", "ok", "NVIDIA H200", {}))
+    recs = []
+    for variant, status, gpu, knobs in runs:
+        r = record("llm", variant, 2.0, gpu=gpu, batch=32, scale="full", model="gpt-oss-120b", mem=78.1)
+        r["run"]["dataset"], r["status"] = "japanese_alpaca", status
+        r["variant"].update(knobs)
+        r["reason"] = {"error": "StopIteration (no message) in dict_keys_getitem", "oom": "CUDA out of memory."}.get(status)
+        r["throughput"]["samples_per_hour"] = 31557.0 if variant == "unsloth-qlora-eager" else 5881.0
+        recs.append(flatten(r))
+    table = coverage_rows(pl.DataFrame(recs, infer_schema_length=None),
+                          [{"table": "study_b", "published": published, "measured_by": {
+                              "unsloth-qlora": ["unsloth-qlora", "unsloth-qlora-eager", "qlora-gc"]}}])
+    cell = table.filter(pl.col("measured") & (pl.col("model") == "gpt-oss-120b")).row(0, named=True)
+    assert cell["measured by"] == "unsloth-qlora-eager" and cell["GPU"] == "H200"
+    assert cell["verdict"] == "not comparable" and cell["how"] == "measured on the H200, not the H100 SXM5"
+    assert "unsloth-qlora cannot run here (StopIteration (no message)" in cell["why"]
+    assert "unsloth-qlora-eager is the same system with unsloth_compile False" in cell["why"]
+    assert "stands in" not in cell["why"]
+
+
 def test_a_cell_that_differs_names_the_runs_own_evidence_or_says_none_was_measured():
     row = {"profile.busy_pct": 15.6, "profile.cpu_bound": True, "profile.data_loading_share": 0.009,
            "profile.kernels_per_step": 23949.0, "profile.idle_cause": "16622 gaps between kernels",

@@ -42,9 +42,11 @@ def flatten(record: dict) -> dict:
                 "parallel.world_size": par.get("world_size") or record["variant"].get("gpus") or 1,
                 "parallel.samples_per_s_per_gpu": par.get("samples_per_s_per_gpu"),
                 "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
-    row["variant.gradient_checkpointing"] = record["variant"].get("gradient_checkpointing")
-    row["variant.compile"] = record["variant"].get("compile")
-    row["variant.token_budget"] = record["variant"].get("token_budget")  # batch = rows of this many tokens
+    # every knob the run recorded (token_budget: batch = rows of this many tokens; a knob newer than the record is
+    # absent: its default, ftbench.knobs.DEFAULTS)
+    row.update({f"variant.{k}": v for k, v in record["variant"].items() if k != "name" and not isinstance(v, (list, dict))})
+    for k in ("gradient_checkpointing", "compile", "token_budget"):
+        row.setdefault(f"variant.{k}", None)
     row["variant.padding_free"] = bool(record["variant"].get("padding_free"))  # a batch packed into one row
     row["extra.image_tokens_per_sample"] = record.get("extra", {}).get("image_tokens_per_sample")
     row["extra.host_changes"] = short_host_changes(record.get("extra", {}).get("host_changes"))

@@ -9,6 +9,7 @@ import polars as pl
 
 from .analysis import KEY, full_scale, html_table, peak_memory, read_runs, typed
 from .compare import _verdict
+from .knobs import DEFAULTS
 from .verdicts import VERDICTS, combined_noise, counts_line, evidence, judge, published_range
 
 GIB_PER_GB = 1e9 / 2**30
@@ -178,7 +179,7 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         if r is None and any(x["gpu"] == cell["gpu"] for x in packed):  # only packed rows: beside, never in its place
             out.append({**base, "measured": True, "status": "ok", "verdict": "not comparable",
                         "how": "measured only in packed rows (no padding), not the study's padded batches",
-                        "why": _why(here, None) if here else "no run in the study's batch shape (padded) yet"})
+                        "why": _why(rows, None) if rows else "no run in the study's batch shape (padded) yet"})
             continue
         if r is None:
             why = _why(here, None) if here else (
@@ -190,7 +191,11 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         note = None
         if r["gpu"] != cell["gpu"]:
             note = f"the {cell['gpu']} ran out of memory; measured on the {r['gpu']}"
-        if r["variant"] != variant:  # a stand-in is never the study's system: its figure is beside, not a verdict
+        otherwise = _same_system(rows, variant, r)
+        if otherwise is not None:  # the study's system with a setting changed: judged as the system, and says which
+            note = "; ".join(x for x in (note, f"{variant} cannot run here ({_first_reason(rows, variant)}); "
+                                         f"{r['variant']} is the same system with {otherwise}") if x)
+        if r["variant"] != variant and otherwise is None:  # a stand-in is never the study's system: beside, not a verdict
             note = "; ".join(x for x in (note, f"{variant} cannot run here ({(_first_reason(rows, variant))}); "
                                          f"{r['variant']} stands in") if x)
             judged = _not_comparable(f"a stand-in: {r['variant']} for the study's {variant}")
@@ -205,6 +210,22 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
                     "x published": _verdict(ours / cell["samples_per_hour"], r["timing.noise_cv"], None),
                     **_judged(judged, r)})
     return out
+
+
+def _same_system(rows: list[dict], variant: str, r: dict) -> str | None:
+    """Where `r` is not the study's variant but runs the same framework (Unsloth with its own compile off, say):
+    the knobs it sets otherwise, from the study variant's record beside it ("unsloth_compile False"); None for a
+    stand-in (another framework), or where the study variant has no record to compare with."""
+    study = next((x for x in rows if x["variant"] == variant), None)
+    if (r["variant"] == variant or study is None or study.get("variant.framework") is None
+            or study.get("variant.framework") != r.get("variant.framework")):
+        return None
+    def knob(row, k):  # a record made before the knob existed ran with its default
+        return row.get(k) if row.get(k) is not None else DEFAULTS.get(k.removeprefix("variant."))
+
+    knobs = sorted(k for k in r if k.startswith("variant.") and k.removeprefix("variant.") in DEFAULTS
+                   and knob(r, k) != knob(study, k))
+    return ", ".join(f"{k.removeprefix('variant.')} {knob(r, k)}" for k in knobs) or "no knob changed"
 
 
 def _padding(r: dict) -> str:

@@ -541,8 +541,19 @@ def guarded(record: dict, device: torch.device):
         record.update(status="oom", reason=str(e).splitlines()[0][:500])
         record["memory"]["at_failure_gib"] = mem["peak_reserved_gib"]
     except Exception as e:  # noqa: BLE001 — any other failure is recorded with its exception
-        record.update(status="error", reason=f"{type(e).__name__}: {e}"[:2000])
+        record.update(status="error", reason=error_reason(e)[:2000])
         record["extra"]["traceback"] = traceback.format_exc()[-4000:]
+
+
+def error_reason(e: BaseException) -> str:
+    """An exception as a record's reason: its type and message, and where one without a message was raised (the
+    innermost two frames: "StopIteration (no message) in dict_keys_getitem (_dynamo/utils.py:2885), called from
+    GptOssTopKRouter_forward (unsloth_compiled_cache/unsloth_compiled_module_gpt_oss.py:265)")."""
+    if str(e):
+        return f"{type(e).__name__}: {e}"
+    frames = traceback.extract_tb(e.__traceback__)[-2:][::-1]
+    where = ", called from ".join(f"{f.name} ({'/'.join(Path(f.filename).parts[-2:])}:{f.lineno})" for f in frames)
+    return f"{type(e).__name__} (no message)" + (f" in {where}" if where else "")
 
 
 def write_record(path, record: dict):
