@@ -164,12 +164,14 @@ def test_sampler_without_gpu_measures_nothing_and_says_so():
     assert s.summary([(0, time.perf_counter())])["gpu_util_mean_pct"] is None and s.energy_mj() is None
 
 
-def test_memory_and_provenance_on_cpu(tmp_path):
+def test_memory_and_provenance_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     mem = memory_now(CPU)
     assert mem["host_peak_rss_gib"] > 0 and mem["peak_allocated_gib"] is None
     prov = provenance(CPU, tmp_path, "abc", "random", "synthetic", "tiny")
     assert prov["versions"]["torch"] == "2.13.0+cpu" or torch.__version__.startswith(prov["versions"]["torch"])
     assert prov["device"]["type"] == "cpu" and prov["config_hash"] == "abc" and prov["scale"] == "tiny"
+    assert prov["cuda_alloc_conf"] == "expandable_segments:True"  # the allocator's settings travel with the record
 
 
 def test_compile_accounting_keeps_training_apart_from_evaluation():

@@ -137,6 +137,8 @@ def provenance(device: torch.device, base_dir, config_hash: str, weights_source:
     return {"versions": _versions(), "device": device_info(device), **code_identity(base_dir),
             "config_hash": config_hash, "weights_source": weights_source, "data_source": data_source,
             "scale": scale, "host": platform.node(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            # the CUDA caching allocator's settings (expandable segments, ...): where an oom's fragmentation goes
+            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
