@@ -54,9 +54,14 @@ def _pick(rows: list[dict], order: list[str], counts_timeout: bool, published_gi
     return None
 
 
-def _why(rows: list[dict], published_gib: float | None) -> str:
+def _why(rows: list[dict], published_gib: float | None, order: list[str] | None = None) -> str:
+    """What the records of a cell no record fills say, each "variant on the GPU: status (why)"; with `order`, the
+    study's own variant and its settings first."""
     if not rows:
         return "not run yet at full scale on a GPU"
+    if order:
+        rank = {v: i for i, v in enumerate(order)}
+        rows = sorted(rows, key=lambda r: rank.get(r["variant"], len(order)))
     parts = []
     for r in rows:
         text = f"{r['variant']} on the {r['gpu']}: {r['status']}"
@@ -179,11 +184,11 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         if r is None and any(x["gpu"] == cell["gpu"] for x in packed):  # only packed rows: beside, never in its place
             out.append({**base, "measured": True, "status": "ok", "verdict": "not comparable",
                         "how": "measured only in packed rows (no padding), not the study's padded batches",
-                        "why": _why(rows, None) if rows else "no run in the study's batch shape (padded) yet"})
+                        "why": _why(rows, None, order) if rows else "no run in the study's batch shape (padded) yet"})
             continue
         if r is None:
-            why = _why(here, None) if here else (
-                f"no record from the {cell['gpu']} (samples/h are per GPU); ours elsewhere: {_why(rows, None)}"
+            why = _why(here, None, order) if here else (
+                f"no record from the {cell['gpu']} (samples/h are per GPU); ours elsewhere: {_why(rows, None, order)}"
                 if rows else "not run yet at full scale on a GPU")
             out.append({**base, "why": why})
             continue
@@ -193,8 +198,8 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
             note = f"the {cell['gpu']} ran out of memory; measured on the {r['gpu']}"
         otherwise = _same_system(rows, variant, r)
         if otherwise is not None:  # the study's system with a setting changed: judged as the system, and says which
-            note = "; ".join(x for x in (note, f"{variant} cannot run here ({_first_reason(rows, variant)}); "
-                                         f"{r['variant']} is the same system with {otherwise}") if x)
+            note = "; ".join(x for x in (f"{r['variant']}: the same system with {otherwise} ({variant}: "
+                                         f"{_first_reason(rows, variant)})", note) if x)
         if r["variant"] != variant and otherwise is None:  # a stand-in is never the study's system: beside, not a verdict
             note = "; ".join(x for x in (note, f"{variant} cannot run here ({(_first_reason(rows, variant))}); "
                                          f"{r['variant']} stands in") if x)
@@ -377,7 +382,8 @@ NOTE = ("Every published cell of the four studies, computed from the records and
         "where the variant compiles (its compile budget ran out: a result); an oom only on a GPU with at least the "
         "study's GPU memory. Tiny and proxy records never fill a cell. \"measured by\" names the variant that ran "
         "it: Study A's variants with gradient checkpointing (-gc; the study's published memory implies it), Study B's "
-        "PEFT stand-in where Unsloth has no record of its own. Ratios: Study A against bf16 of the same "
+        "Unsloth with a setting changed (named in \"why\") or, where Unsloth has no record of its own, the PEFT "
+        "stand-in (never judged). Ratios: Study A against bf16 of the same "
         "GPU and batch, Study C against 0 workers of the same GPU, Study B against the published figure itself.")
 
 
