@@ -44,7 +44,8 @@ def flatten(record: dict) -> dict:
                 "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
     # every knob the run recorded (token_budget: batch = rows of this many tokens; a knob newer than the record is
     # absent: its default, ftbench.knobs.DEFAULTS)
-    row.update({f"variant.{k}": v for k, v in record["variant"].items() if k != "name" and not isinstance(v, (list, dict))})
+    row.update({f"variant.{k}": v for k, v in record["variant"].items()
+                if k != "name" and not isinstance(v, (list, dict))})
     for k in ("gradient_checkpointing", "compile", "token_budget"):
         row.setdefault(f"variant.{k}", None)
     row["variant.padding_free"] = bool(record["variant"].get("padding_free"))  # a batch packed into one row

@@ -225,6 +225,7 @@ def _same_system(rows: list[dict], variant: str, r: dict) -> str | None:
     if (r["variant"] == variant or study is None or study.get("variant.framework") is None
             or study.get("variant.framework") != r.get("variant.framework")):
         return None
+
     def knob(row, k):  # a record made before the knob existed ran with its default
         return row.get(k) if row.get(k) is not None else DEFAULTS.get(k.removeprefix("variant."))
 
