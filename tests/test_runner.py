@@ -455,7 +455,10 @@ def test_the_garbage_collectors_pauses_are_timed_per_step_and_freezing_leaves_no
     garbage = [[i] for i in range(10**5)]  # objects alive before training starts: frozen by start()
     with meter:
         meter.start()
-        assert meter.gc.frozen_objects >= len(garbage) and gc.get_freeze_count() == meter.gc.frozen_objects
+        # frozen objects freed since (another thread's, the pytest run's) leave the permanent generation: the count
+        # only falls from what start() froze, and the objects alive before it stay frozen
+        assert meter.gc.frozen_objects >= len(garbage)
+        assert len(garbage) <= gc.get_freeze_count() <= meter.gc.frozen_objects
         meter.step(1)
         gc.collect()  # a full collection inside the second step
         meter.step(1)
