@@ -537,24 +537,31 @@ def restore_renamed(model, checkpoint_dir) -> dict:
     else:
         with safe_open(folder / "model.safetensors", "pt") as f:
             where = dict.fromkeys(f.keys(), "model.safetensors")
-    renamed, missing = {}, []
-    for name, param in model.named_parameters():
+    params = dict(model.named_parameters())
+    aliases, missing = {}, []  # reader's name -> the checkpoint's, for the parameters the checkpoint misses
+    for name in params:
         if name in where:
             continue
         parts = name.split(".")
-        alias = next((".".join(parts[:i] + parts[i + 1:]) for i in range(len(parts) - 1)
-                      if ".".join(parts[:i] + parts[i + 1:]) in where), None)
+        shorter = (".".join(parts[:i] + parts[i + 1:]) for i in range(len(parts) - 1))
+        alias = next((a for a in shorter if a in where), None)
         if alias is None:
             missing.append(name)
-            continue
-        with safe_open(folder / where[alias], "pt", device="cpu") as f:
-            value = f.get_tensor(alias)
-        if value.shape != param.shape:
-            missing.append(name)
-            continue
-        with torch.no_grad():
-            param.copy_(value.to(device=param.device, dtype=param.dtype))
-        renamed[name] = alias
+        else:
+            aliases[name] = alias
+    renamed = {}
+    for file in sorted({where[a] for a in aliases.values()}):  # each shard opened once
+        with safe_open(folder / file, "pt", device="cpu") as f:
+            for name, alias in aliases.items():
+                if where[alias] != file:
+                    continue
+                value, param = f.get_tensor(alias), params[name]
+                if value.shape != param.shape:
+                    missing.append(name)
+                    continue
+                with torch.no_grad():
+                    param.copy_(value.to(device=param.device, dtype=param.dtype))
+                renamed[name] = alias
     folded = {_layer_pattern(group)[0]: _layer_pattern([renamed[n] for n in group])[0]
               for group in _layer_groups(renamed).values()}
     return {"renamed": folded, "not_in_checkpoint": _layer_pattern(missing)}

@@ -36,12 +36,17 @@ def _gpu_mem(r: dict) -> float | None:
     return r.get("gpu_memory_gib")
 
 
+def _in_order(rows: list[dict], order: list[str]) -> list[dict]:
+    """The records, earlier variants in `order` first (variants not in it last; otherwise as they came)."""
+    rank = {v: i for i, v in enumerate(order)}
+    return sorted(rows, key=lambda r: rank.get(r["variant"], len(order)))
+
+
 def _pick(rows: list[dict], order: list[str], counts_timeout: bool, published_gib: float | None):
     """The record that fills a cell, and the status it fills it with: ok first (earlier variants in `order` first);
     a timeout where the variant compiles (the compile budget ran out: a result); an oom only on a GPU with at least
     the published GPU's memory (elsewhere it says which GPU to try). None when no record fills it."""
-    rank = {v: i for i, v in enumerate(order)}
-    rows = sorted(rows, key=lambda r: rank.get(r["variant"], len(order)))
+    rows = _in_order(rows, order)
     for r in rows:
         if r["status"] == "ok":
             return r
@@ -59,10 +64,8 @@ def _why(rows: list[dict], published_gib: float | None, order: list[str] | None 
     study's own variant and its settings first."""
     if not rows:
         return "not run yet at full scale on a GPU"
-    if order:
-        rank = {v: i for i, v in enumerate(order)}
-        rows = sorted(rows, key=lambda r: rank.get(r["variant"], len(order)))
     parts = []
+    rows = _in_order(rows, order) if order else rows
     for r in rows:
         text = f"{r['variant']} on the {r['gpu']}: {r['status']}"
         if r["status"] == "oom":

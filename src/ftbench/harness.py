@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import csv
 import datetime
 import gc
@@ -240,7 +241,9 @@ class Progress:
         self.inject = dict(inject or {})
         self._at = float("-inf")
         self._on_compiled = None
-        self.ends: list[list] = []
+        # [step, s] pairs: the first KEEP_ENDS / 2, then the latest KEEP_ENDS / 2 (a long run's memory stays bounded)
+        self.first_ends: list[list] = []
+        self.last_ends: collections.deque = collections.deque(maxlen=self.KEEP_ENDS // 2)
 
     def watch_compiles(self, step):
         """While compiling (a run killed in its first step's compile says how far it got): `step()` the step."""
@@ -254,8 +257,7 @@ class Progress:
             self._on_compiled = None
 
     def write(self, step: int, graphs: int | None):
-        half = self.KEEP_ENDS // 2
-        ends = self.ends if len(self.ends) <= self.KEEP_ENDS else self.ends[:half] + self.ends[-half:]
+        ends = self.first_ends + list(self.last_ends)
         self.file.seek(0)  # ends as [step, seconds] pairs: which steps they are stays plain when the middle is left out
         self.file.write(json.dumps({"step": step or None, "compiled_graphs": graphs, "host_step_ends_s": ends}))
         self.file.truncate()
@@ -265,7 +267,8 @@ class Progress:
         """After each step (`end_s`: when it ended, from the first step's start): the file, if due, then any
         fault injected at this step."""
         if end_s is not None:
-            self.ends.append([step, round(end_s, 3)])
+            full = len(self.first_ends) >= self.KEEP_ENDS // 2
+            (self.last_ends if full else self.first_ends).append([step, round(end_s, 3)])
         now = time.perf_counter()
         if self.file is not None and now - self._at >= PROGRESS_EVERY_S:
             self.write(step, graphs)
