@@ -2,7 +2,8 @@
 
 import pytest
 
-from ftbench.profiling import is_fp8_work, summarize_trace
+from ftbench.analysis import kernel_time
+from ftbench.profiling import attention_backend, is_fp8_work, summarize_trace
 
 
 def test_busy_idle_and_gaps_from_a_known_trace():
@@ -194,3 +195,41 @@ def test_sync_watch_counts_sync_warnings_by_site_over_the_watched_steps(monkeypa
     assert got["from_step"] == 2 and got["steps"] == 10
     assert got["sites"] == [{"site": "x/trainer.py:1847", "count": 10, "per_step": 1.0},
                             {"site": "y/harness.py:346", "count": 2, "per_step": 0.2}]
+
+
+def test_a_profile_counts_its_kernel_time_per_step_and_attention_by_implementation():
+    # kernel names as the lent H100's traces gave them (h100-2026-11-26): bf16 ran cuDNN's SDPA, FP8 through
+    # Transformer Engine PyTorch's memory-efficient attention
+    cudnn = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0"
+    memeff = "fmha_cutlassB_bf16_aligned_128x128_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel)"
+    assert attention_backend(cudnn) == "cuDNN SDPA"  # its name says flash too: cuDNN is tried first
+    assert attention_backend(memeff) == "memory-efficient (CUTLASS fmha)"
+    assert attention_backend("flash_fwd_kernel<Flash_fwd_kernel_traits>") == "flash attention"
+    assert attention_backend("nvjet_sm90_tst_192x192_64x4_1x1_h_bz_coopB_TNN") is None
+    events = [{"ph": "X", "name": f"ProfilerStep#{i}", "cat": "user_annotation", "ts": 1000 * i, "dur": 1000}
+              for i in (1, 2)]
+    for ts, name, dur in ((1000, "nvjet_sm90_tst", 400), (1400, cudnn, 300), (2000, memeff, 100),
+                          (2100, "vectorized_elementwise_kernel", 200)):
+        events.append({"ph": "X", "name": name, "cat": "kernel", "ts": ts, "dur": dur})
+    s = summarize_trace(events, top_ops=[])
+    assert s["kernel_ms_per_step"] == pytest.approx(0.5)  # 1,000 us of kernels over 2 steps
+    assert s["attention_shares"] == {"cuDNN SDPA": pytest.approx(0.3),
+                                     "memory-efficient (CUTLASS fmha)": pytest.approx(0.1)}
+    row = kernel_time({**s, "top_operators": []})
+    assert row == {"profile.kernel_ms_per_step": pytest.approx(0.5), "profile.attention_share": pytest.approx(0.4),
+                   "profile.attention_backend": "cuDNN SDPA", "profile.attention_exact": True}
+
+
+def test_a_summary_written_before_kernel_time_was_counted_gives_it_from_its_top_operators():
+    old = {"device": "cuda", "steps": 3, "top_operators": [
+        {"name": "nvjet_sm90_tst_192x192", "self_time_ms": 1480.1, "share": 0.1266},
+        {"name": "fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention)", "self_time_ms": 600.0,
+         "share": 0.0513}, {"name": "fmha_cutlassB_bf16_aligned_128x128_k128_sm80", "self_time_ms": 300.0,
+                            "share": 0.0257}]}
+    row = kernel_time(old)
+    assert row["profile.kernel_ms_per_step"] == pytest.approx(1480.1 / 0.1266 / 3)
+    assert row["profile.attention_share"] == pytest.approx(0.077)  # a lower bound: only the top kernels are listed
+    assert row["profile.attention_backend"] == "memory-efficient (CUTLASS fmha)"
+    assert row["profile.attention_exact"] is False
+    assert kernel_time({"device": "cpu", "top_operators": [{"name": "aten::mm", "self_time_ms": 1, "share": 1}]})[
+        "profile.kernel_ms_per_step"] is None

@@ -13,7 +13,7 @@ from test_coverage import lmm
 
 from ftbench.analysis import flatten
 from ftbench.coverage import coverage_html, coverage_rows, summary
-from ftbench.verdicts import VERDICTS, evidence, judge, published_range
+from ftbench.verdicts import VERDICTS, evidence, judge, published_range, step_balance
 
 STUDY_A = yaml.safe_load((ROOT / "config" / "published" / "study_a.yaml").read_text())
 STUDY_C = yaml.safe_load((ROOT / "config" / "published" / "study_c.yaml").read_text())
@@ -112,6 +112,24 @@ def test_the_study_system_with_a_setting_changed_fills_its_cell_as_itself_and_sa
     assert cell["why"].startswith("unsloth-qlora-eager: the same system with unsloth_compile False (unsloth-qlora: "
                                   "StopIteration (no message)")
     assert "the H100 SXM5 ran out of memory; measured on the H200" in cell["why"] and "stands in" not in cell["why"]
+
+
+def test_an_fp8_cell_names_where_its_step_went_against_the_bf16_profile():
+    # Study A at batch 8 on an H100 (h100-2026-11-26): FP8's GEMMs are faster, its casts cost less than that,
+    # and attention, run by another implementation, costs more than both
+    bf16 = {"variant": "bf16-gc", "profile.kernel_ms_per_step": 3896.0, "profile.gemm_share": 1523 / 3896,
+            "profile.fp8_work_share": 0.0, "profile.attention_share": 610 / 3896,
+            "profile.attention_backend": "cuDNN SDPA", "profile.attention_exact": False}
+    fp8 = {"variant": "fp8-te-gc", "profile.kernel_ms_per_step": 4286.0, "profile.gemm_share": 925 / 4286,
+           "profile.fp8_work_share": 113 / 4286, "profile.attention_share": 1475 / 4286,
+           "profile.attention_backend": "memory-efficient (CUTLASS fmha)", "profile.attention_exact": False}
+    assert step_balance(fp8, bf16) == (
+        "kernel time 3,896 ms a step in bf16-gc's profile, 4,286 here: GEMMs -598, FP8 casts and scaling +113, "
+        "attention +865 (cuDNN SDPA there, memory-efficient (CUTLASS fmha) here), the rest +10 ms (attention from "
+        "each profile's top kernels)")
+    assert evidence(fp8, bf16).startswith("kernel time 3,896 ms a step in bf16-gc's profile")
+    assert step_balance(fp8, {"variant": "bf16-gc"}) is None  # no profile of the baseline: no balance
+    assert not evidence(fp8, {"variant": "bf16-gc"}).startswith("kernel time")
 
 
 def test_a_cell_that_differs_names_the_runs_own_evidence_or_says_none_was_measured():

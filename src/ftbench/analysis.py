@@ -113,7 +113,8 @@ def read_runs(path) -> pl.DataFrame:
 
 PROFILE_COLUMNS = ("profile.busy_pct", "profile.cpu_bound", "profile.idle_cause", "profile.data_loading_share",
                    "profile.kernels_per_step", "profile.idle_gaps_per_step", "profile.gemm_share",
-                   "profile.fp8_work_share", "profile.dequant_4bit_share")
+                   "profile.fp8_work_share", "profile.dequant_4bit_share", "profile.kernel_ms_per_step",
+                   "profile.attention_share", "profile.attention_backend", "profile.attention_exact")
 
 
 def idle_cause(summary: dict) -> str | None:
@@ -154,6 +155,31 @@ def kernel_shares(summary: dict) -> dict:
     return {"profile.fp8_work_share": fp8, "profile.dequant_4bit_share": nf4}
 
 
+def kernel_time(summary: dict) -> dict:
+    """The device's kernel time per profiled step, attention's share of it and the attention implementation that
+    ran most of it. Summaries written before these were counted give them from their top operators (each top
+    operator's share is of the same summed time, so the kernel time is exact; attention's share is a lower bound)."""
+    from .profiling import attention_backend
+
+    ms, shares = summary.get("kernel_ms_per_step"), summary.get("attention_shares")
+    tops = [o for o in summary.get("top_operators") or [] if o.get("share")]
+    if summary.get("device") != "cuda":
+        return {"profile.kernel_ms_per_step": None, "profile.attention_share": None, "profile.attention_backend": None,
+                "profile.attention_exact": None}
+    if ms is None and tops and summary.get("steps"):
+        ms = tops[0]["self_time_ms"] / tops[0]["share"] / summary["steps"]
+    exact = shares is not None
+    if shares is None:
+        shares = {}
+        for o in tops:
+            backend = attention_backend(o["name"])
+            if backend:
+                shares[backend] = shares.get(backend, 0.0) + o["share"]
+    return {"profile.kernel_ms_per_step": ms, "profile.attention_share": sum(shares.values()) if shares else None,
+            "profile.attention_backend": max(shares, key=shares.get) if shares else None,
+            "profile.attention_exact": exact}
+
+
 def profile_rows(summaries) -> pl.DataFrame:
     """Profile summaries (results/profiles/.../summary.json, or a merged folder's profiles/) as rows keyed like the
     runs: the trace's GPU busy share, whether it reads host-bound, and the host operator through the longest idle
@@ -169,12 +195,14 @@ def profile_rows(summaries) -> pl.DataFrame:
                      "profile.idle_cause": idle_cause(s), "profile.data_loading_share": s.get("data_loading_share"),
                      "profile.kernels_per_step": _per_step(s, "kernels"),
                      "profile.idle_gaps_per_step": _per_step(s, "idle_gaps"),
-                     "profile.gemm_share": s.get("gemm_share"), **kernel_shares(s)})
+                     "profile.gemm_share": s.get("gemm_share"), **kernel_shares(s), **kernel_time(s)})
     schema = {**{k: pl.String for k in KEY}, "batch_size": pl.Int64, "profile.busy_pct": pl.Float64,
               "profile.cpu_bound": pl.Boolean, "profile.idle_cause": pl.String,
               "profile.data_loading_share": pl.Float64, "profile.kernels_per_step": pl.Float64,
               "profile.idle_gaps_per_step": pl.Float64, "profile.gemm_share": pl.Float64,
-              "profile.fp8_work_share": pl.Float64, "profile.dequant_4bit_share": pl.Float64}
+              "profile.fp8_work_share": pl.Float64, "profile.dequant_4bit_share": pl.Float64,
+              "profile.kernel_ms_per_step": pl.Float64, "profile.attention_share": pl.Float64,
+              "profile.attention_backend": pl.String, "profile.attention_exact": pl.Boolean}
     return pl.DataFrame(rows, schema=schema).unique(subset=KEY, keep="last", maintain_order=True)
 
 

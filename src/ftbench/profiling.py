@@ -32,6 +32,11 @@ FP8_WORK_NAME = re.compile(r"amax|fp8|float8|e4m3|e5m2|cast_transpose|(?<!de)qua
 # the names summaries counted before 2026-11-25 (analysis.kernel_shares corrects those summaries on read)
 FP8_WORK_NAME_BEFORE = re.compile(r"amax|fp8|float8|e4m3|e5m2|cast_transpose|quantiz|compute_scale|scaling", re.IGNORECASE)
 DEQUANT_4BIT_NAME = re.compile(r"kDequantize|dequantize_4bit|kgemm_4bit|kQuantizeBlockwise")
+# attention kernels by name, and which implementation ran them: cuDNN's fused SDPA (its kernel names also say
+# "flash", so it is tried first), PyTorch's memory-efficient attention (CUTLASS `fmha_cutlassF/B`), flash attention
+ATTENTION_BACKENDS = (("cuDNN SDPA", re.compile(r"cudnn\w*sdpa", re.IGNORECASE)),
+                      ("memory-efficient (CUTLASS fmha)", re.compile(r"fmha|MemEffAtten", re.IGNORECASE)),
+                      ("flash attention", re.compile(r"flash", re.IGNORECASE)))
 
 
 def is_gemm(name: str) -> bool:
@@ -44,6 +49,11 @@ def is_fp8_work(name: str) -> bool:
 
 def is_dequant_4bit(name: str) -> bool:
     return bool(DEQUANT_4BIT_NAME.search(name))
+
+
+def attention_backend(name: str) -> str | None:
+    """The attention implementation a kernel belongs to (ATTENTION_BACKENDS), or None for any other kernel."""
+    return next((label for label, rx in ATTENTION_BACKENDS if rx.search(name)), None)
 
 
 def gemm_share(summary: dict) -> tuple[float | None, bool]:
@@ -169,6 +179,11 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     gemm_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_gemm(e.get("name", "")))
     fp8_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_fp8_work(e.get("name", "")))
     nf4_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_dequant_4bit(e.get("name", "")))
+    attention_us: dict[str, float] = {}
+    for e in complete:
+        backend = attention_backend(e.get("name", "")) if e.get("cat") == "kernel" else None
+        if backend:
+            attention_us[backend] = attention_us.get(backend, 0.0) + e["dur"]
     if not kernels:  # on a CPU the "device" is the host: top-level operators stand in for kernels
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") == "cpu_op"]
     loading = [(e["ts"], e["ts"] + e["dur"]) for e in complete
@@ -208,6 +223,10 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
             "gemm_share": gemm_us / device_us if device == "cuda" and device_us else None,
             "fp8_work_share": fp8_us / device_us if device == "cuda" and device_us else None,
             "dequant_4bit_share": nf4_us / device_us if device == "cuda" and device_us else None,
+            # the device's summed kernel time per profiled step, and attention's share of it by implementation
+            "kernel_ms_per_step": device_us / 1e3 / len(per_step) if device == "cuda" and per_step else None,
+            "attention_shares": {k: v / device_us for k, v in sorted(attention_us.items(), key=lambda kv: -kv[1])}
+            if device == "cuda" and device_us else None,
             "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < GPU_BOUND_SHARE if device == "cuda" else None,
             "idle_causes": [{"host_op": k, "idle_ms": v} for k, v in sorted(causes.items(), key=lambda kv: -kv[1])]}
 

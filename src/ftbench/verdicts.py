@@ -56,11 +56,36 @@ def combined_noise(*cvs) -> float | None:
     return sum(c * c for c in values) ** 0.5 if values else None
 
 
+def _kernel_ms(row: dict, share: str) -> float:
+    return (row.get(share) or 0.0) * row["profile.kernel_ms_per_step"]
+
+
+def step_balance(row: dict, base: dict) -> str | None:
+    """Where a step's kernel time moved against the baseline's profile (the same batch, the same GPU kind): the
+    GEMMs, the FP8 casts and scaling, attention (and the implementation that ran it) and the rest, in ms a step.
+    None where either profile lacks its kernel time."""
+    ms, ref = row.get("profile.kernel_ms_per_step"), base.get("profile.kernel_ms_per_step")
+    if not ms or not ref:
+        return None
+    moved = {name: _kernel_ms(row, share) - _kernel_ms(base, share) for name, share in (
+        ("GEMMs", "profile.gemm_share"), ("FP8 casts and scaling", "profile.fp8_work_share"),
+        ("attention", "profile.attention_share"))}
+    moved["the rest"] = (ms - ref) - sum(moved.values())
+    ran, before = row.get("profile.attention_backend"), base.get("profile.attention_backend")
+    parts = [f"{name} {ms_:+.0f}" + (f" ({before} there, {ran} here)" if name == "attention" and ran and before
+                                     and ran != before else "")
+             for name, ms_ in moved.items() if abs(ms_) >= 0.5]
+    bound = "" if row.get("profile.attention_exact") and base.get("profile.attention_exact") else \
+        " (attention from each profile's top kernels)"
+    return (f"kernel time {ref:,.0f} ms a step in {base.get('variant', 'the baseline')}'s profile, {ms:,.0f} here: "
+            + ", ".join(parts) + " ms" + bound)
+
+
 def evidence(row: dict, base: dict | None = None) -> str:
     """What the run's own records say about where its step goes (and against its baseline's, where the cell is a
     ratio): a profile's verdict, data wait, host CPU per step, recompiles and graph breaks, tokens per sample,
     padding. "cause not measured" where the record holds none of it."""
-    parts = []
+    parts = [balance] if base is not None and (balance := step_balance(row, base)) else []
     busy, bound, cause = row.get("profile.busy_pct"), row.get("profile.cpu_bound"), row.get("profile.idle_cause")
     loading = row.get("profile.data_loading_share")
     if busy is not None:
