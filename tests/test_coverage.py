@@ -1,6 +1,7 @@
 """The coverage table: a published cell is filled only by a full-scale record on a CUDA GPU."""
 
 import polars as pl
+import pytest
 import yaml
 from conftest import ROOT
 from test_analysis import H100, record
@@ -105,3 +106,21 @@ def test_study_b_cells_are_per_gpu_and_a_larger_gpu_fills_an_h100_cell_only_afte
     html = coverage_html(table)
     # both measured cells are the PEFT stand-in, never the study's Unsloth: not comparable, never "holds"
     assert "<b>Study B (samples per hour)</b>: holds 0 of 8, differs 0, not comparable 2, not measured 6" in html
+
+
+def test_a_compiled_cell_whose_window_met_a_new_shape_is_judged_by_its_median_steps_noise_and_names_other_code():
+    # compile-gc at batch 1 on an H100 (h100-2026-11-26): one of the windows held a recompile (187 s), so the
+    # windows' CV was 138 %; its number is the median step, whose windows' medians agree within 1 %
+    cell = lmm("compile-gc", 1, step=0.474, compile_="default")
+    cell.update({"timing.noise_cv": 1.38, "timing.cv_median_across_repeats": 0.01, "extra.new_shapes_measured": 1,
+                 "extra.shapes_measured": 3, "git_commit": "5f8bf02345fe"})
+    base = lmm("bf16-gc", 1, step=0.66)
+    base["git_commit"] = "af3431c9bf29"
+    _, by = cells([cell, base])
+    row = by[("compile", 1)]
+    assert row["noise (CV %)"] == pytest.approx(1.0) and row["ratio"] == pytest.approx(0.474 / 0.66)
+    assert row["verdict"] == "differs"  # 0.72x against the published 0.80-0.89: not inside 138 % of noise
+    assert row["how"].endswith("faster than published; the baseline ran other code (commit af3431c, this cell "
+                               "5f8bf02)")
+    base["git_commit"] = "5f8bf02345fe"  # the same code: nothing to say
+    assert "other code" not in cells([cell, base])[1][("compile", 1)]["how"]

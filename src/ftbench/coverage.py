@@ -132,10 +132,13 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
                                              "not the study's GPU")
                 else:
                     ratio = step / b["timing.step_time_s"]
-                    noise = combined_noise(r["timing.noise_cv"], b["timing.noise_cv"])
-                    ours = (f"step {_verdict(ratio, r['timing.noise_cv'], b['timing.noise_cv'])}, memory "
+                    noise = combined_noise(_step_noise(r), _step_noise(b))
+                    ours = (f"step {_verdict(ratio, _step_noise(r), _step_noise(b))}, memory "
                             f"{r['peak_gib'] / b['peak_gib']:.2f}x")
                     judged = judge(ratio, rng, noise) if rng else _not_comparable("no published figure as data")
+                    if r.get("git_commit") != b.get("git_commit"):  # a ratio across two versions of ftbench: say so
+                        judged["how"] += (f"; the baseline ran other code (commit {(b.get('git_commit') or '?')[:7]}, "
+                                          f"this cell {(r.get('git_commit') or '?')[:7]})")
             elif r["status"] == "timeout":  # a limit we chose ran out: no number, never a result
                 ours = f"timeout: {(r['reason'] or '')[:110]}"
                 judged = {"verdict": "not measured", "how": "a timeout is not a measurement"}
@@ -143,9 +146,17 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
                 ours = f"oom at {r.get('memory.at_failure_gib') or 0:.1f} GiB on the {r['gpu']}"
                 judged = _not_comparable(f"out of memory on the {r['gpu']} (the study's GPU held it)")
             out.append({**base, "GPU": r["gpu"], "measured by": r["variant"], "status": r["status"], "ours": ours,
-                        "ratio": ratio, "noise (CV)": r["timing.noise_cv"], "measured": judged["verdict"] != "not measured",
+                        "ratio": ratio, "noise (CV)": _step_noise(r), "measured": judged["verdict"] != "not measured",
                         **_judged(judged, r, b)})
     return out
+
+
+def _step_noise(r: dict) -> float | None:
+    """The noise of a run's median step: its windows' CV, or where a window met a new batch shape (a compile inside
+    it) the CV of the windows' median steps, since the median step is the number and a recompile is not noise of it."""
+    if r.get("extra.new_shapes_measured") and r.get("timing.cv_median_across_repeats") is not None:
+        return r["timing.cv_median_across_repeats"]
+    return r["timing.noise_cv"]
 
 
 def _not_comparable(why: str) -> dict:
