@@ -107,6 +107,21 @@ def test_study_b_cells_are_per_gpu_and_a_larger_gpu_fills_an_h100_cell_only_afte
     # both measured cells are the PEFT stand-in, never the study's Unsloth: not comparable, never "holds"
     assert "<b>Study B (samples per hour)</b>: holds 0 of 8, differs 0, not comparable 2, not measured 6" in html
 
+    # no H100 oom, but a larger GPU's run allocated more at its peak than an H100 holds (gpt-oss-120b wikipedia_ja
+    # through Unsloth: 125.7 GiB on the H200, h200-2026-11-25-b): measured, so it fills the H100 cell and says why
+    for r in rows:
+        r["gpu_memory_gib"] = 79.2 if r["gpu"] == "H100 SXM5" else 139.8
+    rows[-1]["memory.peak_allocated_gib"] = 82.8
+    fits = dict(rows[-1], **{"memory.peak_allocated_gib": 60.0, "dataset": "wikipedia_ja", "batch_size": 16})
+    table = coverage_rows(pl.DataFrame(rows + [fits], infer_schema_length=None),
+                          [{"table": "study_b", "published": published,
+                            "measured_by": {"unsloth-qlora": ["unsloth-qlora", "qlora-gc-pf", "qlora-gc"]}}])
+    oss = {r["dataset"]: r for r in table.filter((pl.col("model") == "gpt-oss-120b")
+                                                 & (pl.col("metric").str.contains("H100"))).to_dicts()}
+    assert oss["japanese_alpaca"]["GPU"] == "H200" and oss["japanese_alpaca"]["verdict"] == "not comparable"
+    assert "allocated 82.8 GiB at its peak, more than the H100 SXM5 holds (79.2 GiB)" in oss["japanese_alpaca"]["why"]
+    assert not oss["wikipedia_ja"]["measured"]  # 60 GiB would fit an H100: run it there
+
 
 def test_a_compiled_cell_whose_window_met_a_new_shape_is_judged_by_its_median_steps_noise_and_names_other_code():
     # compile-gc at batch 1 on an H100 (h100-2026-11-26): one of the windows held a recompile (187 s), so the

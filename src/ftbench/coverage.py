@@ -195,6 +195,12 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         r = _pick(here, order, False, None)
         if r is None and any(x["status"] == "oom" for x in here):  # the published GPU cannot hold ours: a larger one
             r = _pick([x for x in rows if x["gpu"] != cell["gpu"]], order, False, None)
+        too_big = None
+        if r is None:  # or a larger GPU's run allocated more at its peak than the published GPU holds: measured too
+            cap = full.filter(pl.col("gpu") == cell["gpu"])["gpu_memory_gib"].drop_nulls().max() \
+                if "gpu_memory_gib" in full.columns else None
+            r = too_big = next((x for x in _in_order(rows, order) if x["gpu"] != cell["gpu"] and x["status"] == "ok"
+                                and cap and (x.get("memory.peak_allocated_gib") or 0) > cap), None)
         if r is None and any(x["gpu"] == cell["gpu"] for x in packed):  # only packed rows: beside, never in its place
             out.append({**base, "measured": True, "status": "ok", "verdict": "not comparable",
                         "how": "measured only in packed rows (no padding), not the study's padded batches",
@@ -208,7 +214,10 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
             continue
         ours = r["throughput.samples_per_hour"]
         note = None
-        if r["gpu"] != cell["gpu"]:
+        if too_big is not None:
+            note = (f"it allocated {r['memory.peak_allocated_gib']:.1f} GiB at its peak, more than the {cell['gpu']} "
+                    f"holds ({cap:.1f} GiB); measured on the {r['gpu']}")
+        elif r["gpu"] != cell["gpu"]:
             note = f"the {cell['gpu']} ran out of memory; measured on the {r['gpu']}"
         otherwise = _same_system(rows, variant, r)
         if otherwise is not None:  # the study's system with a setting changed: judged as the system, and says which
