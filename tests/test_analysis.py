@@ -422,3 +422,14 @@ def test_a_records_step_trace_comes_from_its_steps_csv(tmp_path):
     got = read_record(path)
     assert got["loss"]["trace"] == "12.7561,12.7" and got["loss"]["trace_tokens"] == "8191,8188"
     assert flatten(got)["loss.trace"] == "12.7561,12.7"
+
+
+def test_a_long_table_cell_is_cut_before_it_is_escaped_so_no_entity_is_split():
+    from ftbench.analysis import _cell
+
+    text = "x" * 137 + "'s & more text past the cut"  # the cut falls inside what the escapes would lengthen
+    html = _cell(text)
+    shown = html.split(">", 1)[1].rsplit("</td>", 1)[0]
+    assert shown == "x" * 137 + "&#39;s …"
+    assert "title='" + "x" * 137 + "&#39;s &amp; more text past the cut'" in html  # the whole text on hover
+    assert _cell("short & sweet") == "<td title='short &amp; sweet'>short &amp; sweet</td>"

@@ -297,8 +297,13 @@ def _cell(v) -> str:
         return f"<td class='num'>{txt}</td>"
     if isinstance(v, int) and not isinstance(v, bool):
         return f"<td class='num'>{v}</td>"
-    s = str(v).replace("&", "&amp;").replace("<", "&lt;").replace("'", "&#39;")
-    return f"<td title='{s}'{' class=text' if len(s) > 40 else ''}>{s[:140]}</td>"
+    raw = str(v)
+    s, shown = _escape(raw), _escape(raw[:140] + ("…" if len(raw) > 140 else ""))  # cut the text, not its escapes
+    return f"<td title='{s}'{' class=text' if len(raw) > 40 else ''}>{shown}</td>"
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace("'", "&#39;")
 
 
 def html_table(df: pl.DataFrame, table_id: str = "") -> str:
