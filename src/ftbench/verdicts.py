@@ -7,9 +7,11 @@
   of another kind for an absolute figure, an out-of-memory result), and why;
 - not measured: no record, or one that ended before its number existed (a timeout is never a result).
 
-Where a cell differs, its cause is what the run's own evidence says (`evidence`): the profile's verdict (GPU-bound,
-loader-bound, host launch-bound), the data wait, the host's CPU time per step, recompiles and graph breaks, tokens
-per sample and padding against the baseline. Nothing is typed in by hand; with no evidence it says so.
+Where a cell differs, its cause is what the run's own evidence says (`evidence`): where its step's kernel time moved
+against the baseline's profile (`step_balance`: GEMMs, FP8 casts and scaling, attention and its implementation),
+the profile's verdict (GPU-bound, loader-bound, host launch-bound), the data wait, the host's CPU time per step,
+recompiles and graph breaks, tokens per sample and padding against the baseline. Nothing is typed in by hand; with
+no evidence it says so.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def step_balance(row: dict, base: dict) -> str | None:
 
 def evidence(row: dict, base: dict | None = None) -> str:
     """What the run's own records say about where its step goes (and against its baseline's, where the cell is a
-    ratio): a profile's verdict, data wait, host CPU per step, recompiles and graph breaks, tokens per sample,
+    ratio): the kernel time's balance against the baseline's profile, a profile's verdict, data wait, host CPU per step, recompiles and graph breaks, tokens per sample,
     padding. "cause not measured" where the record holds none of it."""
     parts = [balance] if base is not None and (balance := step_balance(row, base)) else []
     busy, bound, cause = row.get("profile.busy_pct"), row.get("profile.cpu_bound"), row.get("profile.idle_cause")
