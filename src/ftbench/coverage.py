@@ -196,9 +196,8 @@ def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         if r is None and any(x["status"] == "oom" for x in here):  # the published GPU cannot hold ours: a larger one
             r = _pick([x for x in rows if x["gpu"] != cell["gpu"]], order, False, None)
         too_big = None
-        if r is None:  # or a larger GPU's run allocated more at its peak than the published GPU holds: measured too
-            cap = full.filter(pl.col("gpu") == cell["gpu"])["gpu_memory_gib"].drop_nulls().max() \
-                if "gpu_memory_gib" in full.columns else None
+        if r is None and rows:  # or a larger GPU's run allocated more at its peak than the published GPU holds
+            cap = full.filter(pl.col("gpu") == cell["gpu"])["gpu_memory_gib"].max()
             r = too_big = next((x for x in _in_order(rows, order) if x["gpu"] != cell["gpu"] and x["status"] == "ok"
                                 and cap and (x.get("memory.peak_allocated_gib") or 0) > cap), None)
         if r is None and any(x["gpu"] == cell["gpu"] for x in packed):  # only packed rows: beside, never in its place

@@ -176,14 +176,17 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in DEVICE_CATEGORIES]
     device = "cuda" if kernels else "cpu"
     device_us = sum(e["dur"] for e in complete if e.get("cat") in DEVICE_CATEGORIES)
-    gemm_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_gemm(e.get("name", "")))
-    fp8_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_fp8_work(e.get("name", "")))
-    nf4_us = sum(e["dur"] for e in complete if e.get("cat") == "kernel" and is_dequant_4bit(e.get("name", "")))
-    attention_us: dict[str, float] = {}
+    # each kernel name's summed time, so that each name is classified once (a step runs ~10^4 kernels of few names)
+    by_name: dict[str, float] = {}
     for e in complete:
-        backend = attention_backend(e.get("name", "")) if e.get("cat") == "kernel" else None
-        if backend:
-            attention_us[backend] = attention_us.get(backend, 0.0) + e["dur"]
+        if e.get("cat") == "kernel":
+            by_name[e.get("name", "")] = by_name.get(e.get("name", ""), 0.0) + e["dur"]
+    gemm_us, fp8_us, nf4_us = (sum(us for name, us in by_name.items() if kind(name))
+                               for kind in (is_gemm, is_fp8_work, is_dequant_4bit))
+    attention_us: dict[str, float] = {}
+    for name, us in by_name.items():
+        if backend := attention_backend(name):
+            attention_us[backend] = attention_us.get(backend, 0.0) + us
     if not kernels:  # on a CPU the "device" is the host: top-level operators stand in for kernels
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") == "cpu_op"]
     loading = [(e["ts"], e["ts"] + e["dur"]) for e in complete
