@@ -224,6 +224,11 @@ def test_a_compiled_run_compiles_into_an_empty_cache_of_its_own_unless_asked_to_
         assert not any(p for p in Path(inside).iterdir())  # empty when the run starts
     assert rec["extra"]["compile_cache"].startswith("cold")
     assert cache_dir() == str(tmp_path / "host-cache") and not Path(inside).exists()
+    rec = new_record({}, {})
+    with compile_cache(Variant(name="c", compile="default"), rec):  # what a cold run compiled stays on the host
+        (Path(cache_dir()) / "fxgraph").mkdir()
+        (Path(cache_dir()) / "fxgraph" / "entry").write_text("x")
+    assert (tmp_path / "host-cache" / "fxgraph" / "entry").read_text() == "x"
     monkeypatch.setenv("FTBENCH_COMPILE_CACHE", "warm")
     rec = new_record({}, {})
     with compile_cache(Variant(name="c", compile="default"), rec):

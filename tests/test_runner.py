@@ -86,6 +86,7 @@ def test_cpu_compile_backend_captures_graphs_without_inductor(tmp_path, tiny_qwe
     assert rec["status"] == "ok", rec["reason"]
     assert rec["compile"]["backend"] == "aot_eager" and rec["compile"]["unique_graphs"] >= 1
     assert rec["compile"]["cudagraph_skips"] == 0  # counted (Inductor's CUDA graphs: none asked for here)
+    assert rec["compile"]["fx_cache_hits"] == 0 and rec["compile"]["autograd_cache_hits"] == 0  # counted; none here
     assert rec["extra"]["host_changes"] == ["compile backend inductor -> aot_eager "
                                             "(training.cpu_compile_backend: no CUDA GPU)"]
     assert rec["variant"]["compile_backend"] == "inductor"

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import json
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
@@ -66,18 +67,23 @@ def compile_cache(v: Variant, record: dict):
     """A compiled run compiles into an empty Inductor cache of its own (FX graphs, AOTAutograd, Triton kernels:
     torch's `temporary_cache_dir`), so its compile time and first step are what a fresh machine pays, as the
     studies timed them, not what an earlier run on this host left behind. FTBENCH_COMPILE_CACHE=warm keeps the
-    host's cache. The record says which (`extra.compile_cache`). Under the supervisor the folder lies in the
-    job's own temporary folder, which goes even where the child is killed."""
+    host's cache. The record says which (`extra.compile_cache`; its Inductor cache hits and misses are in
+    `compile`). Under the supervisor the folder lies in the job's own temporary folder, which goes even where the
+    child is killed. A cold run that ends leaves what it compiled in the host's cache, so a second, warm run of the
+    same cell on this host starts from it (the warm first step)."""
     kind = compile_cache_kind(v.compile)
     if kind:
         record["extra"]["compile_cache"] = COMPILE_CACHE_NOTES[kind]
     if kind != "cold":
         yield
         return
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir  # torch 2.11 (the GPU hosts) and 2.13
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, temporary_cache_dir  # torch 2.11 and 2.13
 
-    with tempfile.TemporaryDirectory(prefix="inductor-", dir=job_dir()) as folder, temporary_cache_dir(folder):
-        yield
+    host = cache_dir()
+    with tempfile.TemporaryDirectory(prefix="inductor-", dir=job_dir()) as folder:
+        with temporary_cache_dir(folder):
+            yield
+        shutil.copytree(folder, host, dirs_exist_ok=True)
 
 
 def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:

@@ -21,7 +21,7 @@ def host_change(change: str, setting: str, why: str = "no CUDA GPU") -> str:
     return f"{change} ({setting}: {why})"
 
 
-COMPILE_CACHE_NOTES = {"cold": "cold: an empty Inductor cache for this run",
+COMPILE_CACHE_NOTES = {"cold": "cold: an empty Inductor cache for this run (left in the host's cache after it)",
                        "warm": "warm: the host's Inductor cache (FTBENCH_COMPILE_CACHE=warm)"}
 
 
@@ -70,7 +70,8 @@ RECORD_TEMPLATE = {
               "peak_tflops": None, "peak_precision": None, "mfu": None, "hfu": None},
     "compile": {"backend": None, "compile_s": None, "frame_compile_s": None, "backward_compile_s": None, "unique_graphs": None,
                 "graphs_first_step": None, "recompiles": None, "graph_breaks": None, "cudagraph_skips": None,
-                "eval_graphs": None, "eval_compile_s": None},
+                "eval_graphs": None, "eval_compile_s": None, "fx_cache_hits": None, "fx_cache_misses": None,
+                "autograd_cache_hits": None, "autograd_cache_misses": None},
     "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},
     "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
     # trace, trace_tokens: each step's loss and real tokens, derived on read from steps.csv (read_record)
