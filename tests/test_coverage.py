@@ -139,3 +139,26 @@ def test_a_compiled_cell_whose_window_met_a_new_shape_is_judged_by_its_median_st
                                "5f8bf02)")
     base["git_commit"] = "5f8bf02345fe"  # the same code: nothing to say
     assert "other code" not in cells([cell, base])[1][("compile", 1)]["how"]
+
+
+def test_a_cell_that_differs_cites_the_probe_measured_beside_it_on_its_gpu_at_the_nearest_batch():
+    """A probe (a variant that changes one thing of another) run on the cell's GPU is cited where the cell differs,
+    at the probe's batch nearest the cell's, both against the same baseline; another GPU's probe is not."""
+    probes = [{"variant": "fp8-te-gc-cudnn", "beside": "fp8-te-gc", "changes": "attention pinned to cuDNN's SDPA",
+               "cells": ["fp8-te"]}]
+    rows = [lmm("bf16-gc", 8, step=4.0), lmm("fp8-te-gc", 8, step=4.4), lmm("fp8-te-gc-cudnn", 8, step=2.8),
+            lmm("bf16-gc", 16, step=8.0), lmm("fp8-te-gc", 16, step=8.8),
+            lmm("bf16-gc", 1, gpu=H200, step=0.5), lmm("fp8-te-gc", 1, gpu=H200, step=0.6),
+            lmm("fp8-te-gc-cudnn", 1, gpu=H200, step=0.1), lmm("bf16-gc", 4, step=2.0), lmm("fp8-te-gc", 4, step=1.9)]
+    measured_by = {**MEASURED_BY, "fp8-te": ["fp8-te-gc", "fp8-te"]}
+    table = coverage_rows(pl.DataFrame(rows, infer_schema_length=None),
+                          [{"table": "study_a", "published": STUDY_A, "measured_by": measured_by, "probes": probes}])
+    got = {(r["variant"], r["batch"]): r for r in table.to_dicts()}
+    assert got[("fp8-te", 16)]["verdict"] == "differs"  # 1.10x, where the study found 4-7 % faster
+    assert got[("fp8-te", 16)]["cause (measured)"].endswith(
+        "fp8-te-gc-cudnn (attention pinned to cuDNN's SDPA) on this GPU: 0.70x bf16-gc at batch 8, "
+        "where fp8-te-gc is 1.10x")
+    assert "fp8-te-gc-cudnn" not in (got[("fp8-te", 4)]["cause (measured)"] or "")  # it holds: nothing to explain
+    assert got[("fp8-te", 4)]["verdict"] == "holds"
+    # the H200's cell cites the H200's probe (batch 1), not the H100's
+    assert "0.20x bf16-gc at batch 1, where fp8-te-gc is 1.20x" in got[("fp8-te", 1)]["cause (measured)"]

@@ -91,10 +91,37 @@ def _baseline_peak(full: pl.DataFrame, model, bs: int, baselines: list[str]) -> 
     return f"; {r['variant']} at batch {bs} peaked at {r['peak_gib']:.1f} GiB on the {r['gpu']}" if r else ""
 
 
-def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:
+def probe_evidence(full: pl.DataFrame, r: dict, probes: list[dict], cell: str, baseline: str) -> str | None:
+    """What a probe measured beside a cell that differs: a variant that changes one thing of the one it stands
+    beside (`probes` in the coverage config: {variant, beside, changes, cells}), run on the cell's GPU; at the probe's
+    batch nearest the cell's, both against the baseline: "fp8-te-gc-cudnn (attention pinned to cuDNN's SDPA) on
+    this GPU: 0.70x bf16-gc at batch 8, where fp8-te-gc is 0.89x". None where no probe of this cell ran here."""
+    said = []
+    for probe in probes:
+        if cell not in probe.get("cells", []):
+            continue
+        pairs = []
+        for p in _rows(full, model=r["model"], gpu=r["gpu"], variant=probe["variant"], status="ok"):
+            at = {"model": r["model"], "gpu": r["gpu"], "batch_size": p["batch_size"], "status": "ok"}
+            b = next(iter(_rows(full, variant=baseline, **at)), None)
+            beside = next(iter(_rows(full, variant=probe["beside"], **at)), None)
+            if b and beside:
+                pairs.append((abs(p["batch_size"] - r["batch_size"]), p, b, beside))
+        if pairs:
+            _, p, b, beside = min(pairs, key=lambda x: (x[0], -x[1]["batch_size"]))
+            said.append(f"{probe['variant']} ({probe['changes']}) on this GPU: "
+                        f"{p['timing.step_time_s'] / b['timing.step_time_s']:.2f}x {baseline} at batch "
+                        f"{p['batch_size']}, where {probe['beside']} is "
+                        f"{beside['timing.step_time_s'] / b['timing.step_time_s']:.2f}x")
+    return "; ".join(said) or None
+
+
+def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None,
+            probes: list[dict] | None = None) -> list[dict]:
     """Study A's relative table: each of the seven variants (bf16 the baseline) at each published batch size; ours
     is the step time and peak memory relative to the baseline of the same GPU and batch (the same position in
-    `measured_by`: a gradient-checkpointed variant against the gradient-checkpointed baseline)."""
+    `measured_by`: a gradient-checkpointed variant against the gradient-checkpointed baseline). A cell that differs
+    also says what its probes measured beside it (`probe_evidence`)."""
     measured_by = measured_by or {}
     gib = (published.get("gpu") or {}).get("memory_gb", 0) * GIB_PER_GB or None
     full = full_scale(df)
@@ -145,9 +172,13 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
             else:
                 ours = f"oom at {r.get('memory.at_failure_gib') or 0:.1f} GiB on the {r['gpu']}"
                 judged = _not_comparable(f"out of memory on the {r['gpu']} (the study's GPU held it)")
-            out.append({**base, "GPU": r["gpu"], "measured by": r["variant"], "status": r["status"], "ours": ours,
-                        "ratio": ratio, "noise (CV)": _step_noise(r), "measured": judged["verdict"] != "not measured",
-                        **_judged(judged, r, b)})
+            row = {**base, "GPU": r["gpu"], "measured by": r["variant"], "status": r["status"], "ours": ours,
+                   "ratio": ratio, "noise (CV)": _step_noise(r), "measured": judged["verdict"] != "not measured",
+                   **_judged(judged, r, b)}
+            if b is not None and row["verdict"] == "differs" and (
+                    probed := probe_evidence(full, r, probes or [], cell["variant"], b["variant"])):
+                row["cause (measured)"] += "; " + probed
+            out.append(row)
     return out
 
 
@@ -377,7 +408,8 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
         df = df.with_columns(peak_gib=peak_memory())
     rows = []
     for s in studies:
-        rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"))
+        rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"),
+                                   *([s["probes"]] if s.get("probes") else []))
     # what a reader asks first (published, ours, the verdict and why) before how it was measured
     cols = ["study", "model", "dataset", "variant", "batch", "published", "ours", "verdict", "how", "cause (measured)",
             "metric", "GPU", "measured by", "status", "published x", "ratio", "x published", "noise (CV)",
