@@ -401,15 +401,15 @@ NAMES = {"A": "Study A (LLaVA-NeXT, relative to bf16)", "B": "Study B (samples p
 
 
 def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
-    """All cells: `studies` lists {table: <TABLES key>, published: dict, measured_by: dict}."""
+    """All cells: `studies` lists {table: <TABLES key>, published: dict, measured_by: dict, probes: list (study_a)}."""
     if not df.is_empty() and "gpu_memory_gib" not in df.columns:
         df = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_memory_gib"))
     if not df.is_empty():
         df = df.with_columns(peak_gib=peak_memory())
     rows = []
     for s in studies:
-        rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"),
-                                   *([s["probes"]] if s.get("probes") else []))
+        probes = {"probes": s["probes"]} if s.get("probes") else {}  # study_a's alone
+        rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"), **probes)
     # what a reader asks first (published, ours, the verdict and why) before how it was measured
     cols = ["study", "model", "dataset", "variant", "batch", "published", "ours", "verdict", "how", "cause (measured)",
             "metric", "GPU", "measured by", "status", "published x", "ratio", "x published", "noise (CV)",
