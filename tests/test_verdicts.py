@@ -102,6 +102,7 @@ def test_the_study_system_with_a_setting_changed_fills_its_cell_as_itself_and_sa
         r["variant"].update(knobs)
         r["reason"] = {"error": "StopIteration (no message) in dict_keys_getitem", "oom": "CUDA out of memory."}.get(status)
         r["throughput"]["samples_per_hour"] = 31557.0 if variant == "unsloth-qlora-eager" else 5881.0
+        r["provenance"]["git_commit"] = "5f8bf02aa" if status == "error" else "f8e0545bb"
         recs.append(flatten(r))
     table = coverage_rows(pl.DataFrame(recs, infer_schema_length=None),
                           [{"table": "study_b", "published": published, "measured_by": {
@@ -109,8 +110,12 @@ def test_the_study_system_with_a_setting_changed_fills_its_cell_as_itself_and_sa
     cell = table.filter(pl.col("measured") & (pl.col("model") == "gpt-oss-120b")).row(0, named=True)
     assert cell["measured by"] == "unsloth-qlora-eager" and cell["GPU"] == "H200"
     assert cell["verdict"] == "not comparable" and cell["how"] == "measured on the H200, not the H100 SXM5"
+    # the failed record names the code it ran: a later commit may run where it could not
     assert cell["why"].startswith("unsloth-qlora-eager: the same system with unsloth_compile False (unsloth-qlora: "
-                                  "StopIteration (no message)")
+                                  "error at commit 5f8bf02: StopIteration (no message)")
+    unfilled = table.filter(~pl.col("measured") & (pl.col("model") == "gpt-oss-120b")).row(0, named=True)
+    assert "unsloth-qlora on the H100 SXM5: error at commit 5f8bf02 (StopIteration" in unfilled["why"]
+    assert "unsloth-qlora-eager on the H200: ok;" in unfilled["why"]  # an ok record needs no commit
     assert "the H100 SXM5 ran out of memory; measured on the H200" in cell["why"] and "stands in" not in cell["why"]
 
 

@@ -67,7 +67,7 @@ def _why(rows: list[dict], published_gib: float | None, order: list[str] | None 
     parts = []
     rows = _in_order(rows, order) if order else rows
     for r in rows:
-        text = f"{r['variant']} on the {r['gpu']}: {r['status']}"
+        text = f"{r['variant']} on the {r['gpu']}: {r['status']}" + (_at(r) if r["status"] != "ok" else "")
         if r["status"] == "oom":
             text += _oom_at(r)
             if published_gib and (_gpu_mem(r) or 0) < published_gib:
@@ -304,12 +304,17 @@ def _packed(packed: list[dict], order: list[str], cell: dict) -> str | None:
             "published)")
 
 
+def _at(r: dict) -> str:
+    """" at commit abc1234": the code a failed record ran (a later commit may run where it could not)."""
+    return f" at commit {r['git_commit'][:7]}" if r.get("git_commit") else ""
+
+
 def _first_reason(rows: list[dict], variant: str) -> str:
     for r in rows:
         if r["variant"] == variant and r["status"] == "oom":  # the measured limit, not the allocator's sentence
-            return f"oom{_oom_at(r)} on the {r['gpu']}"
+            return f"oom{_oom_at(r)} on the {r['gpu']}{_at(r)}"
         if r["variant"] == variant and r.get("reason"):
-            return r["reason"][:90]
+            return f"{r['status']}{_at(r)}: {r['reason'][:90]}"
     return "no record"
 
 
