@@ -60,20 +60,20 @@ def _pick(rows: list[dict], order: list[str], counts_timeout: bool, published_gi
 
 
 def _why(rows: list[dict], published_gib: float | None, order: list[str] | None = None) -> str:
-    """What the records of a cell no record fills say, each "variant on the GPU: status (why)"; with `order`, the
-    study's own variant and its settings first."""
+    """What the records of a cell no record fills say, each "variant on the GPU: status at commit X (why)" (an ok
+    record: its status alone); with `order`, the study's own variant and its settings first."""
     if not rows:
         return "not run yet at full scale on a GPU"
     parts = []
     rows = _in_order(rows, order) if order else rows
     for r in rows:
-        text = f"{r['variant']} on the {r['gpu']}: {r['status']}" + (_at(r) if r["status"] != "ok" else "")
+        text = f"{r['variant']} on the {r['gpu']}: {r['status']}"
         if r["status"] == "oom":
-            text += _oom_at(r)
+            text += _oom_at(r) + _at(r)
             if published_gib and (_gpu_mem(r) or 0) < published_gib:
                 text += f" (a GPU with >= {published_gib:.0f} GiB, as the study's, may hold it)"
-        elif r.get("reason"):
-            text += f" ({r['reason'][:120]})"
+        elif r["status"] != "ok":
+            text += _at(r) + (f" ({r['reason'][:120]})" if r.get("reason") else "")
         parts.append(text)
     return "; ".join(parts)
 
