@@ -159,7 +159,7 @@ def kernel_time(summary: dict) -> dict:
     """The device's kernel time per profiled step, attention's share of it and the attention implementation that
     ran most of it. Summaries written before these were counted give them from their top operators (each top
     operator's share is of the same summed time, so the kernel time is exact; attention's share is a lower bound)."""
-    from .profiling import attention_backend
+    from .profiling import by_attention_backend
 
     ms, shares = summary.get("kernel_ms_per_step"), summary.get("attention_shares")
     tops = [o for o in summary.get("top_operators") or [] if o.get("share")]
@@ -170,11 +170,7 @@ def kernel_time(summary: dict) -> dict:
         ms = tops[0]["self_time_ms"] / tops[0]["share"] / summary["steps"]
     exact = shares is not None
     if shares is None:
-        shares = {}
-        for o in tops:
-            backend = attention_backend(o["name"])
-            if backend:
-                shares[backend] = shares.get(backend, 0.0) + o["share"]
+        shares = by_attention_backend((o["name"], o["share"]) for o in tops)
     return {"profile.kernel_ms_per_step": ms, "profile.attention_share": sum(shares.values()) if shares else None,
             "profile.attention_backend": max(shares, key=shares.get) if shares else None,
             "profile.attention_exact": exact}

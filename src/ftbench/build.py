@@ -549,12 +549,13 @@ def restore_renamed(model, checkpoint_dir) -> dict:
             missing.append(name)
         else:
             aliases[name] = alias
+    by_file: dict[str, list] = {}
+    for name, alias in aliases.items():
+        by_file.setdefault(where[alias], []).append((name, alias))
     renamed = {}
-    for file in sorted({where[a] for a in aliases.values()}):  # each shard opened once
+    for file, pairs in sorted(by_file.items()):  # each shard opened once
         with safe_open(folder / file, "pt", device="cpu") as f:
-            for name, alias in aliases.items():
-                if where[alias] != file:
-                    continue
+            for name, alias in pairs:
                 value, param = f.get_tensor(alias), params[name]
                 if value.shape != param.shape:
                     missing.append(name)

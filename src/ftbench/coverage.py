@@ -164,8 +164,7 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None,
                             f"{r['peak_gib'] / b['peak_gib']:.2f}x")
                     judged = judge(ratio, rng, noise) if rng else _not_comparable("no published figure as data")
                     if r.get("git_commit") != b.get("git_commit"):  # a ratio across two versions of ftbench: say so
-                        judged["how"] += (f"; the baseline ran other code (commit {(b.get('git_commit') or '?')[:7]}, "
-                                          f"this cell {(r.get('git_commit') or '?')[:7]})")
+                        judged["how"] += f"; the baseline ran other code (commit {_commit(b)}, this cell {_commit(r)})"
             elif r["status"] == "timeout":  # a limit we chose ran out: no number, never a result
                 ours = f"timeout: {(r['reason'] or '')[:110]}"
                 judged = {"verdict": "not measured", "how": "a timeout is not a measurement"}
@@ -304,9 +303,13 @@ def _packed(packed: list[dict], order: list[str], cell: dict) -> str | None:
             "published)")
 
 
+def _commit(r: dict) -> str:
+    return (r.get("git_commit") or "?")[:7]
+
+
 def _at(r: dict) -> str:
     """" at commit abc1234": the code a failed record ran (a later commit may run where it could not)."""
-    return f" at commit {r['git_commit'][:7]}" if r.get("git_commit") else ""
+    return f" at commit {_commit(r)}" if r.get("git_commit") else ""
 
 
 def _first_reason(rows: list[dict], variant: str) -> str:

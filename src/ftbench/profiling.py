@@ -3,6 +3,7 @@ of its Chrome trace."""
 
 from __future__ import annotations
 
+import collections
 import gzip
 import json
 import os
@@ -54,6 +55,15 @@ def is_dequant_4bit(name: str) -> bool:
 def attention_backend(name: str) -> str | None:
     """The attention implementation a kernel belongs to (ATTENTION_BACKENDS), or None for any other kernel."""
     return next((label for label, rx in ATTENTION_BACKENDS if rx.search(name)), None)
+
+
+def by_attention_backend(amounts) -> dict[str, float]:
+    """(kernel name, amount) pairs summed per attention implementation, largest first; other kernels left out."""
+    out = collections.Counter()
+    for name, amount in amounts:
+        if backend := attention_backend(name):
+            out[backend] += amount
+    return dict(out.most_common())
 
 
 def gemm_share(summary: dict) -> tuple[float | None, bool]:
@@ -177,16 +187,13 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     device = "cuda" if kernels else "cpu"
     device_us = sum(e["dur"] for e in complete if e.get("cat") in DEVICE_CATEGORIES)
     # each kernel name's summed time, so that each name is classified once (a step runs ~10^4 kernels of few names)
-    by_name: dict[str, float] = {}
+    by_name = collections.Counter()
     for e in complete:
         if e.get("cat") == "kernel":
-            by_name[e.get("name", "")] = by_name.get(e.get("name", ""), 0.0) + e["dur"]
+            by_name[e.get("name", "")] += e["dur"]
     gemm_us, fp8_us, nf4_us = (sum(us for name, us in by_name.items() if kind(name))
                                for kind in (is_gemm, is_fp8_work, is_dequant_4bit))
-    attention_us: dict[str, float] = {}
-    for name, us in by_name.items():
-        if backend := attention_backend(name):
-            attention_us[backend] = attention_us.get(backend, 0.0) + us
+    attention_us = by_attention_backend(by_name.items())
     if not kernels:  # on a CPU the "device" is the host: top-level operators stand in for kernels
         kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") == "cpu_op"]
     loading = [(e["ts"], e["ts"] + e["dur"]) for e in complete
@@ -228,7 +235,7 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
             "dequant_4bit_share": nf4_us / device_us if device == "cuda" and device_us else None,
             # the device's summed kernel time per profiled step, and attention's share of it by implementation
             "kernel_ms_per_step": device_us / 1e3 / len(per_step) if device == "cuda" and per_step else None,
-            "attention_shares": {k: v / device_us for k, v in sorted(attention_us.items(), key=lambda kv: -kv[1])}
+            "attention_shares": {k: v / device_us for k, v in attention_us.items()}
             if device == "cuda" and device_us else None,
             "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < GPU_BOUND_SHARE if device == "cuda" else None,
             "idle_causes": [{"host_op": k, "idle_ms": v} for k, v in sorted(causes.items(), key=lambda kv: -kv[1])]}

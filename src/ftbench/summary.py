@@ -152,8 +152,10 @@ def _compile(meter, record: dict) -> None:
         graphs_first_step=first, recompiles=graphs - first, graph_breaks=sum(counters["graph_break"].values()),
         # graphs Inductor would have captured in CUDA graphs (mode reduce-overhead) and did not: its log says why
         cudagraph_skips=counters["inductor"]["cudagraph_skips"],
-        # Inductor's FX-graph and AOTAutograd caches: a warm run's hits (FTBENCH_COMPILE_CACHE=warm), a cold run's misses
-        fx_cache_hits=counters["inductor"]["fxgraph_cache_hit"], fx_cache_misses=counters["inductor"]["fxgraph_cache_miss"],
+        # Inductor's FX-graph and AOTAutograd caches: a warm run's hits (FTBENCH_COMPILE_CACHE=warm), a cold one's
+        # misses
+        fx_cache_hits=counters["inductor"]["fxgraph_cache_hit"],
+        fx_cache_misses=counters["inductor"]["fxgraph_cache_miss"],
         autograd_cache_hits=counters["aot_autograd"]["autograd_cache_hit"],
         autograd_cache_misses=counters["aot_autograd"]["autograd_cache_miss"],
         eval_graphs=graphs_now - graphs,

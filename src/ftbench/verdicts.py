@@ -85,8 +85,9 @@ def step_balance(row: dict, base: dict) -> str | None:
 
 def evidence(row: dict, base: dict | None = None) -> str:
     """What the run's own records say about where its step goes (and against its baseline's, where the cell is a
-    ratio): the kernel time's balance against the baseline's profile, a profile's verdict, data wait, host CPU per step, recompiles and graph breaks, tokens per sample,
-    padding. "cause not measured" where the record holds none of it."""
+    ratio): the kernel time's balance against the baseline's profile, a profile's verdict, data wait, host CPU per
+    step, recompiles and graph breaks, tokens per sample, padding. "cause not measured" where the record holds none
+    of it."""
     parts = [balance] if base is not None and (balance := step_balance(row, base)) else []
     busy, bound, cause = row.get("profile.busy_pct"), row.get("profile.cpu_bound"), row.get("profile.idle_cause")
     loading = row.get("profile.data_loading_share")
