@@ -5,6 +5,6 @@ set -u
 out=${1:?usage: bash bench/collect.sh OUT}
 mkdir -p "$out"
 find results/runs results/profiles results/models logs -type f \( -name metrics.json -o -name steps.csv \
-  -o -name memory.csv -o -name 'summary*.json' -o -name model.json -o -name '*.log' \) 2>/dev/null \
+  -o -name memory.csv -o -name 'summary*.json' -o -name model.json -o -name '*.log' -o -name reload.json -o -name gathered.json \) 2>/dev/null \
   | tar czf "$out/records.tar.gz" -T -
 ls -la "$out/records.tar.gz"

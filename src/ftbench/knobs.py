@@ -183,6 +183,12 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append(f"fp8_recipe={variant.fp8_recipe!r} with precision={variant.precision!r} (fp8 only)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:
         problems.append("precision='fp8' without fp8_backend (te or torchao)")
-    if variant.precision == "fp8" and (variant.framework == "unsloth" or variant.parallel):
-        problems.append("precision='fp8' with Unsloth or several GPUs (FP8 layers are wired for one GPU, PEFT only)")
+    if variant.precision == "fp8" and variant.framework == "unsloth":
+        problems.append("precision='fp8' with Unsloth (FP8 layers are wired for PEFT only)")
+    if variant.precision == "fp8" and variant.parallel and variant.fp8_backend != "torchao":
+        problems.append("precision='fp8' on several GPUs with fp8_backend other than torchao (Transformer Engine's "
+                        "layers are wired for one GPU)")
+    if variant.parallel == "fsdp2" and (variant.fused_projections or variant.experts != "loop" or variant.expert_lora):
+        problems.append("parallel='fsdp2' with fused_projections, experts or expert_lora (they rewrite the model "
+                        "after it is built; the sharded build is not rewritten)")
     return problems

@@ -65,7 +65,11 @@ def gather(record: dict, strategy: str | None) -> dict:
             "padded_tokens_per_s": thr["padded_tokens_per_s"], "model_tflops": fl["model_tflops"],
             "hardware_tflops": fl["hardware_tflops"], "energy_window_j": en["window_j"],
             "peak_allocated_gib": record["memory"]["peak_allocated_gib"],
-            "peak_reserved_gib": record["memory"]["peak_reserved_gib"]}
+            "peak_reserved_gib": record["memory"]["peak_reserved_gib"],
+            "host_peak_rss_gib": record["memory"]["host_peak_rss_gib"],
+            "time_to_first_step_s": record["extra"].get("time_to_first_step_s"),
+            "build_s": (record["model"].get("build") or {}).get("build_s"),
+            "build_host_peak_rss_gib": (record["model"].get("build") or {}).get("host_peak_rss_gib")}
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     n = len(ranks)

@@ -47,8 +47,9 @@ def check_supported(variant: Variant, device: torch.device, manifest: dict | Non
         if importlib.util.find_spec("liger_kernel") is None:
             raise Unsupported("Liger Kernel is not installed (pip install '.[gpu]')")
     if variant.parallel == "fsdp2" and not cuda:
-        raise Unsupported("FSDP2 through accelerate shards over GPUs only (accelerate has no FSDP for CPU ranks); "
-                          "data parallel (ddp) runs on CPU ranks")
+        raise Unsupported("FSDP2 trains through the trainer's accelerate, which applies FSDP to GPU ranks only (torch's "
+                          "FSDP2 itself runs on CPU ranks: the suite builds, gathers and saves a sharded model with "
+                          "two gloo ranks); data parallel (ddp) runs on CPU ranks")
     if variant.activation_offloading and not cuda:
         raise Unsupported("activation offloading moves saved activations from a GPU to pinned host memory; this "
                           "machine has no CUDA GPU")

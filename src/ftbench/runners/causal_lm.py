@@ -9,13 +9,12 @@ import time
 
 import torch
 
-from .. import attention, fp8, fused, packing
+from .. import attention, fp8, fused, packing, parallel
 from ..profiling import SyncWatch
 from ..build import adapt_experts, build_model, group_experts, restore_renamed, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwargs, compile_kwargs, compile_model,
-                        compute_dtype, load_pretrained, parameter_counts, precision_ran, quantization_config,
-                        repeated_blocks)
+                        compute_dtype, load_pretrained, parameter_counts, precision_ran, quantization_config)
 
 
 def unsloth_checkpoint_routes() -> list:
@@ -80,12 +79,14 @@ def load_model(ctx, device):
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
-    # FSDP2: each rank loads on the host and the trainer shards the model onto its GPU (it need not fit one)
-    place = torch.device("cpu") if v.parallel == "fsdp2" else device
+    if v.parallel == "fsdp2":  # built on the meta device, sharded, each rank materializing only its rows
+        parallel.ensure_process_group(device)
+        model, build, trainer_args, fp8_info = parallel.build_sharded(ctx.manifest, ctx.settings.seed, device, v, lora)
+        return model, tokenizer, {"build": build, "trainer_args": trainer_args, "fp8": fp8_info}
     if in_process:
-        model, build = build_model(ctx.manifest, ctx.settings.seed, place, compute_dtype(v), quantization_config(v))
+        model, build = build_model(ctx.manifest, ctx.settings.seed, device, compute_dtype(v), quantization_config(v))
     else:
-        model = load_pretrained(AutoModelForCausalLM, path, v, place)
+        model = load_pretrained(AutoModelForCausalLM, path, v, device)
         build = {"method": "checkpoint", "disk_bytes": ctx.manifest.get("disk_bytes"),
                  "checkpoint_bf16_gib": ctx.manifest.get("checkpoint_bf16_gib")}
     info = {"build": build}
@@ -99,6 +100,8 @@ def load_model(ctx, device):
         info["fp8"] = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN,
                                           recipe=v.fp8_recipe)
     model = apply_lora(model, v, lora)
+    if v.peft == "lora":  # LoRA's A from per-name seeded draws: the same start on one GPU and sharded over several
+        info["adapters_seeded"] = parallel.seed_adapters(model, ctx.settings.seed)
     if v.expert_lora:  # after PEFT, which freezes every parameter it did not add
         info["expert_lora"] = adapt_experts(model, lora)
     if v.fused_projections:  # q/k/v and gate/up as one GEMM each, LoRA kept per projection (ftbench.fused)
@@ -114,18 +117,6 @@ def trainer_compile_args(variant) -> dict:
         return {}
     return {"torch_compile": True, "torch_compile_backend": variant.compile_backend,
             "torch_compile_mode": compile_kwargs(variant).get("mode")}
-
-
-def parallel_args(variant, model) -> dict:
-    """The trainer's settings for the variant's `parallel` (its ranks come from torchrun): DDP without the
-    search for unused parameters (LoRA leaves none unused), or FSDP2 wrapping each decoder layer."""
-    if variant.parallel == "ddp":
-        return {"ddp_find_unused_parameters": False}
-    if variant.parallel == "fsdp2":
-        layers = sorted({type(m).__name__ for m in repeated_blocks(model)})
-        return {"fsdp": True, "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": layers,
-                                              "reshard_after_forward": True}}
-    return {}
 
 
 def batch_sequences(input_ids, attention_mask, position_ids, pad_id=None) -> tuple[list[int], list[int]]:
@@ -265,7 +256,8 @@ def train(ctx, record, device, meter):
         # sync_free with pinned loader memory: the batch's copies to the GPU non-blocking (accelerate's loader;
         # from pageable memory each copy waits for the stream: a host sync per tensor, five a step)
         accelerator_config={"non_blocking": v.sync_free and v.pin_memory},
-        lr_scheduler_type="linear", warmup_steps=0, **trainer_compile_args(v), **parallel_args(v, model))
+        lr_scheduler_type="linear", warmup_steps=0, **trainer_compile_args(v),
+        **(info.get("trainer_args") or parallel.parallelize(model, v.parallel, device)))
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
     slots = packing.bound_slots(ctx.spec.batch_size, v.token_budget, s.max_seq_length) if v.token_budget else None
@@ -349,6 +341,10 @@ def train(ctx, record, device, meter):
             meter.start()
 
         def on_step_end(self, args, state, control, **kw):
+            if "time_to_first_step_s" not in record["extra"]:  # from this process's start: imports, build, step 1
+                import psutil
+
+                record["extra"]["time_to_first_step_s"] = time.time() - psutil.Process().create_time()
             batches, trainer.pending[:] = list(trainer.pending), []
             published_log = {"epoch": state.epoch, "elapsed_s": time.perf_counter() - self.t0,
                              "progress": state.global_step / state.max_steps}
@@ -397,5 +393,7 @@ def train(ctx, record, device, meter):
     record["extra"]["train_samples"] = n_train
     with meter.eval():
         record["loss"]["eval"] = trainer.evaluate()["eval_loss"]
-    if ctx.adapter_dir is not None:
+    if ctx.adapter_dir is not None and v.parallel:  # the LoRA state gathered from the ranks, written by rank 0
+        record["extra"]["adapter_save"] = parallel.save_adapter(trainer.model, ctx.adapter_dir)
+    elif ctx.adapter_dir is not None:
         trainer.model.save_pretrained(ctx.adapter_dir)

@@ -1,0 +1,313 @@
+"""Several GPUs in one job, built the way torchtitan builds: on the meta device first, then one function applies the
+parallelism to the model, then each rank materializes only what it holds on its own device.
+
+- `parallelize(model, strategy, device)` is the one place a strategy touches a model: FSDP2 shards every decoder
+  layer and then the root (`fully_shard`, parameters, gradients and optimizer state split over the ranks); data
+  parallel leaves the model whole and asks the trainer for DDP. It returns the trainer's settings for the strategy.
+- `build_sharded(...)` builds a causal LM for FSDP2: the skeleton on the meta device (no weights anywhere), FP8
+  layers and LoRA applied there, then `parallelize`, then `materialize`: `to_empty` on the rank's device and each
+  parameter's local rows filled. An in-process model draws each parameter from the generator `ftbench.build` seeds
+  with the run's seed and the parameter's name (on the rank's device, one parameter at a time, keeping the rows the
+  rank holds), so the sharded model holds exactly the one-process build's weights; a checkpoint is read slice by
+  slice (safetensors), each rank reading only its rows. No rank ever holds the whole model, on the host or the GPU.
+- `seed_adapters(model, seed)` gives LoRA's A matrices PEFT's initial distribution from a generator seeded per
+  name (B zero), so an adapter starts the same on one GPU and sharded over several.
+- `gather_trainable` / `save_adapter`: the full LoRA state gathered (every rank takes part; rank 0 keeps it on the
+  host) and written by PEFT's `save_pretrained` on rank 0 alone, loadable by PEFT on one GPU.
+
+On CPU ranks (gloo) FSDP2 runs too (torch supports it); the test suite builds, gathers and saves with two of them.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import resource
+import time
+from pathlib import Path
+
+import torch
+
+from .build import GIB, GENERATOR, _value, check_manifest, hf_config, parameter_seed, skeleton
+
+STRATEGIES = ("ddp", "fsdp2")
+
+
+def _dist():
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def ensure_process_group(device) -> None:
+    """The process group torchrun's ranks share (NCCL on GPUs, gloo on CPUs), started before the model is built
+    (the trainer finds it up and keeps it)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+
+
+def device_mesh(device):
+    """The one-dimensional mesh of every rank (FSDP2's data-parallel shard dimension)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist = _dist()
+    if dist is None:
+        raise RuntimeError("FSDP2 needs the ranks' process group (launch the job with torchrun: variant knob gpus)")
+    return init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
+
+
+def blocks(model) -> list:
+    """The repeated blocks FSDP2 shards one by one (decoder layers): their gathers overlap the layer before."""
+    from .variants import repeated_blocks
+
+    return list(repeated_blocks(model))
+
+
+def parallelize(model, strategy: str | None, device, reshard_after_forward: bool = True) -> dict:
+    """Apply `strategy` to `model` in place and return the trainer's settings for it. fsdp2: every decoder layer,
+    then the root (embeddings, final norm, LM head), sharded over all ranks, bf16 parameters kept as they are and
+    gradients reduced in fp32 (LoRA's trainable weights are fp32); the trainer is told FSDP2 so that accelerate
+    leaves the sharded model as it is (it wraps only what is not an FSDP module). ddp: the model stays whole and
+    the trainer wraps it in DistributedDataParallel (no search for unused parameters: LoRA leaves none; no broadcast
+    of buffers before each forward: the rotary tables are the same on every rank)."""
+    if strategy is None:
+        return {}
+    if strategy == "ddp":
+        return {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": False}
+    if strategy != "fsdp2":
+        raise ValueError(f"parallel={strategy!r}: not one of {STRATEGIES}")
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    layers = blocks(model)
+    if not isinstance(model, FSDPModule):
+        mesh = device_mesh(device)
+        policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    names = sorted({type(m).__name__ for m in layers})
+    return {"fsdp": True, "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": names,
+                                          "reshard_after_forward": reshard_after_forward}}
+
+
+def base_name(name: str) -> str:
+    """A parameter's name in the plain model (the checkpoint's and the seeded draw's), from its name under PEFT."""
+    return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+
+def is_adapter(name: str) -> bool:
+    return ".lora_" in name
+
+
+def local_rows(p) -> tuple[int, int]:
+    """The rows [start, end) of a parameter's dimension 0 that this rank holds (FSDP2's Shard(0): torch.chunk's
+    split, the last ranks possibly empty); the whole tensor for a plain one."""
+    from torch.distributed.tensor import DTensor
+
+    n = p.shape[0] if p.dim() else 1
+    if not isinstance(p, DTensor):
+        return 0, n
+    mesh = p.device_mesh
+    size, me = mesh.size(), mesh.get_local_rank()
+    chunk = math.ceil(n / size) if n else 0
+    return min(me * chunk, n), min((me + 1) * chunk, n)
+
+
+def _local(p):
+    from torch.distributed.tensor import DTensor
+
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _owners(model) -> dict:
+    """Each parameter's name with the module that holds it (the seeded draw asks a norm's weight for ones)."""
+    out = {}
+    for mname, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            out.setdefault(f"{mname}.{pname}" if mname else pname, module)
+    return out
+
+
+class CheckpointSlices:
+    """A safetensors checkpoint read a slice at a time: only the rows a rank holds leave the disk."""
+
+    def __init__(self, path):
+        from safetensors import safe_open
+
+        files = sorted(glob.glob(str(Path(path) / "*.safetensors")))
+        if not files:
+            raise FileNotFoundError(f"{path}: no *.safetensors files to read the model's shards from")
+        self.handles = [safe_open(f, framework="pt", device="cpu") for f in files]
+        self.where = {k: h for h in self.handles for k in h.keys()}
+
+    def rows(self, name: str, start: int, end: int):
+        if name not in self.where:
+            raise KeyError(f"the checkpoint has no tensor {name!r}")
+        part = self.where[name].get_slice(name)
+        return part[start:end] if part.get_shape() else part[:]
+
+
+def adapter_bound(p) -> float:
+    """PEFT's initial LoRA A (Kaiming uniform with a = sqrt(5)): uniform in +-1/sqrt(fan_in)."""
+    return 1 / math.sqrt(p.shape[1])
+
+
+def seed_adapters(model, seed: int) -> int:
+    """Every LoRA A drawn uniformly in PEFT's bound from a generator seeded with the run's seed and the parameter's
+    name (on the parameter's device type), every LoRA B zero: the model's output is unchanged until it trains, and
+    a sharded adapter starts where the one-process adapter starts. Returns the adapter matrices set."""
+    n = 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not is_adapter(name):
+                continue
+            local, (start, end) = _local(p), local_rows(p)
+            if ".lora_B." in name:
+                local.zero_()
+            else:
+                g = torch.Generator(device=local.device).manual_seed(parameter_seed(seed, name))
+                bound = adapter_bound(p)
+                full = torch.empty(tuple(p.shape), dtype=torch.float32, device=local.device).uniform_(
+                    -bound, bound, generator=g)
+                local.copy_(full[start:end])
+            n += 1
+    return n
+
+
+def materialize(model, device, seed: int, std: float, checkpoint=None) -> dict:
+    """Give a sharded meta model its storage on `device` (`to_empty`) and fill the rows this rank holds: each
+    parameter from its seeded draw (the whole tensor drawn on the device, its rows kept, then freed) or, with
+    `checkpoint` (a folder of safetensors), read as the rank's slice of that tensor. Buffers the skeleton made real
+    (rotary tables) keep their values. Returns counts for the record."""
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n in buffers:
+                b.copy_(buffers[n])
+        source = CheckpointSlices(checkpoint) if checkpoint is not None else None
+        owners, drawn, read, local_bytes = _owners(model), 0, 0, 0
+        for name, p in model.named_parameters():
+            if is_adapter(name):
+                continue
+            local, (start, end) = _local(p), local_rows(p)
+            base = base_name(name)
+            if source is not None:
+                value = source.rows(base, start, end)
+                read += 1
+            else:
+                value = _value(base, owners[name], tuple(p.shape), std, seed, device)[start:end]
+                drawn += 1
+            if tuple(value.shape) != tuple(local.shape):
+                raise RuntimeError(f"{name}: rows {start}-{end} of {tuple(p.shape)} give {tuple(value.shape)}, "
+                                   f"the rank holds {tuple(local.shape)}")
+            local.copy_(value)
+            local_bytes += local.numel() * local.element_size()
+            del value
+    return {"parameters_drawn": drawn, "parameters_read": read, "local_gib": local_bytes / GIB}
+
+
+def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tuple:
+    """The causal LM of `manifest` (in process: seeded draws; else its checkpoint folder), with the variant's FP8
+    layers and LoRA, sharded with FSDP2 over the ranks and materialized rank by rank on `device`. Returns (model,
+    build facts, the trainer's settings, FP8 conversion summary or None)."""
+    from transformers import AutoConfig
+
+    from . import fp8
+    from .variants import apply_lora
+
+    t0 = time.perf_counter()
+    in_process = manifest.get("build") == "in_process"
+    if in_process:
+        arch = check_manifest(manifest, seed)
+        tok = manifest.get("special_tokens", {})
+        config = hf_config(arch, tok.get("pad_token_id"), tok.get("eos_token_id"))
+    else:
+        arch = {"file": manifest["path"]}
+        config = AutoConfig.from_pretrained(manifest["path"])
+    model = skeleton(arch, config)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    fp8_info = None
+    if variant.precision == "fp8":  # the frozen projections as torchao float8 linears, on the meta device
+        fp8_info = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN,
+                                       recipe=variant.fp8_recipe)
+    model = apply_lora(model, variant, lora)
+    trainer_args = parallelize(model, "fsdp2", device)
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    counts = materialize(model, device, seed, getattr(config, "initializer_range", 0.02),
+                         checkpoint=None if in_process else manifest["path"])
+    counts["adapters_seeded"] = seed_adapters(model, seed)
+    if in_process:
+        for key in ("pad_token_id", "eos_token_id"):
+            if tok.get(key) is not None:
+                setattr(model.generation_config, key, tok[key])
+    dist = _dist()
+    facts = {"method": ("in_process, sharded (FSDP2 over the ranks: each drew only its rows)" if in_process
+                        else "checkpoint, sharded (FSDP2 over the ranks: each read only its rows)"),
+             "build_s": time.perf_counter() - t0, "generator": GENERATOR if in_process else None, "seed": seed,
+             "device": str(device), "world_size": dist.get_world_size() if dist else 1, **counts,
+             "host_peak_rss_gib": host_peak_rss_gib(),
+             "gpu_peak_allocated_gib": (torch.cuda.max_memory_allocated(device) / GIB
+                                        if torch.device(device).type == "cuda" else None),
+             "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
+    model.eval()
+    return model, facts, trainer_args, fp8_info
+
+
+def host_peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def gather_trainable(model, only_adapters: bool = True) -> dict:
+    """The full value of every trainable parameter (LoRA's), gathered from the ranks' shards: every rank must call
+    it; each gets the whole tensors, on the host."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad or (only_adapters and not is_adapter(name)):
+            continue
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        out[name] = full.detach().to("cpu", copy=True)
+    return out
+
+
+def gather_all(model) -> dict:
+    """Every parameter's full value on the host (tests: the sharded build, gathered, against one process)."""
+    from torch.distributed.tensor import DTensor
+
+    return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to("cpu", copy=True)
+            for name, p in model.named_parameters()}
+
+
+def save_adapter(model, out_dir) -> dict:
+    """The adapter of a (possibly sharded) PEFT model saved by PEFT in `out_dir`: its LoRA state gathered from the
+    ranks, written by rank 0 alone (`save_pretrained(state_dict=...)`). Every rank calls it. Returns the facts for
+    the record: gather and save seconds, the tensors and bytes written."""
+    dist = _dist()
+    t0 = time.perf_counter()
+    state = gather_trainable(model)
+    gathered = time.perf_counter()
+    rank = dist.get_rank() if dist else 0
+    if rank == 0:
+        model.save_pretrained(str(out_dir), state_dict=state)
+    if dist is not None:
+        dist.barrier()
+    facts = {"gather_s": gathered - t0, "save_s": time.perf_counter() - gathered, "tensors": len(state),
+             "bytes": sum(t.numel() * t.element_size() for t in state.values()), "written_by_rank": 0,
+             "world_size": dist.get_world_size() if dist else 1}
+    if rank == 0:
+        (Path(out_dir) / "gathered.json").write_text(json.dumps(facts, indent=2))
+    return facts
