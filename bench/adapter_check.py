@@ -18,7 +18,12 @@ model, scale = record["run"]["model"], record["run"]["scale"]
 manifest = json.loads(Path(f"results/models/{model}/{scale}/model.json").read_text())
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 t0 = time.perf_counter()
-base, _ = build_model(manifest, manifest["seed"], device)
+if manifest.get("build") == "in_process":
+    base, _ = build_model(manifest, manifest["seed"], device)
+else:  # a checkpoint the materialize job wrote
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(manifest["path"], dtype=torch.bfloat16).to(device)
 built = time.perf_counter() - t0
 ids = torch.randint(0, base.config.vocab_size, (1, 256), generator=torch.Generator().manual_seed(0)).to(device)
 with torch.no_grad():

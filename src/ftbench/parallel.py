@@ -293,18 +293,36 @@ def gather_all(model) -> dict:
 
 
 def save_adapter(model, out_dir) -> dict:
-    """The adapter of a (possibly sharded) PEFT model saved by PEFT in `out_dir`: its LoRA state gathered from the
-    ranks, written by rank 0 alone (`save_pretrained(state_dict=...)`). Every rank calls it. Returns the facts for
-    the record: gather and save seconds, the tensors and bytes written."""
+    """The adapter of a (possibly sharded) PEFT model saved in PEFT's format in `out_dir`: its LoRA state gathered
+    from the ranks (every rank calls this), then written by rank 0 alone: the tensors under the names PEFT's own
+    `get_peft_model_state_dict` gives them (adapter_model.safetensors) and the adapter's config (adapter_config.json),
+    what `PeftModel.from_pretrained` reads on one GPU. PEFT's `save_pretrained` is not called on the sharded model: a
+    failure inside it on rank 0 alone left the other ranks in a collective rank 0 never joined (2026-11-26, four
+    H100s). A failure to write is caught, all ranks still meet at the barrier, and it is raised on rank 0 after it.
+    Returns the facts for the record: gather and save seconds, the tensors and bytes written."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
     dist = _dist()
     t0 = time.perf_counter()
     state = gather_trainable(model)
     gathered = time.perf_counter()
     rank = dist.get_rank() if dist else 0
+    error = None
     if rank == 0:
-        model.save_pretrained(str(out_dir), state_dict=state)
+        try:
+            out = Path(out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            peft_state = get_peft_model_state_dict(model, state_dict=state, adapter_name="default")
+            save_file({k: v.contiguous() for k, v in peft_state.items()}, str(out / "adapter_model.safetensors"),
+                      metadata={"format": "pt"})
+            model.peft_config["default"].save_pretrained(str(out))
+        except Exception as e:  # noqa: BLE001  (raised below, once every rank has left the barrier)
+            error = e
     if dist is not None:
         dist.barrier()
+    if error is not None:
+        raise RuntimeError(f"rank 0 could not write the gathered adapter: {type(error).__name__}: {error}") from error
     facts = {"gather_s": gathered - t0, "save_s": time.perf_counter() - gathered, "tensors": len(state),
              "bytes": sum(t.numel() * t.element_size() for t in state.values()), "written_by_rank": 0,
              "world_size": dist.get_world_size() if dist else 1}
