@@ -37,7 +37,7 @@ loss = model(input_ids=ids, labels=ids).loss
 loss.backward()
 opt.step()
 trained = parallel.gather_trainable(model)
-save = parallel.save_adapter(model, out / "adapter")
+save = parallel.save_adapter(model, out / "adapter" if rank == 0 else None)  # as the jobs call it
 if rank == 0:
     torch.save(trained, out / "trained.pt")
     result["save"] = save

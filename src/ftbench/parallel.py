@@ -292,13 +292,13 @@ def gather_all(model) -> dict:
             for name, p in model.named_parameters()}
 
 
-def save_adapter(model, out_dir) -> dict:
+def save_adapter(model, out_dir=None) -> dict:
     """The adapter of a (possibly sharded) PEFT model saved in PEFT's format in `out_dir`: its LoRA state gathered
-    from the ranks (every rank calls this), then written by rank 0 alone: the tensors under the names PEFT's own
+    from the ranks (every rank calls this, also those with no `out_dir`: a rank that skipped the gather met rank 0's
+    all-gathers with its next collective, 2026-11-26, four H100s), then written by rank 0 alone: the tensors under the names PEFT's own
     `get_peft_model_state_dict` gives them (adapter_model.safetensors) and the adapter's config (adapter_config.json),
-    what `PeftModel.from_pretrained` reads on one GPU. PEFT's `save_pretrained` is not called on the sharded model: a
-    failure inside it on rank 0 alone left the other ranks in a collective rank 0 never joined (2026-11-26, four
-    H100s). A failure to write is caught, all ranks still meet at the barrier, and it is raised on rank 0 after it.
+    what `PeftModel.from_pretrained` reads on one GPU. A failure to write is caught, all ranks still meet at the
+    barrier, and it is raised on rank 0 after it.
     Returns the facts for the record: gather and save seconds, the tensors and bytes written."""
     from peft.utils import get_peft_model_state_dict
     from safetensors.torch import save_file
@@ -309,7 +309,7 @@ def save_adapter(model, out_dir) -> dict:
     gathered = time.perf_counter()
     rank = dist.get_rank() if dist else 0
     error = None
-    if rank == 0:
+    if rank == 0 and out_dir is not None:
         try:
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -326,6 +326,6 @@ def save_adapter(model, out_dir) -> dict:
     facts = {"gather_s": gathered - t0, "save_s": time.perf_counter() - gathered, "tensors": len(state),
              "bytes": sum(t.numel() * t.element_size() for t in state.values()), "written_by_rank": 0,
              "world_size": dist.get_world_size() if dist else 1}
-    if rank == 0:
+    if rank == 0 and out_dir is not None:
         (Path(out_dir) / "gathered.json").write_text(json.dumps(facts, indent=2))
     return facts

@@ -393,7 +393,7 @@ def train(ctx, record, device, meter):
     record["extra"]["train_samples"] = n_train
     with meter.eval():
         record["loss"]["eval"] = trainer.evaluate()["eval_loss"]
-    if ctx.adapter_dir is not None and v.parallel:  # the LoRA state gathered from the ranks, written by rank 0
+    if v.parallel:  # every rank joins the gather of the LoRA state; rank 0 writes it (the others have no adapter_dir)
         record["extra"]["adapter_save"] = parallel.save_adapter(trainer.model, ctx.adapter_dir)
     elif ctx.adapter_dir is not None:
         trainer.model.save_pretrained(ctx.adapter_dir)
