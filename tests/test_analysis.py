@@ -433,3 +433,20 @@ def test_a_long_table_cell_is_cut_before_it_is_escaped_so_no_entity_is_split():
     assert shown == "x" * 137 + "&#39;s …"
     assert "title='" + "x" * 137 + "&#39;s &amp; more text past the cut'" in html  # the whole text on hover
     assert _cell("short & sweet") == "<td title='short &amp; sweet'>short &amp; sweet</td>"
+
+
+def test_scaling_reads_real_tokens_where_both_runs_counted_them():
+    """Packed rows hold a varying number of samples: the speed-up is taken on real tokens/s with its tokens' noise,
+    and the per-rank step against the lone GPU's is given."""
+    from ftbench.compare import scaling
+
+    one = {"model": "m", "dataset": "d", "gpu": "H100 SXM5", "batch_size": 2, "variant": "top", "status": "ok",
+           "reason": None, "throughput.samples_per_s": 10.0, "timing.noise_cv": 0.12, "throughput.tokens_per_s": 1000.0,
+           "timing.noise_cv_tokens": 0.002, "parallel.world_size": 1, "parallel.strategy": None,
+           "parallel.peak_allocated_gib_max": None, "memory.peak_allocated_gib": 60.0, "timing.step_time_s": 0.5}
+    two = {**one, "variant": "top-ddp2", "throughput.samples_per_s": 25.0, "throughput.tokens_per_s": 1900.0,
+           "parallel.world_size": 2, "parallel.strategy": "ddp", "timing.step_time_s": 0.525}
+    (_, (_, table, _)) = scaling(pl.DataFrame([one, two]), {}, pairs=[["top-ddp2", "top"]])
+    row = table.row(0, named=True)
+    assert row["speedup on"] == "real tokens/s" and row["speedup"] == "1.9x"
+    assert row["scaling efficiency"] == pytest.approx(0.95) and row["rank step vs one GPU"] == pytest.approx(1.05)

@@ -105,7 +105,7 @@ def test_study_b_cells_are_per_gpu_and_a_larger_gpu_fills_an_h100_cell_only_afte
     assert not blackwell["measured"].any()
     html = coverage_html(table)
     # both measured cells are the PEFT stand-in, never the study's Unsloth: not comparable, never "holds"
-    assert "<b>Study B (samples per hour)</b>: holds 0 of 8, differs 0, not comparable 2, not measured 6" in html
+    assert "<b>Study B (samples per hour)</b>: holds 0 of 8, differs 0, inconclusive 0, not comparable 2, not measured 6" in html
 
     # no H100 oom, but a larger GPU's run allocated more at its peak than an H100 holds (gpt-oss-120b wikipedia_ja
     # through Unsloth: 125.7 GiB on the H200, h200-2026-11-25-b): measured, so it fills the H100 cell and says why
@@ -162,3 +162,36 @@ def test_a_cell_that_differs_cites_the_probe_measured_beside_it_on_its_gpu_at_th
     assert got[("fp8-te", 4)]["verdict"] == "holds"
     # the H200's cell cites the H200's probe (batch 1), not the H100's
     assert "0.20x bf16-gc at batch 1, where fp8-te-gc is 1.20x" in got[("fp8-te", 1)]["cause (measured)"]
+
+
+def test_study_d_multi_gpu_claim_is_judged_per_gpu_count_from_twins_of_the_same_code():
+    """Study D's "multi-GPU training: up to 10x faster" as data: each GPU count judged from a multi-GPU run and its
+    one-GPU twin (same knobs but gpus/parallel, same code) on real tokens/s; near-linear holds, a lower speed-up
+    differs, a twin of other code is no pair, and the 8-GPU cell says no such host is lent."""
+    import yaml
+
+    from ftbench.coverage import coverage_rows
+
+    published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
+
+    def run(variant, gpus, tokens, code="c1", parallel=None):
+        return {"model": "qwen3-8b", "dataset": "wikipedia_ja", "batch_size": 2, "gpu": "H100 SXM5", "scale": "full",
+                "device_type": "cuda", "status": "ok", "reason": None, "variant": variant, "code": code,
+                "throughput.tokens_per_s": tokens, "timing.noise_cv_tokens": 0.005, "timing.noise_cv": 0.1,
+                "throughput.samples_per_s": 1.0, "timing.step_time_s": 0.5, "parallel.world_size": gpus,
+                "parallel.strategy": parallel, "variant.gpus": gpus, "variant.parallel": parallel,
+                "variant.token_budget": 4096, "variant.precision": "fp8", "memory.peak_reserved_gib": 60.0,
+                "memory.peak_allocated_gib": 55.0, "memory.host_peak_rss_gib": 16.0, "gpu_memory_gib": 79.2}
+
+    rows = [run("top", 1, 17000.0), run("top-ddp2", 2, 33000.0, parallel="ddp"),
+            run("top-ddp4", 4, 50000.0, parallel="ddp"), run("top-ddp4-other", 4, 68000.0, code="c2", parallel="ddp")]
+    table = coverage_rows(pl.DataFrame(rows, infer_schema_length=None),
+                          [{"table": "study_d", "published": published}])
+    cells = {r["variant"]: r for r in table.filter(pl.col("metric") == "multi-GPU speed-up").to_dicts()}
+    assert set(cells) == {"2 GPUs vs one", "4 GPUs vs one", "8 GPUs vs one"}
+    two, four, eight = cells["2 GPUs vs one"], cells["4 GPUs vs one"], cells["8 GPUs vs one"]
+    assert two["verdict"] == "holds" and two["ratio"] == pytest.approx(33000 / 17000) and "real tokens/s" in two["ours"]
+    assert two["measured by"] == "top-ddp2 vs top"
+    assert four["verdict"] == "differs" and "below near-linear scaling" in four["how"]  # 2.94x on 4 GPUs
+    assert four["measured by"] == "top-ddp4 vs top"  # the run of other code has no twin: never paired silently
+    assert eight["verdict"] == "not measured" and "no 8-GPU host is lent" in eight["why"]

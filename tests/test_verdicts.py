@@ -171,10 +171,11 @@ def test_the_front_page_counts_are_the_tables():
     table, _ = cells(rows)
     html = coverage_html(table)
     lead = re.search(r"<b>Study A \(LLaVA-NeXT, relative to bf16\)</b>: holds (\d+) of (\d+), differs (\d+), "
-                     r"not comparable (\d+), not measured (\d+)", html)
+                     r"inconclusive (\d+), not comparable (\d+), not measured (\d+)", html)
     counts = {v: table.filter(pl.col("verdict") == v).height for v in VERDICTS}
     assert [int(x) for x in lead.groups()] == [counts["holds"], table.height, counts["differs"],
-                                               counts["not comparable"], counts["not measured"]]
+                                               counts["inconclusive"], counts["not comparable"],
+                                               counts["not measured"]]
     assert counts["holds"] == 2 and counts["differs"] == 1 and sum(counts.values()) == 42
     assert summary(table).row(0, named=True)["holds"] == counts["holds"]
     assert "<svg" in html and "Study A: step time against bf16" in html  # the grid picture
@@ -204,3 +205,16 @@ def test_study_bs_padded_batch_shape_leads_and_the_packed_run_stands_beside():
     blackwell = table.filter(pl.col("published") == "11,000").row(0, named=True)
     assert blackwell["verdict"] == "not measured" and "1.60x" not in (blackwell["ours, packed"] or "")
     assert blackwell["ours, packed"].startswith("43,228 by qlora-gc-pf on the H100 SXM5")
+
+
+@pytest.mark.parametrize("fp8_step, noise", [(0.95, 0.04), (1.18, 0.04), (0.94, 0.2)])
+def test_a_noise_band_too_wide_to_tell_is_inconclusive_never_holds(fp8_step, noise):
+    """2 x the combined CV above 10 %: inconclusive with its CV, whether the figure lies inside the range or not."""
+    rows = [lmm("bf16-gc", 4, step=1.0), lmm("fp8-te-gc", 4, step=fp8_step)]
+    rows[0]["timing.noise_cv"] = rows[1]["timing.noise_cv"] = noise
+    table, by = cells(rows)
+    cell = by[("fp8-te", 4)]
+    assert cell["verdict"] == "inconclusive" and "the noise cannot carry a verdict" in cell["how"], cell["how"]
+    assert f"= {100 * 2 * (2 * noise * noise) ** 0.5:.1f} % is wider than 10 %" in cell["how"]
+    assert summary(table).row(0, named=True)["inconclusive"] == 1 and "inconclusive" in VERDICTS
+    assert judge(0.95, (0.93, 0.96), 0.049)["verdict"] == "holds"  # a band of 9.8 %: still a verdict

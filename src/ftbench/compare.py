@@ -9,8 +9,7 @@ import polars as pl
 from .analysis import full_scale, html_page, median_step_samples_per_hour, peak_memory
 from .flops import peak_tflops
 from .profiling import GPU_BOUND_SHARE
-
-NOISE_SIGMAS = 2  # a ratio is a difference only when it lies outside this many combined noise CVs of 1
+from .verdicts import NOISE_SIGMAS
 NOISE_NOTE = ("Noise: each run's relative uncertainty is its CV across repeated windows (or, with one window, the "
               "within-run CV of its step times over the square root of the steps); a ratio whose distance from 1 is "
               f"within {NOISE_SIGMAS}x the two runs' combined uncertainty (root sum of squares) reads \"no measurable "
@@ -544,32 +543,49 @@ def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=N
     return ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows)
 
 
+def speedup_over(r: dict, suffix: str = "_1") -> tuple[float | None, str, float | None, float | None]:
+    """A multi-GPU row's speed-up over its one-GPU twin (joined with `suffix`): on real tokens/s where both runs
+    counted tokens (packed rows hold a varying number of samples, so samples/s carries the packing's noise), else on
+    samples/s; with the metric's name and each run's noise CV."""
+    a, b = r.get("throughput.tokens_per_s"), r.get(f"throughput.tokens_per_s{suffix}")
+    na, nb = r.get("timing.noise_cv_tokens"), r.get(f"timing.noise_cv_tokens{suffix}")
+    if a and b and na is not None and nb is not None:
+        return a / b, "real tokens/s", na, nb
+    a, b = r.get("throughput.samples_per_s"), r.get(f"throughput.samples_per_s{suffix}")
+    return (a / b if a and b else None), "samples/s", r.get("timing.noise_cv"), r.get(f"timing.noise_cv{suffix}")
+
+
 def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
     """Several GPUs against one: each multi-GPU variant beside the one-GPU variant it scales (`pairs`: [multi,
-    single]), same model, dataset, GPU kind and per-GPU batch size. Scaling efficiency = total samples/s over
-    N x the one-GPU samples/s; the speedup carries its noise verdict; peak memory is the largest rank's."""
+    single]), same model, dataset, GPU kind and per-GPU batch size. Scaling efficiency = total throughput over
+    N x the one-GPU throughput (real tokens/s where both runs counted them, else samples/s); the speedup carries its
+    noise verdict; the per-rank step against the one-GPU step bounds what communication and the wrapper add to a
+    step; peak memory is the largest rank's."""
     rows = []
     for multi, single in pairs:
         a = df.filter(pl.col("variant") == multi)
         b = df.filter((pl.col("variant") == single) & (pl.col("status") == "ok"))
         for r in a.join(b, on=["model", "dataset", "gpu", "batch_size"], how="left", suffix="_1").iter_rows(named=True):
             ok, n = r["status"] == "ok", r["parallel.world_size"] or 1
-            base = r.get("throughput.samples_per_s_1")
-            speedup = r["throughput.samples_per_s"] / base if ok and base else None
+            speedup, metric, noise, noise_1 = speedup_over(r) if ok else (None, None, None, None)
+            step, step_1 = r.get("timing.step_time_s"), r.get("timing.step_time_s_1")
             rows.append({"model": r["model"], "dataset": r["dataset"], "gpu": r["gpu"], "variant": multi,
                          "strategy": r["parallel.strategy"], "GPUs": n, "batch per GPU": r["batch_size"],
                          "status": r["status"], "samples/s (all GPUs)": r["throughput.samples_per_s"] if ok else None,
-                         "samples/s per GPU": r["parallel.samples_per_s_per_gpu"] if ok else None,
-                         "one GPU": single, "one-GPU samples/s": base,
-                         "speedup": _verdict(speedup, r["timing.noise_cv"], r.get("timing.noise_cv_1")),
+                         "real tokens/s (all GPUs)": r.get("throughput.tokens_per_s") if ok else None,
+                         "one GPU": single, "one-GPU real tokens/s": r.get("throughput.tokens_per_s_1"),
+                         "speedup on": metric, "speedup": _verdict(speedup, noise, noise_1),
                          "scaling efficiency": speedup / n if speedup else None,
+                         "rank step vs one GPU": step / step_1 if ok and step and step_1 else None,
                          "peak GiB (largest rank)": r["parallel.peak_allocated_gib_max"] if ok else None,
                          "one-GPU peak GiB": r.get("memory.peak_allocated_gib_1"),
                          "reason": r["reason"] if not ok else None})
-    note = ("Scaling efficiency = samples/s over all N GPUs / (N x samples/s of the same variant on one GPU at the same "
-            "per-GPU batch). 1.0 is perfect data parallelism; what is missing went to gradient communication, "
-            "waiting for the slowest rank, and (FSDP) gathering parameters. On a CPU the ranks share the same cores, so "
-            "efficiency there says nothing about GPUs. " + NOISE_NOTE)
+    note = ("Scaling efficiency = throughput over all N GPUs / (N x the same variant's on one GPU at the same per-GPU "
+            "batch), on real tokens/s where both runs counted tokens, else samples/s. 1.0 is perfect data "
+            "parallelism; \"rank step vs one GPU\" is a rank's median step over the lone GPU's: what gradient "
+            "communication, the wrapper's hooks, waiting for the slowest rank and (FSDP) gathering parameters add to "
+            "a step, an upper bound on the communication compute does not hide. On a CPU the ranks share the same "
+            "cores, so efficiency there says nothing about GPUs. " + NOISE_NOTE)
     if not rows:
         return [note, ("Scaling", pl.DataFrame({"result": ["no multi-GPU run"]}), "scaling")]
     return [note, ("Scaling", pl.DataFrame(rows, infer_schema_length=None), "scaling")]

@@ -75,7 +75,8 @@ def gpu_bars(df: pl.DataFrame) -> alt.Chart:
                                       title="The same runs on each GPU kind")
 
 
-VERDICT_COLOURS = {"holds": "#4c9a2a", "differs": "#e07b39", "not comparable": "#8fa9c7", "not measured": "#e4e4e4"}
+VERDICT_COLOURS = {"holds": "#4c9a2a", "differs": "#e07b39", "inconclusive": "#d9c34a", "not comparable": "#8fa9c7",
+                   "not measured": "#e4e4e4"}
 
 
 def study_a_grid(cells: pl.DataFrame) -> alt.Chart:

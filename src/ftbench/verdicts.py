@@ -3,6 +3,8 @@
 
 - holds: our figure lies inside the published range, or within the noise of it (NOISE_SIGMAS x our noise CV);
 - differs: outside it beyond the noise, by how much, and which way (faster or slower than published);
+- inconclusive: the noise band (NOISE_SIGMAS x our noise CV) is wider than INCONCLUSIVE_BAND, so the record can
+  tell neither (never "holds"): the CV is given;
 - not comparable: the record cannot answer the question as published (a stand-in for the study's system, a GPU
   of another kind for an absolute figure, an out-of-memory result), and why;
 - not measured: no record, or one that ended before its number existed (a timeout is never a result).
@@ -16,9 +18,9 @@ no evidence it says so.
 
 from __future__ import annotations
 
-from .compare import NOISE_SIGMAS
-
-VERDICTS = ("holds", "differs", "not comparable", "not measured")
+NOISE_SIGMAS = 2  # a ratio is a difference only when it lies outside this many combined noise CVs of 1
+INCONCLUSIVE_BAND = 0.10  # NOISE_SIGMAS x the noise CV above this: the verdict says nothing either way
+VERDICTS = ("holds", "differs", "inconclusive", "not comparable", "not measured")
 LOADER_BOUND_SHARE = 0.2  # the data loader holds at least this share of a profiled step: loader-bound
 TOKENS_DIFFER = 0.05  # tokens per sample this much apart from the baseline's: a different workload
 
@@ -39,9 +41,14 @@ def judge(ours: float, published: tuple[float, float], noise: float | None, lowe
     `noise` is the relative noise of our figure (a CV; combined over the runs a ratio divides)."""
     lo, hi = published
     what = "range" if lo != hi else "value"
+    band = NOISE_SIGMAS * (noise or 0.0)
+    if band > INCONCLUSIVE_BAND:  # a band this wide would call almost anything "holds"
+        return {"verdict": "inconclusive",
+                "how": f"the noise cannot carry a verdict: {NOISE_SIGMAS} x CV {100 * noise:.1f} % = "
+                       f"{100 * band:.1f} % is wider than {100 * INCONCLUSIVE_BAND:.0f} % (ours {ours:.3g}, published {what} "
+                       f"{lo:.3g}{'' if lo == hi else f'-{hi:.3g}'})"}
     if lo <= ours <= hi:
         return {"verdict": "holds", "how": f"inside the published {what}"}
-    band = NOISE_SIGMAS * (noise or 0.0)
     if lo * (1 - band) <= ours <= hi * (1 + band):
         return {"verdict": "holds", "how": f"within the noise of the published {what} ({NOISE_SIGMAS} x CV "
                                            f"{100 * noise:.1f} %)"}
@@ -138,6 +145,7 @@ def evidence(row: dict, base: dict | None = None) -> str:
 
 
 def counts_line(c: dict) -> str:
-    """"holds 3 of 42, differs 20, not comparable 5, not measured 14": of every published cell of a study."""
-    return (f"holds {c['holds']} of {sum(c.values())}, differs {c['differs']}, not comparable {c['not comparable']}, "
-            f"not measured {c['not measured']}")
+    """"holds 3 of 42, differs 20, inconclusive 1, not comparable 5, not measured 13": of every published cell of a
+    study."""
+    return (f"holds {c['holds']} of {sum(c.values())}, differs {c['differs']}, inconclusive {c.get('inconclusive', 0)}, "
+            f"not comparable {c['not comparable']}, not measured {c['not measured']}")
