@@ -22,7 +22,8 @@ PARTS = Path(__file__).with_name("parts.yaml")
 # one GPU job at a time needs no ILP solver (pulp need not travel to a lent GPU); a 2-GPU host schedules two
 HOSTS = {"one": ["--cores", "16", "--resources", "gpu=1", "--scheduler", "greedy"],
          "two": ["--cores", "32", "--resources", "gpu=2", "--scheduler", "greedy"],
-         "four": ["--cores", "64", "--resources", "gpu=4", "--scheduler", "greedy"]}
+         "four": ["--cores", "64", "--resources", "gpu=4", "--scheduler", "greedy"],
+         "eight": ["--cores", "128", "--resources", "gpu=8", "--scheduler", "greedy"]}
 
 
 def braces(text: str) -> list[str]:

@@ -144,5 +144,6 @@ rule coverage:
         "../envs/report.yaml"
     params:
         tables=coverage_tables(),
+        across_code=config.get("merge_across_code", False),
     script:
         "../workflow/scripts/coverage.py"

@@ -39,8 +39,21 @@ def dry_run_with(tmp_path, mutate):
     (lambda c: c["datasets"]["japanese_alpaca"].update(source="/no/such/alpaca.parquet"),
      "datasets.japanese_alpaca.source: no such file or directory: /no/such/alpaca.parquet"),
     (lambda c: c.update(only_studies=[]), "only_studies"),
+    # a LLaVA model on text data: refused before any job, in one line (it failed in its job with KeyError: 'image')
+    (lambda c: c["studies"]["lmm"]["matrix"][0].update(datasets=["japanese_alpaca"]),
+     "model llava-v1.6-mistral-7b (lmm) cannot train on dataset japanese_alpaca (kind instruction)"),
+    (lambda c: c["studies"]["diffusion"]["matrix"][0].update(datasets=["wikipedia_ja"]),
+     "(diffusion) cannot train on dataset wikipedia_ja (kind wikipedia); its runner trains on image_caption"),
+    # an architecture path that leaves config/architectures/ is refused, as the schema says
+    (lambda c: c["models"]["qwen3-8b"].update(architecture="../../../elsewhere/qwen3-8b.yaml"),
+     "models.qwen3-8b.architecture: '../../../elsewhere/qwen3-8b.yaml' leaves config/architectures/"),
+    # a local checkpoint folder that is not there is named as missing
+    (lambda c: (c["models"]["qwen3-8b"].update(source="your_model/checkpoint"),
+                c["models"]["qwen3-8b"].pop("architecture")),
+     "models.qwen3-8b.source: no checkpoint folder at"),
 ], ids=["unknown-knob", "batch-size-0", "missing-architecture", "unknown-dataset", "te-causal-lm",
-        "diffusion-shape-policy", "path-in-name", "regex-in-name", "missing-source", "only-studies-empty"])
+        "diffusion-shape-policy", "path-in-name", "regex-in-name", "missing-source", "only-studies-empty",
+        "llava-on-text", "sd-on-text", "architecture-outside", "missing-checkpoint-folder"])
 def test_bad_config_stops_before_any_job(tmp_path, mutate, key):
     proc = dry_run_with(tmp_path, mutate)
     assert proc.returncode != 0

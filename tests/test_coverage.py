@@ -131,8 +131,10 @@ def test_a_compiled_cell_whose_window_met_a_new_shape_is_judged_by_its_median_st
                  "extra.shapes_measured": 3, "git_commit": "5f8bf02345fe"})
     base = lmm("bf16-gc", 1, step=0.66)
     base["git_commit"] = "af3431c9bf29"
-    _, by = cells([cell, base])
-    row = by[("compile", 1)]
+    assert cells([cell, base])[1][("compile", 1)]["verdict"] == "not comparable"  # other code: not by default
+    table = coverage_rows(pl.DataFrame([cell, base], infer_schema_length=None),
+                          [{"table": "study_a", "published": STUDY_A, "measured_by": MEASURED_BY}], across_code=True)
+    row = {(r["variant"], r["batch"]): r for r in table.to_dicts()}[("compile", 1)]  # merged on purpose
     assert row["noise (CV %)"] == pytest.approx(1.0) and row["ratio"] == pytest.approx(0.474 / 0.66)
     assert row["verdict"] == "differs"  # 0.72x against the published 0.80-0.89: not inside 138 % of noise
     assert row["how"].endswith("faster than published; the baseline ran other code (commit af3431c, this cell "
@@ -195,3 +197,29 @@ def test_study_d_multi_gpu_claim_is_judged_per_gpu_count_from_twins_of_the_same_
     assert four["verdict"] == "differs" and "below near-linear scaling" in four["how"]  # 2.94x on 4 GPUs
     assert four["measured by"] == "top-ddp4 vs top"  # the run of other code has no twin: never paired silently
     assert eight["verdict"] == "not measured" and "no 8-GPU host is lent" in eight["why"]
+
+
+def test_a_ratio_across_two_source_digests_is_not_judged_silently():
+    """A Study A cell whose bf16 baseline ran other code (another source digest) is "not comparable: baseline from
+    other code" with both named; merged on purpose (merge_across_code) it is judged and says so; the front page
+    says whether its records are one commit or a merge."""
+    from ftbench.coverage import coverage_html, provenance_line
+
+    rows = [lmm("bf16-gc", 4, step=1.0), lmm("fixed-compile-gc", 4, step=0.46)]
+    rows[0]["source_digest"], rows[1]["source_digest"] = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    studies = [{"table": "study_a", "published": STUDY_A, "measured_by": MEASURED_BY}]
+    cell = coverage_rows(df, studies).filter((pl.col("variant") == "fixed-compile") & (pl.col("batch") == 4)).row(0, named=True)
+    assert cell["verdict"] == "not comparable" and "baseline from other code" in cell["how"], cell["how"]
+    assert "bbbbbbbbbb" in cell["how"] and "aaaaaaaaaa" in cell["how"] and "merge_across_code" in cell["how"]
+    merged = coverage_rows(df, studies, across_code=True).filter(
+        (pl.col("variant") == "fixed-compile") & (pl.col("batch") == 4)).row(0, named=True)
+    assert merged["verdict"] == "holds" and "the baseline ran other code" in merged["how"]
+    line = provenance_line(df)
+    assert line.startswith("Merged: 2 full-scale records of 2 versions of the code") and "not comparable" in line
+    rows[0]["source_digest"] = "bbbbbbbbbbbbbbbb"
+    one = pl.DataFrame(rows, infer_schema_length=None)
+    assert coverage_rows(one, studies).filter((pl.col("variant") == "fixed-compile") & (pl.col("batch") == 4))[
+        "verdict"].item() == "holds"
+    assert provenance_line(one).startswith("One commit: every full-scale record ran the same files (bbbbbbbbbb")
+    assert "One commit" in coverage_html(coverage_rows(one, studies), provenance_line(one))

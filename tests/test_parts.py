@@ -2,6 +2,7 @@
 pipeline can make under its own configs (a Snakemake dry run per config set), and the patterns name what they say."""
 
 import importlib.util
+import re
 import sys
 
 import pytest
@@ -50,3 +51,21 @@ def test_every_part_asks_for_targets_its_configs_can_make(tmp_path):
         proc = snakemake("-n", "--cores", "1", "--resources", "gpu=1", *cfg, "-d", str(tmp_path / "wd"), "--",
                          *sorted(set(targets)), cwd=tmp_path)
         assert proc.returncode == 0, f"{configs}: {(proc.stdout + proc.stderr)[-2000:]}"
+
+
+@pytest.mark.parametrize("part, gpus", [("scale-8", 8), ("scale-top", 4), ("four-at-once", 1)])
+def test_the_multi_gpu_parts_ask_for_the_gpus_of_their_host(tmp_path, monkeypatch, part, gpus):
+    """The several-GPU plan as a dry run on a host with faked GPUs (FTBENCH_GPU_IDS): the 8-GPU part (issue 48,
+    no such host lent yet) asks for 8 GPUs a training job, the 4-GPU parts for what their variants name, and the
+    four one-GPU jobs at once for one each."""
+    (run,) = [r for r in mc.runs(part, PLAN) if "command" not in r]
+    host = {"scale-8": "eight", "scale-top": "four", "four-at-once": "four"}[part]
+    assert run["host"] == host and f"gpu={ {'eight': 8, 'four': 4}[host]}" in mc.HOSTS[host]
+    monkeypatch.setenv("FTBENCH_GPU_IDS", ",".join(str(i) for i in range(8)))
+    cfg = ["--configfile"] + [str(ROOT / c) for c in ("config/config.yaml", *run["configs"])]
+    proc = snakemake("-n", *mc.HOSTS[host], *cfg, "-d", str(tmp_path / "wd"), "--", *run["targets"], cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+    asked = [int(g) for g in re.findall(r"rule train:.*?resources: [^\n]*gpu=(\d+)", proc.stdout, re.S)]
+    assert len(asked) == len(run["targets"]) and max(asked) == gpus, asked
+    if part == "four-at-once":
+        assert asked == [1, 1, 1, 1]  # one GPU each: four at once on a 4-GPU host

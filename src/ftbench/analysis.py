@@ -24,6 +24,7 @@ def flatten(record: dict) -> dict:
                device_type=dev.get("type"), gpu_uuid=dev.get("uuid"), driver=dev.get("driver"), cuda=dev.get("cuda"),
                weights_source=prov.get("weights_source"), data_source=prov.get("data_source"),
                git_commit=prov.get("git_commit"), code=short_code(prov), config_hash=prov.get("config_hash"),
+               source_digest=prov.get("source_digest") or prov.get("git_commit"),
                torch=prov.get("versions", {}).get("torch"), schema_version=record["schema_version"],
                gpu_memory_gib=dev.get("total_memory_gib") if dev.get("type") == "cuda" else None)
     for group in ("timing", "throughput", "memory", "device_usage", "energy", "flops", "compile", "loss", "data",

@@ -348,8 +348,17 @@ def check_config(config: dict, base_dir) -> None:
             raise ConfigError(f"models.{model}.source: {Path(mdef['source']).expanduser()} is not a checkpoint "
                               "folder (config.json or model_index.json)")
         if not mdef.get("architecture"):
+            if mdef["source"] != "random" and "/" in mdef["source"]:  # a folder that is not there (or a hub id)
+                where = (Path(base_dir) / mdef["source"]).resolve()
+                raise ConfigError(f"models.{model}.source: no checkpoint folder at {where} (missing); put a Hugging "
+                                  "Face checkpoint folder there (config.json and its weights), or give "
+                                  f"models.{model}.architecture (a file under config/architectures/) to build it")
             raise ConfigError(f"models.{model}.architecture: required unless the source is a local checkpoint folder")
         path = architecture_path(config, model, base_dir)
+        shipped = (Path(base_dir) / "config" / "architectures").resolve()
+        if shipped not in path.resolve().parents:
+            raise ConfigError(f"models.{model}.architecture: {mdef['architecture']!r} leaves config/architectures/; "
+                              "name a file under it (copy your own architecture file there)")
         if not path.is_file():
             raise ConfigError(f"models.{model}.architecture: file not found: {path}")
         arch = check_architecture(path)
@@ -368,6 +377,7 @@ def check_config(config: dict, base_dir) -> None:
                     if name not in pool:
                         raise ConfigError(f"{where}.{key}: unknown {key[:-1]} '{name}' (defined: {sorted(pool)})")
     check_knobs(config, base_dir)
+    check_dataset_kinds(config, base_dir)
     for i, entry in enumerate(config.get("token_stats", [])):
         for key, pool in (("model", "models"), ("dataset", "datasets")):
             if entry[key] not in config[pool]:
@@ -382,6 +392,27 @@ def check_config(config: dict, base_dir) -> None:
     for i, sel in enumerate(config.get("profile", [])):
         if not any(matches(spec, sel) for spec in runs):
             raise ConfigError(f"profile[{i}]: selects no run of the matrix: {sel}")
+
+
+# the dataset kinds each model family's runner trains on
+FAMILY_KINDS = {"causal_lm": ("instruction", "wikipedia"), "lmm": ("image_classification",),
+                "diffusion": ("image_caption",)}
+
+
+def check_dataset_kinds(config: dict, base_dir) -> None:
+    """Every model of a matrix block is matrixed only with datasets of a kind its family's runner trains on (a LLaVA
+    model on text data failed in its job with KeyError: 'image'; SD 1.5 on it with PEFT's "target modules not
+    found"): refused before any job, in one line."""
+    for study, sdef in config["studies"].items():
+        for i, block in enumerate(sdef["matrix"]):
+            for model in block["models"]:
+                family = model_family(config, model, base_dir)
+                kinds = FAMILY_KINDS.get(family)
+                for name in block["datasets"]:
+                    kind = config["datasets"][name]["kind"]
+                    if kinds is not None and kind not in kinds:
+                        raise ConfigError(f"studies.{study}.matrix[{i}]: model {model} ({family}) cannot train on "
+                                          f"dataset {name} (kind {kind}); its runner trains on {', '.join(kinds)}")
 
 
 def names_hub(source: str) -> bool:

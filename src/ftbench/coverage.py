@@ -5,6 +5,8 @@ GPU fills a cell: tiny and proxy runs measure the pipeline, not the study."""
 
 from __future__ import annotations
 
+from html import escape
+
 import polars as pl
 
 from .analysis import KEY, full_scale, html_table, peak_memory, read_runs, typed
@@ -116,12 +118,28 @@ def probe_evidence(full: pl.DataFrame, r: dict, probes: list[dict], cell: str, b
     return "; ".join(said) or None
 
 
+def _code(r: dict) -> str | None:
+    """The code a record ran: its source digest (older records: their commit)."""
+    return r.get("source_digest") or r.get("git_commit")
+
+
+def _other_code(r: dict, b: dict, across_code: bool) -> dict | None:
+    """A ratio of two runs of different code is not judged unless the user merged across code on purpose
+    (`merge_across_code`): "not comparable: baseline from other code", both named."""
+    if across_code or _code(r) == _code(b):
+        return None
+    return _not_comparable(f"baseline from other code (this cell's files {(_code(r) or '?')[:10]} at commit "
+                           f"{_commit(r)}, the baseline's {(_code(b) or '?')[:10]} at commit {_commit(b)}); "
+                           "merge_across_code: true divides them on purpose")
+
+
 def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None,
-            probes: list[dict] | None = None) -> list[dict]:
+            probes: list[dict] | None = None, across_code: bool = False) -> list[dict]:
     """Study A's relative table: each of the seven variants (bf16 the baseline) at each published batch size; ours
     is the step time and peak memory relative to the baseline of the same GPU and batch (the same position in
     `measured_by`: a gradient-checkpointed variant against the gradient-checkpointed baseline). A cell that differs
-    also says what its probes measured beside it (`probe_evidence`)."""
+    also says what its probes measured beside it (`probe_evidence`). A baseline of other code is no ratio unless
+    `across_code` (`_other_code`)."""
     measured_by = measured_by or {}
     gib = (published.get("gpu") or {}).get("memory_gb", 0) * GIB_PER_GB or None
     full = full_scale(df)
@@ -162,8 +180,9 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None,
                     noise = combined_noise(_step_noise(r), _step_noise(b))
                     ours = (f"step {_verdict(ratio, _step_noise(r), _step_noise(b))}, memory "
                             f"{r['peak_gib'] / b['peak_gib']:.2f}x")
-                    judged = judge(ratio, rng, noise) if rng else _not_comparable("no published figure as data")
-                    if r.get("git_commit") != b.get("git_commit"):  # a ratio across two versions of ftbench: say so
+                    judged = (_other_code(r, b, across_code)
+                              or (judge(ratio, rng, noise) if rng else _not_comparable("no published figure as data")))
+                    if judged["verdict"] != "not comparable" and _code(r) != _code(b):  # merged on purpose: say so
                         judged["how"] += f"; the baseline ran other code (commit {_commit(b)}, this cell {_commit(r)})"
             elif r["status"] == "timeout":  # a limit we chose ran out: no number, never a result
                 ours = f"timeout: {(r['reason'] or '')[:110]}"
@@ -202,7 +221,7 @@ def _judged(judged: dict, r: dict | None, base: dict | None = None) -> dict:
     return out
 
 
-def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:
+def study_b(df: pl.DataFrame, published: dict, measured_by: dict | None = None, **_) -> list[dict]:
     """Study B's samples per hour: each published (model, GPU, dataset) cell at the study's method and batch size
     (the published `table`; the Blackwell card ran the same batches). A cell of a GPU we were not lent stays
     empty; an H100 cell the H100 cannot hold is filled by a GPU with more memory, and says so."""
@@ -321,7 +340,7 @@ def _first_reason(rows: list[dict], variant: str) -> str:
     return "no record"
 
 
-def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:
+def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None, across_code: bool = False) -> list[dict]:
     """Study C's time per step: the worker sweep and the before/after stages, each as a ratio to the stock script
     (0 workers) of the same GPU, beside the published ratio (the study's GPU is not ours)."""
     full = full_scale(df)
@@ -358,8 +377,8 @@ def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
         elif ratio is None:
             judged = _not_comparable(f"no workers-0 baseline on the {r['gpu']}")
         else:
-            judged = judge(ratio, published_range(ms / stock), combined_noise(r["timing.noise_cv"],
-                                                                               b["timing.noise_cv"]))
+            judged = _other_code(r, b, across_code) or judge(ratio, published_range(ms / stock), combined_noise(
+                r["timing.noise_cv"], b["timing.noise_cv"]))
         out.append({**base, "GPU": r["gpu"], "measured by": variant, "status": "ok", "measured": True,
                     "ours": f"{step * 1000:.0f} ms" + (f" ({_verdict(ratio, r['timing.noise_cv'], b['timing.noise_cv'])})"
                                                        if ratio else ""), "ratio": ratio,
@@ -367,7 +386,7 @@ def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None) 
     return out
 
 
-def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None) -> list[dict]:
+def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, **_) -> list[dict]:
     """Study D (news article), Unsloth's own claim on Alpaca: 1.98x Hugging Face's speed and 47 % less memory. Ours:
     unsloth-qlora against qlora (PEFT) on the same model, instruction data, batch and GPU, at full scale."""
     claim = published.get("unsloth_claim")
@@ -473,8 +492,9 @@ NAMES = {"A": "Study A (LLaVA-NeXT, relative to bf16)", "B": "Study B (samples p
          "C": "Study C (SD 1.5, time per step)", "D": "Study D (Unsloth's claim, several GPUs)"}
 
 
-def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
-    """All cells: `studies` lists {table: <TABLES key>, published: dict, measured_by: dict, probes: list (study_a)}."""
+def coverage_rows(df: pl.DataFrame, studies: list[dict], across_code: bool = False) -> pl.DataFrame:
+    """All cells: `studies` lists {table: <TABLES key>, published: dict, measured_by: dict, probes: list (study_a)};
+    `across_code`: ratios may divide runs of different code (the config's merge_across_code), the note stays."""
     if not df.is_empty() and "gpu_memory_gib" not in df.columns:
         df = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_memory_gib"))
     if not df.is_empty():
@@ -482,7 +502,7 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict]) -> pl.DataFrame:
     rows = []
     for s in studies:
         probes = {"probes": s["probes"]} if s.get("probes") else {}  # study_a's alone
-        rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"), **probes)
+        rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"), across_code=across_code, **probes)
     # what a reader asks first (published, ours, the verdict and why) before how it was measured
     cols = ["study", "model", "dataset", "variant", "batch", "published", "ours", "verdict", "how", "cause (measured)",
             "metric", "GPU", "measured by", "status", "published x", "ratio", "x published", "noise (CV)",
@@ -529,9 +549,29 @@ FRONT_STYLE = ("<style>div.flex.items-center.h-screen.overflow-auto:has(.ftbench
                ".ftbench-coverage { overflow-x: auto; } .ftbench-grid svg { max-width: 100%; height: auto; }</style>")
 
 
-def coverage_html(table: pl.DataFrame) -> str:
-    """The fragment that leads the report (and the body of its page): per study the verdict counts, Study A's
-    grid, then every cell."""
+def provenance_line(df: pl.DataFrame, across_code: bool = False) -> str:
+    """What the front page's records are: one version of the code (a campaign) or a merge of several, on which
+    GPUs; and whether ratios may cross versions."""
+    full = full_scale(df)
+    if full.is_empty():
+        return "No full-scale GPU record yet: every published cell is not measured."
+    codes = sorted({c for c in full["source_digest"].to_list() if c}) if "source_digest" in full.columns else []
+    commits = sorted({(c or "?")[:7] for c in full["git_commit"].to_list()}) if "git_commit" in full.columns else []
+    gpus = sorted({g for g in full["gpu"].to_list() if g})
+    cards = full["gpu_uuid"].drop_nulls().n_unique() if "gpu_uuid" in full.columns else 0
+    where = f"{', '.join(gpus)} ({cards} card{'s' if cards != 1 else ''})"
+    if len(codes) <= 1:
+        return (f"One commit: every full-scale record ran the same files ({(codes or ['?'])[0][:10]}, commit "
+                f"{', '.join(commits)}) on {where}.")
+    rule = ("ratios divide runs of different code only because merge_across_code is on: each such cell says so"
+            if across_code else "a ratio divides only runs of the same code; other pairs are not comparable")
+    return (f"Merged: {len(full)} full-scale records of {len(codes)} versions of the code (commits "
+            f"{', '.join(commits)}) on {where}; {rule}.")
+
+
+def coverage_html(table: pl.DataFrame, provenance: str | None = None) -> str:
+    """The fragment that leads the report (and the body of its page): where its records come from, per study the
+    verdict counts, Study A's grid, then every cell."""
     from .figures import study_a_grid, svg_string
 
     per_study = summary(table)
@@ -540,7 +580,8 @@ def coverage_html(table: pl.DataFrame) -> str:
     grid = table.filter(pl.col("study") == "A")
     # the picture shrinks to the page's width (its viewBox keeps the proportions): a phone sees it whole
     picture = f"<div class='ftbench-grid'>{svg_string(study_a_grid(grid))}</div>" if grid.height else ""
-    return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>"
+    source = f"<p><b>{escape(provenance)}</b></p>" if provenance else ""
+    return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>{source}"
             f"<ul>{lead}</ul><p>{VERDICT_NOTE}</p>" + picture
             + "<h4>Coverage and verdicts, per study</h4>" + html_table(per_study, "coverage_counts")
             + f"<p>{NOTE}</p>" + html_table(table.drop("measured"), "coverage") + "</div>")

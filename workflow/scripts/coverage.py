@@ -6,12 +6,13 @@ from pathlib import Path  # noqa: E402
 
 from ftbench.analysis import html_page  # noqa: E402
 from ftbench.config import load_yaml  # noqa: E402
-from ftbench.coverage import coverage_html, coverage_rows, merged_records  # noqa: E402
+from ftbench.coverage import coverage_html, coverage_rows, merged_records, provenance_line  # noqa: E402
 
 published = {Path(p).name: load_yaml(p) for p in snakemake.input.published}  # the rule's inputs, by file name
 tables = [{**t, "published": published[Path(t["published"]).name]} for t in snakemake.params.tables]
-table = coverage_rows(merged_records(snakemake.input.runs, snakemake.input.extra), tables)
+runs = merged_records(snakemake.input.runs, snakemake.input.extra)
+table = coverage_rows(runs, tables, across_code=snakemake.params.across_code)
 table.write_csv(snakemake.output.csv)
-fragment = coverage_html(table)
+fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code))
 Path(snakemake.output.front).write_text(fragment)
 Path(snakemake.output.html).write_text(html_page("ftbench: what the records reproduce", [fragment]))
