@@ -556,7 +556,9 @@ def provenance_line(df: pl.DataFrame, across_code: bool = False) -> str:
     if full.is_empty():
         return "No full-scale GPU record yet: every published cell is not measured."
     codes = sorted({c for c in full["source_digest"].to_list() if c}) if "source_digest" in full.columns else []
-    commits = sorted({(c or "?")[:7] for c in full["git_commit"].to_list()}) if "git_commit" in full.columns else []
+    commits = sorted({c[:7] for c in full["git_commit"].to_list() if c}) if "git_commit" in full.columns else []
+    if len(commits) > 6:
+        commits = commits[:5] + [f"and {len(commits) - 5} more"]
     gpus = sorted({g for g in full["gpu"].to_list() if g})
     cards = full["gpu_uuid"].drop_nulls().n_unique() if "gpu_uuid" in full.columns else 0
     where = f"{', '.join(gpus)} ({cards} card{'s' if cards != 1 else ''})"
