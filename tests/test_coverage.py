@@ -223,3 +223,32 @@ def test_a_ratio_across_two_source_digests_is_not_judged_silently():
         "verdict"].item() == "holds"
     assert provenance_line(one).startswith("One commit: every full-scale record ran the same files (bbbbbbbbbb")
     assert "One commit" in coverage_html(coverage_rows(one, studies), provenance_line(one))
+
+
+def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_one_stands_beside():
+    """Unsloth's 1.98x is judged where both runs keep the GPU busy (>= 80 %): a host-bound pair (the GPU 17 % busy)
+    cannot show a kernel library's speed, so it is context, never the verdict; with none GPU-bound: not comparable."""
+    import yaml
+
+    from ftbench.coverage import coverage_rows
+
+    published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
+
+    def run(variant, model, batch, step, busy):
+        return {"model": model, "dataset": "japanese_alpaca", "batch_size": batch, "gpu": "H100 SXM5",
+                "scale": "full", "device_type": "cuda", "status": "ok", "reason": None, "variant": variant,
+                "timing.step_time_s": step, "timing.noise_cv": 0.01, "device_usage.gpu_util_mean_pct": busy,
+                "memory.peak_reserved_gib": 20.0, "memory.peak_allocated_gib": 18.0, "memory.host_peak_rss_gib": 4.0,
+                "gpu_memory_gib": 79.2}
+
+    host_bound = [run("unsloth-qlora", "qwen3-8b", 4, 1.0, 17.0), run("qlora", "qwen3-8b", 4, 0.9, 30.0)]
+    gpu_bound = [run("unsloth-qlora", "qwen3-32b", 32, 1.0, 95.0), run("qlora", "qwen3-32b", 32, 1.98, 97.0)]
+    studies = [{"table": "study_d", "published": published}]
+    cell = coverage_rows(pl.DataFrame(host_bound + gpu_bound), studies).filter(
+        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
+    assert cell["model"] == "qwen3-32b" and cell["verdict"] == "holds" and cell["ratio"] == pytest.approx(1.98)
+    assert "GPU-bound pair carries the verdict (busy 95 %)" in cell["why"]
+    assert "qwen3-8b bs4 on the H100 SXM5: 0.90x at GPU busy 17 %" in cell["why"]
+    alone = coverage_rows(pl.DataFrame(host_bound), studies).filter(
+        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
+    assert alone["verdict"] == "not comparable" and "no GPU-bound pair" in alone["how"] and "17 %" in alone["how"]

@@ -218,3 +218,12 @@ def test_a_noise_band_too_wide_to_tell_is_inconclusive_never_holds(fp8_step, noi
     assert f"= {100 * 2 * (2 * noise * noise) ** 0.5:.1f} % is wider than 10 %" in cell["how"]
     assert summary(table).row(0, named=True)["inconclusive"] == 1 and "inconclusive" in VERDICTS
     assert judge(0.95, (0.93, 0.96), 0.049)["verdict"] == "holds"  # a band of 9.8 %: still a verdict
+
+
+def test_a_cell_is_never_balanced_against_its_own_profile_and_an_unmoved_step_says_so():
+    """Study C's workers-0 is its own baseline: no "kernel time 165 ms a step in workers-0's profile, 165 here:  ms"."""
+    row = {"variant": "workers-0", "profile.kernel_ms_per_step": 165.0, "profile.gemm_share": 0.5}
+    assert step_balance(row, dict(row)) is None and step_balance(row, row) is None
+    other = {**row, "variant": "workers-1"}
+    text = step_balance(other, row)
+    assert "165 here: no part moved by 0.5 ms or more" in text and " ms ms" not in text

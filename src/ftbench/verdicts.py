@@ -74,7 +74,7 @@ def step_balance(row: dict, base: dict) -> str | None:
     GEMMs, the FP8 casts and scaling, attention (and the implementation that ran it) and the rest, in ms a step.
     None where either profile lacks its kernel time."""
     ms, ref = row.get("profile.kernel_ms_per_step"), base.get("profile.kernel_ms_per_step")
-    if not ms or not ref:
+    if not ms or not ref or row is base or row.get("variant") == base.get("variant"):  # (a cell is its own baseline)
         return None
     moved = {name: _kernel_ms(row, share) - _kernel_ms(base, share) for name, share in (
         ("GEMMs", "profile.gemm_share"), ("FP8 casts and scaling", "profile.fp8_work_share"),
@@ -86,8 +86,9 @@ def step_balance(row: dict, base: dict) -> str | None:
              for name, ms_ in moved.items() if abs(ms_) >= 0.5]
     bound = "" if row.get("profile.attention_exact") and base.get("profile.attention_exact") else \
         " (attention from each profile's top kernels)"
+    moved_text = ", ".join(parts) + " ms" if parts else "no part moved by 0.5 ms or more"
     return (f"kernel time {ref:,.0f} ms a step in {base.get('variant', 'the baseline')}'s profile, {ms:,.0f} here: "
-            + ", ".join(parts) + " ms" + bound)
+            + moved_text + bound)
 
 
 def evidence(row: dict, base: dict | None = None) -> str:
