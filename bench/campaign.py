@@ -1,0 +1,209 @@
+"""One command, one host, one commit, a whole study: run a campaign's cells, baselines, probes and profiles through
+Snakemake, one job per GPU of this host, resumable, and write its folder under measurements/ with a README.
+
+    python3 bench/campaign.py CAMPAIGN [--out measurements/NAME] [--dry-run] [--limit-s S]
+    python3 bench/campaign.py --list
+
+A campaign is data (`campaigns:` in bench/parts.yaml): its config files and targets, in the parts' notation. The
+host's GPUs (`ftbench.gpus.visible_gpus`: CUDA_VISIBLE_DEVICES, else nvidia-smi; FTBENCH_GPU_IDS fakes them) set
+`--resources gpu=N`, so Snakemake runs N one-GPU jobs at once and each job locks a GPU of its own. Resumable: a call
+cut at its limit (`--limit-s`, or the machine's) loses only the jobs it was running (`--rerun-incomplete`); the next
+call starts no finished job again. Every call appends to OUT/campaign.json (start, end, jobs that ran) and rewrites
+OUT/README.md from the records: host, GPUs and driver, packages, source digest(s), first start and last end, wall
+time, GPU-hours, the jobs that failed and why. The records, step logs and profile summaries are copied into OUT, so
+`merge_runs: [OUT]` builds a report from this campaign alone."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from measure_check import PARTS, fill  # noqa: E402
+
+KEPT = ("metrics.json", "steps.csv", "memory.csv", "summary.json")
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def plan(name: str, parts: dict) -> dict:
+    """The campaign `name`: its configs and its targets expanded (variables, braces), in the order written."""
+    camp = parts.get("campaigns", {}).get(name)
+    if camp is None:
+        raise KeyError(name)
+    targets = [t for tmpl in camp["targets"] for t in fill(tmpl, parts["vars"])]
+    return {**camp, "name": name, "targets": list(dict.fromkeys(targets))}
+
+
+def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT) -> list[str]:
+    """The Snakemake call: every GPU of the host a `gpu` resource, jobs that fail leave the rest going, an interrupted
+    job's output rerun, nothing finished started again."""
+    snakemake = shlex.split(os.environ.get("SNAKEMAKE", f"{sys.executable} -m snakemake"))
+    where = [] if workdir == ROOT else ["-s", str(ROOT / "Snakefile"), "-d", str(workdir)]
+    configs = [str(ROOT / c) for c in camp["configs"]]
+    return [*snakemake, *where, "--cores", str(cores), "--resources", f"gpu={max(gpus, 1)}", "--scheduler", "greedy",
+            "--keep-going", "--rerun-incomplete", "--configfile", *configs, "--", *camp["targets"]]
+
+
+def collect(targets: list[str], out: Path, workdir: Path = ROOT) -> list[Path]:
+    """Copy what the targets left (records and their logs, profile summaries) into OUT, under the path they have
+    below results/runs or results/profiles (profiles/...): the layout merge_runs reads."""
+    kept = []
+    for t in targets:
+        src_dir = workdir / Path(t).parent
+        if not src_dir.is_dir():
+            continue
+        rel = Path(t).parent.relative_to("results")
+        rel = rel.relative_to("runs") if rel.parts[0] == "runs" else rel
+        for f in src_dir.iterdir():
+            if f.name in KEPT and f.is_file():
+                dst = out / rel / f.name
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, dst)
+                kept.append(dst)
+    return kept
+
+
+def host_facts() -> dict:
+    """This host: name, CPUs, memory, and each GPU's name, UUID and driver (nvidia-smi; none on a CPU machine)."""
+    facts = {"hostname": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    try:
+        with open("/proc/meminfo") as f:
+            facts["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
+        facts["gpus"] = [dict(zip(("index", "name", "uuid", "driver", "memory"), (x.strip() for x in line.split(","))))
+                         for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        facts["gpus"] = []
+    return facts
+
+
+def readme(camp: dict, state: dict, out: Path) -> str:
+    """The campaign's README, from its state and the records it holds."""
+    from ftbench.records import read_record
+
+    records = []
+    for f in sorted(out.rglob("metrics.json")):
+        try:
+            records.append((f, read_record(f)))
+        except Exception as e:  # noqa: BLE001  (an unreadable record is named, not skipped silently)
+            records.append((f, {"status": "unreadable", "reason": str(e), "run": {}, "provenance": {}, "extra": {}}))
+    calls, host = state["calls"], state["host"]
+    start, end = calls[0]["start"], calls[-1].get("end") or calls[-1]["start"]
+    wall = sum(c.get("wall_s") or 0 for c in calls)
+    digests = sorted({(r.get("provenance") or {}).get("source_digest") or "?" for _, r in records}) or ["?"]
+    gpu_h = sum(((r.get("extra") or {}).get("supervision") or {}).get("elapsed_s", 0) or 0
+                for _, r in records if r.get("status") != "unreadable"
+                for _ in range(int((r.get("variant") or {}).get("gpus") or 1))) / 3600
+    versions = next(((r.get("provenance") or {}).get("versions") for _, r in records
+                     if (r.get("provenance") or {}).get("versions")), {}) or {}
+    failed = [(f, r) for f, r in records if r.get("status") != "ok"]
+    missing = [t for t in camp["targets"] if t.endswith("metrics.json")
+               and not (out / Path(t).parent.relative_to("results/runs") / "metrics.json").exists()]
+    gpus = host.get("gpus") or []
+    lines = [f"# Campaign `{camp['name']}`: {camp.get('about', '')}", "",
+             "Written by `bench/campaign.py` after each call; do not edit by hand.", "",
+             f"- **Host:** {host.get('hostname')}, {host.get('cpus')} CPUs, {host.get('memory_gib')} GiB of memory.",
+             f"- **GPUs:** {len(gpus)}: " + ("; ".join(f"{g['index']} {g['name']} ({g['uuid']}, {g['memory']})"
+                                                      for g in gpus) or "none (a CPU machine)")
+             + (f"; driver {gpus[0]['driver']}" if gpus else "") + ".",
+             "- **Packages:** " + (", ".join(f"{k} {v}" for k, v in versions.items() if v) or "no record yet") + ".",
+             f"- **Code:** source digest{'s' if len(digests) > 1 else ''} {', '.join(digests)}"
+             + (" (one version: every ratio in it divides runs of the same code)." if len(digests) == 1 else
+                " (more than one: the calls ran different code; ratios across them are not comparable)."),
+             f"- **When:** {start} to {end}, {len(calls)} call(s), {wall / 60:.1f} minutes of wall time; "
+             f"{gpu_h:.2f} {'GPU' if gpus else 'CPU job'}-hours in the jobs' own time.",
+             f"- **The one command:** `python3 bench/campaign.py {camp['name']} --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}` "
+             "(again to resume).", "",
+             f"Records: {len(records)} of {sum(t.endswith('metrics.json') for t in camp['targets'])} cells; "
+             f"ok {sum(r.get('status') == 'ok' for _, r in records)}.", ""]
+    if failed:
+        lines += ["## Jobs that did not end ok", "", "| run | status | why |", "| --- | --- | --- |"]
+        for f, r in failed:
+            why = (r.get("reason") or "").replace("|", "/").replace("\n", " ")[:200]
+            lines.append(f"| {f.parent.relative_to(out)} | {r.get('status')} | {why} |")
+        lines.append("")
+    if missing:
+        lines += ["## Cells with no record yet (the next call runs them)", ""]
+        lines += [f"- {Path(t).parent.relative_to('results/runs')}" for t in missing] + [""]
+    lines += ["## Calls", "", "| start | end | wall s | exit | GPUs | cut |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {c['start']} | {c.get('end', '(killed)')} | {c.get('wall_s', '')} | {c.get('exit', '')} | "
+              f"{c.get('gpus')} | {c.get('cut', '')} |" for c in calls]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    from ftbench.gpus import visible_gpus
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("campaign", nargs="?")
+    ap.add_argument("--out", help="its folder (default measurements/<campaign>-<host>-<date>)")
+    ap.add_argument("--dry-run", action="store_true", help="Snakemake's dry run: what this call would run")
+    ap.add_argument("--limit-s", type=float, default=None, help="stop this call after this long (resume later)")
+    ap.add_argument("--workdir", default=str(ROOT), help="Snakemake's working directory (default: the project)")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    parts = yaml.safe_load(PARTS.read_text())
+    if args.list or not args.campaign:
+        for name, camp in parts.get("campaigns", {}).items():
+            print(f"{name}: {camp.get('about', '')}")
+        return 0
+    try:
+        camp = plan(args.campaign, parts)
+    except KeyError:
+        print(f"unknown campaign: {args.campaign} (python3 bench/campaign.py --list)", file=sys.stderr)
+        return 2
+    gpus = visible_gpus()
+    workdir = Path(args.workdir).resolve()
+    cmd = command(camp, len(gpus), os.cpu_count() or 1, workdir)
+    if args.dry_run:
+        return subprocess.run([*cmd[:cmd.index("--")], "-n", *cmd[cmd.index("--"):]], cwd=ROOT).returncode
+    host = host_facts()
+    out = Path(args.out) if args.out else ROOT / "measurements" / (
+        f"{args.campaign}-{platform.node()}-{datetime.date.today().isoformat()}")
+    out = out if out.is_absolute() else ROOT / out
+    out.mkdir(parents=True, exist_ok=True)
+    state_path = out / "campaign.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {"campaign": args.campaign, "calls": []}
+    state["host"] = host
+    call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd)}
+    state["calls"].append(call)
+    state_path.write_text(json.dumps(state, indent=2))
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=args.limit_s)
+    except subprocess.TimeoutExpired:  # the call's limit: Snakemake stops its jobs; the next call resumes
+        os.killpg(proc.pid, signal.SIGINT)
+        rc = proc.wait()
+        call["cut"] = f"after {args.limit_s:g} s (--limit-s)"
+    call.update(end=now(), wall_s=round(time.monotonic() - t0, 1), exit=rc)
+    collect(camp["targets"], out, workdir)
+    state_path.write_text(json.dumps(state, indent=2))
+    (out / "README.md").write_text(readme(camp, state, out))
+    print(f"campaign {args.campaign}: exit {rc}; {out / 'README.md'}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

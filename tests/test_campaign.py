@@ -1,0 +1,59 @@
+"""A campaign (bench/campaign.py): one command runs a study's cells on one host, one job per GPU, resumable, and
+writes its folder with a README. On a host with four faked GPUs the Study A campaign asks Snakemake for four GPUs
+and one per job (four at once); on this CPU a small campaign runs, a call cut at its limit loses only its running
+jobs, the next finishes them, and a call after that starts no finished job again."""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+from conftest import ROOT
+
+CAMPAIGN = ROOT / "bench" / "campaign.py"
+
+
+def call(*args, env=None, timeout=900):
+    return subprocess.run([sys.executable, str(CAMPAIGN), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def test_the_study_a_campaign_on_four_gpus_runs_four_one_gpu_jobs_at_once():
+    spec = importlib.util.spec_from_file_location("campaign", CAMPAIGN)
+    campaign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(campaign)
+    import yaml
+
+    camp = campaign.plan("study_a", yaml.safe_load((ROOT / "bench" / "parts.yaml").read_text()))
+    cells = [t for t in camp["targets"] if "/runs/" in t]
+    assert len(cells) == 42 + 12 and len([t for t in camp["targets"] if "/profiles/" in t]) == 6
+    proc = call("study_a", "--dry-run", env={"FTBENCH_GPU_IDS": "0,1,2,3"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+    assert "--resources gpu=4" in proc.stdout
+    asked = re.findall(r"rule (?:train|profile):.*?resources: [^\n]*gpu=(\d+)", proc.stdout, re.S)
+    assert len(asked) == 42 + 12 + 6 and set(asked) == {"1"}  # each job one GPU: four run at once
+
+
+def test_a_campaign_resumes_after_a_cut_and_never_reruns_a_finished_job(tmp_path):
+    out, work = tmp_path / "campaign", tmp_path / "work"
+    first = call("smoke", "--out", str(out), "--workdir", str(work), "--limit-s", "3")  # cut before its jobs end
+    assert (out / "campaign.json").exists(), first.stderr[-2000:]
+    state = json.loads((out / "campaign.json").read_text())
+    assert state["calls"][0]["cut"] == "after 3 s (--limit-s)"
+    assert "Cells with no record yet" in (out / "README.md").read_text()
+    second = call("smoke", "--out", str(out), "--workdir", str(work))
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    records = sorted(out.rglob("metrics.json"))
+    assert len(records) == 2 and all(json.loads(r.read_text())["status"] == "ok" for r in records)
+    made = {r: r.stat().st_mtime_ns for r in (work / "results" / "runs").rglob("metrics.json")}
+    third = call("smoke", "--out", str(out), "--workdir", str(work))
+    assert third.returncode == 0 and "Nothing to be done" in third.stdout + third.stderr
+    assert {r: r.stat().st_mtime_ns for r in made} == made  # no finished job ran again
+    text = (out / "README.md").read_text()
+    state = json.loads((out / "campaign.json").read_text())
+    assert len(state["calls"]) == 3 and "3 call(s)" in text and "Records: 2 of 2 cells; ok 2" in text
+    assert "source digest " in text and "(one version" in text and "-hours in the jobs' own time" in text
+    assert "after 3 s (--limit-s)" in text  # the cut call, in the calls' table
+    assert "python3 bench/campaign.py smoke --out" in text and "Cells with no record yet" not in text
