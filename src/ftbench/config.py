@@ -356,9 +356,9 @@ def check_config(config: dict, base_dir) -> None:
             raise ConfigError(f"models.{model}.architecture: required unless the source is a local checkpoint folder")
         path = architecture_path(config, model, base_dir)
         shipped = (Path(base_dir) / "config" / "architectures").resolve()
-        if shipped not in path.resolve().parents:
+        if not Path(mdef["architecture"]).is_absolute() and shipped not in path.resolve().parents:
             raise ConfigError(f"models.{model}.architecture: {mdef['architecture']!r} leaves config/architectures/; "
-                              "name a file under it (copy your own architecture file there)")
+                              "name a file under it, or your own file by its absolute path")
         if not path.is_file():
             raise ConfigError(f"models.{model}.architecture: file not found: {path}")
         arch = check_architecture(path)
