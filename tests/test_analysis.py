@@ -450,3 +450,37 @@ def test_scaling_reads_real_tokens_where_both_runs_counted_them():
     row = table.row(0, named=True)
     assert row["speedup on"] == "real tokens/s" and row["speedup"] == "1.9x"
     assert row["scaling efficiency"] == pytest.approx(0.95) and row["rank step vs one GPU"] == pytest.approx(1.05)
+
+
+def test_a_rung_that_changes_the_arithmetic_leads_the_frontier_only_with_its_loss_check():
+    """An FP8 rung faster than every bf16 rung: without a loss check on the same rows (or with one that differs) it
+    is refused a place on the frontier and never named fastest; with its loss within noise it leads."""
+    from ftbench.compare import frontier
+
+    def run(variant, losses, tokens, tps, precision="bf16"):
+        rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01)
+        rec["throughput"]["tokens_per_s"] = tps
+        rec["variant"]["precision"] = precision
+        rec["loss"].update(eval=8.0, trace=",".join(map(str, losses)), trace_tokens=",".join(map(str, tokens)))
+        return rec
+
+    ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
+    rows = [8191 - (i % 3) for i in range(40)]
+    rungs = ["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"]
+
+    def lead_and_places(fp8_losses, fp8_tokens):
+        recs = [run("lora-tb", ref, rows, 12000), run("lora-tb-cg", ref, rows, 13000),
+                run("lora-tb-cg-fp8", fp8_losses, fp8_tokens, 16000, precision="fp8")]
+        lead, _, (_, table, _) = frontier(pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None), {},
+                                          rungs=rungs, same_rows="lora-tb")
+        return lead, {r["variant"]: r["on the frontier"] for r in table.iter_rows(named=True)}
+
+    lead, places = lead_and_places([x + 0.01 for x in ref], rows)  # within noise
+    assert places["lora-tb-cg-fp8"] == "yes: fp8, loss within noise on the same rows" and places["lora-tb-cg"] == "yes"
+    assert "<b>lora-tb-cg-fp8</b>" in lead
+    lead, places = lead_and_places([x + 0.5 for x in ref], rows)  # the loss moved
+    assert places["lora-tb-cg-fp8"].startswith("no: fp8 changes the arithmetic and its loss on the same rows differs")
+    assert "<b>lora-tb-cg</b>" in lead and "fp8</b>" not in lead
+    lead, places = lead_and_places(ref, [t - 1 for t in rows])  # other rows: no check possible
+    assert places["lora-tb-cg-fp8"] == "no: fp8 changes the arithmetic and has no loss check on the same rows"
+    assert "<b>lora-tb-cg</b>" in lead

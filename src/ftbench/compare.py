@@ -425,6 +425,20 @@ def same_rows_loss(run: dict, ref: dict | None) -> dict | None:
             "within_noise": abs(mean) <= scatter}
 
 
+def frontier_place(r: dict, base: dict | None, cmp: dict | None) -> str:
+    """Whether a rung may stand on the frontier (and lead it): one that computes what rung 0 computes (the same
+    precision) may; one that changes the arithmetic (FP8, NF4) only where its training loss on the same rows stays
+    within the noise of rung 0's step; refused otherwise, saying why."""
+    mine, theirs = r.get("variant.precision") or "bf16", (base or {}).get("variant.precision") or "bf16"
+    if mine == theirs:
+        return "yes"
+    if cmp is None:
+        return f"no: {mine} changes the arithmetic and has no loss check on the same rows"
+    if not cmp["within_noise"]:
+        return f"no: {mine} changes the arithmetic and its loss on the same rows differs ({cmp['mean_difference']:+.3f})"
+    return f"yes: {mine}, loss within noise on the same rows"
+
+
 def mfu_against(r: dict, precision: str) -> float | None:
     """A run's model FLOPs per second as a percentage of its GPU's dense peak in `precision` (None where the GPU's
     peak is unknown: a CPU, or a card without that precision)."""
@@ -500,6 +514,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                     f"{cmp['mean_difference']:+.3f} over {cmp['steps']} steps: "
                     + ("within noise" if cmp["within_noise"] else "differs")
                     + f" (scatter {cmp['scatter']:.3f}; largest {cmp['max_difference']:+.3f})") if ok and cmp else None
+                rows[-1]["on the frontier"] = frontier_place(r, base, cmp) if ok else None
             if name in rungs and ok:
                 prev = r
     same = ("same model, data and batch size" if by_batch else
@@ -527,6 +542,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     table = pl.DataFrame(rows, infer_schema_length=None)
     best = []  # per GPU, model and scale (a proxy model's tokens/s says nothing of the full one's) and dataset
     measured = table.filter(pl.col("tokens/s (real)").is_not_null())
+    if "on the frontier" in table.columns:  # a rung that changes the arithmetic leads only with its loss check
+        measured = measured.filter(pl.col("on the frontier").str.starts_with("yes"))
     for group in measured.partition_by(["gpu", "model", "scale", "dataset"], maintain_order=True):
         top = group.sort("tokens/s (real)", descending=True).row(0, named=True)
         best.append(f"On {top['gpu']}, {top['model']} ({top['scale']} scale), {top['dataset']}: "
