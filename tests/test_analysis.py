@@ -484,3 +484,18 @@ def test_a_rung_that_changes_the_arithmetic_leads_the_frontier_only_with_its_los
     lead, places = lead_and_places(ref, [t - 1 for t in rows])  # other rows: no check possible
     assert places["lora-tb-cg-fp8"] == "no: fp8 changes the arithmetic and has no loss check on the same rows"
     assert "<b>lora-tb-cg</b>" in lead
+
+
+def test_scaling_never_divides_a_multi_gpu_run_by_a_one_gpu_run_of_other_code():
+    from ftbench.compare import scaling
+
+    one = {"model": "m", "dataset": "d", "gpu": "H100 SXM5", "batch_size": 2, "variant": "top", "status": "ok",
+           "reason": None, "throughput.samples_per_s": 10.0, "timing.noise_cv": 0.01, "throughput.tokens_per_s": 1000.0,
+           "timing.noise_cv_tokens": 0.002, "parallel.world_size": 1, "parallel.strategy": None,
+           "parallel.peak_allocated_gib_max": None, "memory.peak_allocated_gib": 60.0, "timing.step_time_s": 0.5,
+           "source_digest": "old"}
+    two = {**one, "variant": "top-ddp2", "throughput.tokens_per_s": 1900.0, "parallel.world_size": 2,
+           "parallel.strategy": "ddp", "source_digest": "new"}
+    (_, (_, table, _)) = scaling(pl.DataFrame([one, two]), {}, pairs=[["top-ddp2", "top"]])
+    row = table.row(0, named=True)
+    assert row["speedup"] is None and row["scaling efficiency"] is None and "of other code" in row["reason"]

@@ -584,8 +584,11 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
         b = df.filter((pl.col("variant") == single) & (pl.col("status") == "ok"))
         for r in a.join(b, on=["model", "dataset", "gpu", "batch_size"], how="left", suffix="_1").iter_rows(named=True):
             ok, n = r["status"] == "ok", r["parallel.world_size"] or 1
-            speedup, metric, noise, noise_1 = speedup_over(r) if ok else (None, None, None, None)
+            other_code = r.get("source_digest") != r.get("source_digest_1") and r.get("variant_1") is not None
+            speedup, metric, noise, noise_1 = speedup_over(r) if ok and not other_code else (None, None, None, None)
             step, step_1 = r.get("timing.step_time_s"), r.get("timing.step_time_s_1")
+            if other_code:  # never a ratio across two versions of the code, silently or not
+                step_1 = None
             rows.append({"model": r["model"], "dataset": r["dataset"], "gpu": r["gpu"], "variant": multi,
                          "strategy": r["parallel.strategy"], "GPUs": n, "batch per GPU": r["batch_size"],
                          "status": r["status"], "samples/s (all GPUs)": r["throughput.samples_per_s"] if ok else None,
@@ -596,7 +599,9 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
                          "rank step vs one GPU": step / step_1 if ok and step and step_1 else None,
                          "peak GiB (largest rank)": r["parallel.peak_allocated_gib_max"] if ok else None,
                          "one-GPU peak GiB": r.get("memory.peak_allocated_gib_1"),
-                         "reason": r["reason"] if not ok else None})
+                         "reason": r["reason"] if not ok else (
+                             f"the one-GPU run is of other code (files {(r.get('source_digest_1') or '?')[:10]}, "
+                             f"this run {(r.get('source_digest') or '?')[:10]}): not divided" if other_code else None)})
     note = ("Scaling efficiency = throughput over all N GPUs / (N x the same variant's on one GPU at the same per-GPU "
             "batch), on real tokens/s where both runs counted tokens, else samples/s. 1.0 is perfect data "
             "parallelism; \"rank step vs one GPU\" is a rank's median step over the lone GPU's: what gradient "

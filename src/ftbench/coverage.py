@@ -554,7 +554,9 @@ NOTE = ("Every published cell of the four studies, computed from the records and
         "it: Study A's variants with gradient checkpointing (-gc; the study's published memory implies it), Study B's "
         "Unsloth with a setting changed (named in \"why\") or, where Unsloth has no record of its own, the PEFT "
         "stand-in (never judged). Ratios: Study A against bf16 of the same "
-        "GPU and batch, Study C against 0 workers of the same GPU, Study B against the published figure itself.")
+        "GPU and batch, Study C against 0 workers of the same GPU, Study B against the published figure itself, Study "
+        "D's several GPUs against the same variant on one GPU; a ratio divides runs of the same code unless "
+        "merge_across_code is on.")
 
 
 # Snakemake's report (9.27) shows its front page in a flex container that centres its content vertically
@@ -614,7 +616,8 @@ def coverage_html(table: pl.DataFrame, provenance: str | None = None) -> str:
 VERDICT_NOTE = ("Each published cell's verdict is computed from config/published/ (a number or a range, with its unit "
                 "and conditions) and our full-scale GPU record of it: <b>holds</b> inside the published range or "
                 "within the noise of it (2 x the noise CV of our ratio); <b>differs</b> outside it beyond the noise, by "
-                "how much and which way; <b>not comparable</b> where the record cannot answer the question as "
+                "how much and which way; <b>inconclusive</b> where 2 x the noise CV is wider than 10 %, so the record "
+                "can tell neither (its CV given); <b>not comparable</b> where the record cannot answer the question as "
                 "published (a stand-in for the study's system, another GPU for an absolute figure, an out-of-memory "
                 "result), saying why; <b>not measured</b> with no record, or a timeout (never a result). Where a "
                 "cell differs, \"cause (measured)\" is the run's own evidence (profile; without one, NVML's busy "
