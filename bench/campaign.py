@@ -51,14 +51,18 @@ def plan(name: str, parts: dict) -> dict:
     return {**camp, "name": name, "targets": list(dict.fromkeys(targets))}
 
 
-def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT) -> list[str]:
+def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_configs=(), forcerun=()) -> list[str]:
     """The Snakemake call: every GPU of the host a `gpu` resource, jobs that fail leave the rest going, an interrupted
-    job's output rerun, nothing finished started again."""
+    job's output rerun, nothing finished started again (only a missing or older output reruns a job: a repeats pass's
+    records keep their place); `forcerun` reruns the targets named (the repeats pass, with its `extra_configs`)."""
     snakemake = shlex.split(os.environ.get("SNAKEMAKE", f"{sys.executable} -m snakemake"))
     where = [] if workdir == ROOT else ["-s", str(ROOT / "Snakefile"), "-d", str(workdir)]
-    configs = [str(ROOT / c) for c in camp["configs"]]
+    configs = [str(ROOT / c) for c in camp["configs"]] + [str(c) for c in extra_configs]
+    again = ["--forcerun", *forcerun] if forcerun else []
+    targets = list(forcerun) or camp["targets"]
     return [*snakemake, *where, "--cores", str(cores), "--resources", f"gpu={max(gpus, 1)}", "--scheduler", "greedy",
-            "--keep-going", "--rerun-incomplete", "--configfile", *configs, "--", *camp["targets"]]
+            "--keep-going", "--rerun-incomplete", "--rerun-triggers", "mtime", *again, "--configfile", *configs,
+            "--", *targets]
 
 
 def collect(targets: list[str], out: Path, workdir: Path = ROOT) -> list[Path]:
@@ -78,6 +82,83 @@ def collect(targets: list[str], out: Path, workdir: Path = ROOT) -> list[Path]:
                 shutil.copy2(f, dst)
                 kept.append(dst)
     return kept
+
+
+def noisy(camp: dict, out: Path, bound: float) -> dict[str, float]:
+    """The campaign's ok records whose noise band (NOISE_SIGMAS x the noise of the number a verdict reads: real
+    tokens/s for packed rows, else the median step's) is wider than `bound`: target -> that noise."""
+    from ftbench.analysis import flatten
+    from ftbench.coverage import _step_noise
+    from ftbench.records import read_record
+    from ftbench.verdicts import NOISE_SIGMAS
+
+    found = {}
+    for t in camp["targets"]:
+        if not t.endswith("metrics.json"):
+            continue
+        f = out / Path(t).relative_to("results/runs")
+        if not f.exists():
+            continue
+        row = flatten(read_record(f))
+        if row["status"] != "ok":
+            continue
+        noise = row.get("timing.noise_cv_tokens") if row.get("variant.token_budget") else _step_noise(row)
+        if noise is not None and NOISE_SIGMAS * noise > bound:
+            found[t] = noise
+    return found
+
+
+def deep_get(configs: list[str], *keys, default=None):
+    """A key of the merged config files (later files win, as Snakemake merges them)."""
+    value = default
+    for c in configs:
+        node = yaml.safe_load((ROOT / c).read_text()) or {}
+        for k in keys:
+            node = node.get(k) if isinstance(node, dict) else None
+        value = node if node is not None else value
+    return value
+
+
+def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, budget_s: float, bound: float,
+                 rounds: int) -> None:
+    """Repeats for the cells whose noise cannot carry a verdict: each round reruns them with twice the repeats of
+    the round before (a config file written beside the records), until every one is under `bound`, `rounds` ran or
+    `budget_s` is spent; each cell's noise before and after, and which ended it, goes to the state (and README)."""
+    from ftbench.verdicts import INCONCLUSIVE_BAND  # noqa: F401  (the bound's default, named in --help)
+
+    study = camp.get("study")
+    from ftbench.config import MeasureSettings
+
+    base = deep_get(["config/config.yaml", *camp["configs"]], "studies", study, "training", "measure", "repeats",
+                    default=MeasureSettings.repeats)
+    log = state.setdefault("repeats", {})
+    start = time.monotonic()
+    factor = 2
+    for _ in range(rounds):
+        todo = noisy(camp, out, bound)
+        left = budget_s - (time.monotonic() - start)
+        for t, cv in todo.items():
+            log.setdefault(t, {"noise_before": cv})
+        if not todo or left <= 0:
+            break
+        cfg = out / f"repeats-x{factor}.yaml"
+        cfg.write_text(yaml.safe_dump({"studies": {study: {"training": {"measure": {"repeats": base * factor}}}}}))
+        cmd = command(camp, gpus, os.cpu_count() or 1, workdir, extra_configs=[cfg], forcerun=list(todo))
+        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+        try:
+            proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait()
+        collect(list(todo), out, workdir)
+        for t in todo:
+            log[t].update(repeats=base * factor, noise_after=noisy(camp, out, -1.0).get(t))
+        factor *= 2
+    over = noisy(camp, out, bound)
+    spent = time.monotonic() - start >= budget_s
+    for t, entry in log.items():
+        entry["ended"] = ("under the bound" if t not in over else
+                          "the budget ended" if spent else "the rounds ended")
 
 
 def host_facts() -> dict:
@@ -143,6 +224,15 @@ def readme(camp: dict, state: dict, out: Path) -> str:
             why = (r.get("reason") or "").replace("|", "/").replace("\n", " ")[:200]
             lines.append(f"| {f.parent.relative_to(out)} | {r.get('status')} | {why} |")
         lines.append("")
+    if state.get("repeats"):
+        lines += ["## Repeats added where the noise could not carry a verdict", "",
+                  "| run | noise before | repeats | noise after | ended by |", "| --- | --- | --- | --- | --- |"]
+        for t, e in state["repeats"].items():
+            after = e.get("noise_after")
+            lines.append(f"| {Path(t).parent.relative_to('results/runs')} | {100 * e['noise_before']:.1f} % | "
+                         f"{e.get('repeats', '-')} | {'-' if after is None else f'{100 * after:.1f} %'} | "
+                         f"{e.get('ended', '')} |")
+        lines.append("")
     if missing:
         lines += ["## Cells with no record yet (the next call runs them)", ""]
         lines += [f"- {Path(t).parent.relative_to('results/runs')}" for t in missing] + [""]
@@ -161,6 +251,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--dry-run", action="store_true", help="Snakemake's dry run: what this call would run")
     ap.add_argument("--limit-s", type=float, default=None, help="stop this call after this long (resume later)")
     ap.add_argument("--workdir", default=str(ROOT), help="Snakemake's working directory (default: the project)")
+    ap.add_argument("--repeat-noisy", type=float, default=0, metavar="S",
+                    help="then, for up to S seconds, rerun the cells whose 2 x noise CV is over --bound with more "
+                         "repeats")
+    ap.add_argument("--bound", type=float, default=None, help="noise band above which a cell is rerun (default: "
+                                                              "the verdicts' inconclusive band, 0.10)")
+    ap.add_argument("--rounds", type=int, default=2, help="at most this many repeats rounds (each doubles them)")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     parts = yaml.safe_load(PARTS.read_text())
@@ -199,6 +295,11 @@ def main(argv: list[str]) -> int:
         call["cut"] = f"after {args.limit_s:g} s (--limit-s)"
     call.update(end=now(), wall_s=round(time.monotonic() - t0, 1), exit=rc)
     collect(camp["targets"], out, workdir)
+    if args.repeat_noisy > 0:
+        from ftbench.verdicts import INCONCLUSIVE_BAND
+
+        bound = INCONCLUSIVE_BAND if args.bound is None else args.bound
+        repeat_noisy(camp, state, out, workdir, len(gpus), args.repeat_noisy, bound, args.rounds)
     state_path.write_text(json.dumps(state, indent=2))
     (out / "README.md").write_text(readme(camp, state, out))
     print(f"campaign {args.campaign}: exit {rc}; {out / 'README.md'}")

@@ -57,3 +57,24 @@ def test_a_campaign_resumes_after_a_cut_and_never_reruns_a_finished_job(tmp_path
     assert "source digest " in text and "(one version" in text and "-hours in the jobs' own time" in text
     assert "after 3 s (--limit-s)" in text  # the cut call, in the calls' table
     assert "python3 bench/campaign.py smoke --out" in text and "Cells with no record yet" not in text
+
+
+def test_cells_whose_noise_cannot_carry_a_verdict_get_more_repeats_and_the_readme_says_which(tmp_path):
+    """--repeat-noisy: the cells whose 2 x noise CV is over the bound rerun with twice the repeats (a config file
+    beside the records); here the bound is 0, so no cell can get under it and the rounds end it; the README names
+    each cell's noise before and after and what ended its repeats."""
+    out, work = tmp_path / "campaign", tmp_path / "work"
+    proc = call("smoke", "--out", str(out), "--workdir", str(work), "--repeat-noisy", "600", "--bound", "0",
+                "--rounds", "1")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    state = json.loads((out / "campaign.json").read_text())
+    assert len(state["repeats"]) == 2 and all(e["ended"] == "the rounds ended" for e in state["repeats"].values())
+    assert all(e["repeats"] == 2 and e["noise_after"] is not None for e in state["repeats"].values())
+    import yaml
+
+    assert yaml.safe_load((out / "repeats-x2.yaml").read_text()) == {
+        "studies": {"llm": {"training": {"measure": {"repeats": 2}}}}}
+    records = [json.loads(p.read_text()) for p in out.rglob("metrics.json")]
+    assert {r["measure"]["repeats"] for r in records} == {2}  # the rerun records, with twice the repeats
+    text = (out / "README.md").read_text()
+    assert "## Repeats added where the noise could not carry a verdict" in text and "the rounds ended" in text
