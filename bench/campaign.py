@@ -8,7 +8,8 @@ A campaign is data (`campaigns:` in bench/parts.yaml): its config files and targ
 host's GPUs (`ftbench.gpus.visible_gpus`: CUDA_VISIBLE_DEVICES, else nvidia-smi; FTBENCH_GPU_IDS fakes them) set
 `--resources gpu=N`, so Snakemake runs N one-GPU jobs at once and each job locks a GPU of its own. Resumable: a call
 cut at its limit (`--limit-s`, or the machine's) loses only the jobs it was running (`--rerun-incomplete`); the next
-call starts no finished job again. Every call appends to OUT/campaign.json (start, end, jobs that ran) and rewrites
+call starts no finished job again: a target whose file the campaign's folder holds is not asked for, so a fresh
+machine that carries the folder (it lies in the working tree) goes on where the last one stopped. Every call appends to OUT/campaign.json (start, end, jobs that ran) and rewrites
 OUT/README.md from the records: host, GPUs and driver, packages, source digest(s), first start and last end, wall
 time, GPU-hours, the jobs that failed and why. The records, step logs and profile summaries are copied into OUT, so
 `merge_runs: [OUT]` builds a report from this campaign alone."""
@@ -65,6 +66,19 @@ def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_confi
             "--", *targets]
 
 
+def kept_path(target: str, out: Path) -> Path:
+    """Where a target's file lives in the campaign's folder (results/runs/X -> OUT/X, results/profiles/X ->
+    OUT/profiles/X)."""
+    rel = Path(target).relative_to("results")
+    return out / (rel.relative_to("runs") if rel.parts[0] == "runs" else rel)
+
+
+def pending(targets: list[str], out: Path) -> list[str]:
+    """The targets the campaign's folder holds no file for yet: what a call (on this machine or a fresh one that
+    carried the folder) still has to run."""
+    return [t for t in targets if not kept_path(t, out).exists()]
+
+
 def collect(targets: list[str], out: Path, workdir: Path = ROOT) -> list[Path]:
     """Copy what the targets left (records and their logs, profile summaries) into OUT, under the path they have
     below results/runs or results/profiles (profiles/...): the layout merge_runs reads."""
@@ -73,11 +87,9 @@ def collect(targets: list[str], out: Path, workdir: Path = ROOT) -> list[Path]:
         src_dir = workdir / Path(t).parent
         if not src_dir.is_dir():
             continue
-        rel = Path(t).parent.relative_to("results")
-        rel = rel.relative_to("runs") if rel.parts[0] == "runs" else rel
         for f in src_dir.iterdir():
             if f.name in KEPT and f.is_file():
-                dst = out / rel / f.name
+                dst = kept_path(t, out).parent / f.name
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(f, dst)
                 kept.append(dst)
@@ -199,8 +211,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     versions = next(((r.get("provenance") or {}).get("versions") for _, r in records
                      if (r.get("provenance") or {}).get("versions")), {}) or {}
     failed = [(f, r) for f, r in records if r.get("status") != "ok"]
-    missing = [t for t in camp["targets"] if t.endswith("metrics.json")
-               and not (out / Path(t).parent.relative_to("results/runs") / "metrics.json").exists()]
+    missing = [t for t in pending(camp["targets"], out) if t.endswith("metrics.json")]
     gpus = host.get("gpus") or []
     lines = [f"# Campaign `{camp['name']}`: {camp.get('about', '')}", "",
              "Written by `bench/campaign.py` after each call; do not edit by hand.", "",
@@ -236,9 +247,10 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     if missing:
         lines += ["## Cells with no record yet (the next call runs them)", ""]
         lines += [f"- {Path(t).parent.relative_to('results/runs')}" for t in missing] + [""]
-    lines += ["## Calls", "", "| start | end | wall s | exit | GPUs | cut |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["## Calls", "", "| start | end | wall s | exit | GPUs | targets pending | cut |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {c['start']} | {c.get('end', '(killed)')} | {c.get('wall_s', '')} | {c.get('exit', '')} | "
-              f"{c.get('gpus')} | {c.get('cut', '')} |" for c in calls]
+              f"{c.get('gpus')} | {c.get('pending', '')} | {c.get('cut', '')} |" for c in calls]
     return "\n".join(lines) + "\n"
 
 
@@ -271,13 +283,14 @@ def main(argv: list[str]) -> int:
         return 2
     gpus = visible_gpus()
     workdir = Path(args.workdir).resolve()
-    cmd = command(camp, len(gpus), os.cpu_count() or 1, workdir)
-    if args.dry_run:
-        return subprocess.run([*cmd[:cmd.index("--")], "-n", *cmd[cmd.index("--"):]], cwd=ROOT).returncode
-    host = host_facts()
     out = Path(args.out) if args.out else ROOT / "measurements" / (
         f"{args.campaign}-{platform.node()}-{datetime.date.today().isoformat()}")
     out = out if out.is_absolute() else ROOT / out
+    todo = {**camp, "targets": pending(camp["targets"], out)}  # what the folder holds already never runs again
+    cmd = command(todo, len(gpus), os.cpu_count() or 1, workdir)
+    if args.dry_run:
+        return subprocess.run([*cmd[:cmd.index("--")], "-n", *cmd[cmd.index("--"):]], cwd=ROOT).returncode
+    host = host_facts()
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "campaign.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"campaign": args.campaign, "calls": []}
@@ -286,15 +299,18 @@ def main(argv: list[str]) -> int:
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
-    try:
-        rc = proc.wait(timeout=args.limit_s)
-    except subprocess.TimeoutExpired:  # the call's limit: Snakemake stops its jobs; the next call resumes
-        os.killpg(proc.pid, signal.SIGINT)
-        rc = proc.wait()
-        call["cut"] = f"after {args.limit_s:g} s (--limit-s)"
+    call["pending"] = len(todo["targets"])
+    rc = 0
+    if todo["targets"]:
+        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.limit_s)
+        except subprocess.TimeoutExpired:  # the call's limit: Snakemake stops its jobs; the next call resumes
+            os.killpg(proc.pid, signal.SIGINT)
+            rc = proc.wait()
+            call["cut"] = f"after {args.limit_s:g} s (--limit-s)"
     call.update(end=now(), wall_s=round(time.monotonic() - t0, 1), exit=rc)
-    collect(camp["targets"], out, workdir)
+    collect(todo["targets"], out, workdir)
     if args.repeat_noisy > 0:
         from ftbench.verdicts import INCONCLUSIVE_BAND
 

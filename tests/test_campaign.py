@@ -49,11 +49,13 @@ def test_a_campaign_resumes_after_a_cut_and_never_reruns_a_finished_job(tmp_path
     assert len(records) == 2 and all(json.loads(r.read_text())["status"] == "ok" for r in records)
     made = {r: r.stat().st_mtime_ns for r in (work / "results" / "runs").rglob("metrics.json")}
     third = call("smoke", "--out", str(out), "--workdir", str(work))
-    assert third.returncode == 0 and "Nothing to be done" in third.stdout + third.stderr
+    assert third.returncode == 0 and json.loads((out / "campaign.json").read_text())["calls"][-1]["pending"] == 0
     assert {r: r.stat().st_mtime_ns for r in made} == made  # no finished job ran again
+    fresh = call("smoke", "--out", str(out), "--workdir", str(tmp_path / "fresh-machine"))  # another machine
+    assert fresh.returncode == 0 and not (tmp_path / "fresh-machine" / "results" / "runs").exists()
     text = (out / "README.md").read_text()
     state = json.loads((out / "campaign.json").read_text())
-    assert len(state["calls"]) == 3 and "3 call(s)" in text and "Records: 2 of 2 cells; ok 2" in text
+    assert len(state["calls"]) == 4 and "4 call(s)" in text and "Records: 2 of 2 cells; ok 2" in text
     assert "source digest " in text and "(one version" in text and "-hours in the jobs' own time" in text
     assert "after 3 s (--limit-s)" in text  # the cut call, in the calls' table
     assert "python3 bench/campaign.py smoke --out" in text and "Cells with no record yet" not in text
