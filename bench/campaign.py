@@ -136,8 +136,6 @@ def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, b
     """Repeats for the cells whose noise cannot carry a verdict: each round reruns them with twice the repeats of
     the round before (a config file written beside the records), until every one is under `bound`, `rounds` ran or
     `budget_s` is spent; each cell's noise before and after, and which ended it, goes to the state (and README)."""
-    from ftbench.verdicts import INCONCLUSIVE_BAND  # noqa: F401  (the bound's default, named in --help)
-
     study = camp.get("study")
     from ftbench.config import MeasureSettings
 
@@ -163,8 +161,9 @@ def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, b
             os.killpg(proc.pid, signal.SIGINT)
             proc.wait()
         collect(list(todo), out, workdir)
+        after = noisy(camp, out, -1.0)  # every record's noise, read once a round
         for t in todo:
-            log[t].update(repeats=base * factor, noise_after=noisy(camp, out, -1.0).get(t))
+            log[t].update(repeats=base * factor, noise_after=after.get(t))
         factor *= 2
     over = noisy(camp, out, bound)
     spent = time.monotonic() - start >= budget_s

@@ -21,7 +21,7 @@ lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_
 result = {}
 for name, manifest in (("in_process", in_process), ("checkpoint", checkpoint)):
     model, facts, trainer_args, _ = parallel.build_sharded(manifest, 42, torch.device("cpu"), variant, lora)
-    full = parallel.gather_all(model)
+    full = parallel.gather(model, adapters_only=False)
     local = {n: tuple(parallel._local(p).shape) for n, p in model.named_parameters()}
     if rank == 0:
         torch.save(full, out / f"{name}.pt")
@@ -36,7 +36,7 @@ ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generat
 loss = model(input_ids=ids, labels=ids).loss
 loss.backward()
 opt.step()
-trained = parallel.gather_trainable(model)
+trained = parallel.gather(model)
 save = parallel.save_adapter(model, out / "adapter" if rank == 0 else None)  # as the jobs call it
 if rank == 0:
     torch.save(trained, out / "trained.pt")

@@ -178,7 +178,7 @@ def test_study_d_multi_gpu_claim_is_judged_per_gpu_count_from_twins_of_the_same_
 
     def run(variant, gpus, tokens, code="c1", parallel=None):
         return {"model": "qwen3-8b", "dataset": "wikipedia_ja", "batch_size": 2, "gpu": "H100 SXM5", "scale": "full",
-                "device_type": "cuda", "status": "ok", "reason": None, "variant": variant, "code": code,
+                "device_type": "cuda", "status": "ok", "reason": None, "variant": variant, "source_digest": code,
                 "throughput.tokens_per_s": tokens, "timing.noise_cv_tokens": 0.005, "timing.noise_cv": 0.1,
                 "throughput.samples_per_s": 1.0, "timing.step_time_s": 0.5, "parallel.world_size": gpus,
                 "parallel.strategy": parallel, "variant.gpus": gpus, "variant.parallel": parallel,

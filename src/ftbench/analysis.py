@@ -79,6 +79,12 @@ def peak_memory() -> pl.Expr:
     return pl.coalesce("memory.peak_reserved_gib", "memory.host_peak_rss_gib")
 
 
+def code_of(row: dict, suffix: str = "") -> str | None:
+    """The code a run ran (column `source_digest`, the commit for records older than digests; `suffix`: a joined
+    row's other side): two runs are of the same code when these are equal."""
+    return row.get(f"source_digest{suffix}") or row.get(f"git_commit{suffix}")
+
+
 def full_scale(df: pl.DataFrame) -> pl.DataFrame:
     """The records that may fill a published cell: full scale, on a CUDA GPU."""
     if df.is_empty() or "device_type" not in df.columns:

@@ -17,14 +17,13 @@ import gc
 import hashlib
 import json
 import re
-import resource
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .harness import Unsupported
+from .harness import Unsupported, host_peak_rss_gib
 
 GIB = 2**30
 GENERATOR = "torch.Generator per parameter on the build device, seeded with sha256('<seed>/<parameter name>')"
@@ -462,13 +461,34 @@ def write_4bit_checkpoint(manifest: dict, seed: int, device, routes, quantizatio
             "checkpoint_write_s": time.perf_counter() - t0, "checkpoint_disk_bytes": disk_bytes(out)}
 
 
+def manifest_config(manifest: dict, seed: int) -> tuple[dict, object]:
+    """(architecture, transformers config) of an in-process manifest, checked against the run's seed, with its
+    special tokens."""
+    arch = check_manifest(manifest, seed)
+    tok = manifest.get("special_tokens", {})
+    return arch, hf_config(arch, tok.get("pad_token_id"), tok.get("eos_token_id"))
+
+
+def name_special_tokens(model, manifest: dict) -> None:
+    """The manifest's pad and eos tokens in the model's generation config."""
+    tok = manifest.get("special_tokens", {})
+    for key in ("pad_token_id", "eos_token_id"):
+        if tok.get(key) is not None:
+            setattr(model.generation_config, key, tok[key])
+
+
+def build_memory(device) -> dict:
+    """The build's peaks for the record: host RSS, and allocated GPU memory on a GPU."""
+    cuda = torch.device(device).type == "cuda"
+    return {"host_peak_rss_gib": host_peak_rss_gib(),
+            "gpu_peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB if cuda else None}
+
+
 def build_model(manifest: dict, seed: int, device, dtype=torch.bfloat16, quantization_config=None):
     """The model an in-process manifest describes, drawn on `device` (4-bit where `quantization_config` is a
     bitsandbytes one, quantized layer by layer through transformers' quantizer). Returns (model, build facts)."""
-    arch = check_manifest(manifest, seed)
     t0 = time.perf_counter()
-    tok = manifest.get("special_tokens", {})
-    config = hf_config(arch, tok.get("pad_token_id"), tok.get("eos_token_id"))
+    arch, config = manifest_config(manifest, seed)
     model = skeleton(arch, config)
     quantizer = None
     if quantization_config is not None:
@@ -484,15 +504,11 @@ def build_model(manifest: dict, seed: int, device, dtype=torch.bfloat16, quantiz
     counts = draw_parameters(model, seed, device, dtype)
     if quantizer is not None:
         quantizer.postprocess_model(model)
-    for key in ("pad_token_id", "eos_token_id"):
-        if tok.get(key) is not None:
-            setattr(model.generation_config, key, tok[key])
+    name_special_tokens(model, manifest)
     facts = {"method": "in_process", "build_s": time.perf_counter() - t0, "generator": GENERATOR, "seed": seed,
              "device": str(device), **counts,
              "experts": "split per expert (gate_up_projs.N, down_projs.N)" if config.model_type == "gpt_oss" else None,
-             "host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
-             "gpu_peak_allocated_gib": (torch.cuda.max_memory_allocated(device) / GIB
-                                        if torch.device(device).type == "cuda" else None),
+             **build_memory(device),
              "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
     model.eval()
     return model, facts

@@ -6,7 +6,7 @@ import statistics
 
 import polars as pl
 
-from .analysis import full_scale, html_page, median_step_samples_per_hour, peak_memory
+from .analysis import code_of, full_scale, html_page, median_step_samples_per_hour, peak_memory
 from .flops import peak_tflops
 from .profiling import GPU_BOUND_SHARE
 from .verdicts import NOISE_SIGMAS
@@ -584,11 +584,11 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
         b = df.filter((pl.col("variant") == single) & (pl.col("status") == "ok"))
         for r in a.join(b, on=["model", "dataset", "gpu", "batch_size"], how="left", suffix="_1").iter_rows(named=True):
             ok, n = r["status"] == "ok", r["parallel.world_size"] or 1
-            other_code = r.get("source_digest") != r.get("source_digest_1") and r.get("variant_1") is not None
-            speedup, metric, noise, noise_1 = speedup_over(r) if ok and not other_code else (None, None, None, None)
+            # never a ratio across two versions of the code, silently or not
+            other_code = r.get("variant_1") is not None and code_of(r) != code_of(r, "_1")
+            divided = ok and not other_code
+            speedup, metric, noise, noise_1 = speedup_over(r) if divided else (None, None, None, None)
             step, step_1 = r.get("timing.step_time_s"), r.get("timing.step_time_s_1")
-            if other_code:  # never a ratio across two versions of the code, silently or not
-                step_1 = None
             rows.append({"model": r["model"], "dataset": r["dataset"], "gpu": r["gpu"], "variant": multi,
                          "strategy": r["parallel.strategy"], "GPUs": n, "batch per GPU": r["batch_size"],
                          "status": r["status"], "samples/s (all GPUs)": r["throughput.samples_per_s"] if ok else None,
@@ -596,12 +596,12 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
                          "one GPU": single, "one-GPU real tokens/s": r.get("throughput.tokens_per_s_1"),
                          "speedup on": metric, "speedup": _verdict(speedup, noise, noise_1),
                          "scaling efficiency": speedup / n if speedup else None,
-                         "rank step vs one GPU": step / step_1 if ok and step and step_1 else None,
+                         "rank step vs one GPU": step / step_1 if divided and step and step_1 else None,
                          "peak GiB (largest rank)": r["parallel.peak_allocated_gib_max"] if ok else None,
                          "one-GPU peak GiB": r.get("memory.peak_allocated_gib_1"),
                          "reason": r["reason"] if not ok else (
-                             f"the one-GPU run is of other code (files {(r.get('source_digest_1') or '?')[:10]}, "
-                             f"this run {(r.get('source_digest') or '?')[:10]}): not divided" if other_code else None)})
+                             f"the one-GPU run is of other code (files {(code_of(r, '_1') or '?')[:10]}, "
+                             f"this run {(code_of(r) or '?')[:10]}): not divided" if other_code else None)})
     note = ("Scaling efficiency = throughput over all N GPUs / (N x the same variant's on one GPU at the same per-GPU "
             "batch), on real tokens/s where both runs counted tokens, else samples/s. 1.0 is perfect data "
             "parallelism; \"rank step vs one GPU\" is a rank's median step over the lone GPU's: what gradient "

@@ -9,7 +9,7 @@ from html import escape
 
 import polars as pl
 
-from .analysis import KEY, full_scale, html_table, peak_memory, read_runs, typed
+from .analysis import KEY, code_of, full_scale, html_table, peak_memory, read_runs, typed
 from .compare import _verdict
 from .knobs import DEFAULTS
 from .verdicts import VERDICTS, combined_noise, counts_line, evidence, judge, published_range
@@ -118,18 +118,13 @@ def probe_evidence(full: pl.DataFrame, r: dict, probes: list[dict], cell: str, b
     return "; ".join(said) or None
 
 
-def _code(r: dict) -> str | None:
-    """The code a record ran: its source digest (older records: their commit)."""
-    return r.get("source_digest") or r.get("git_commit")
-
-
 def _other_code(r: dict, b: dict, across_code: bool) -> dict | None:
     """A ratio of two runs of different code is not judged unless the user merged across code on purpose
     (`merge_across_code`): "not comparable: baseline from other code", both named."""
-    if across_code or _code(r) == _code(b):
+    if across_code or code_of(r) == code_of(b):
         return None
-    return _not_comparable(f"baseline from other code (this cell's files {(_code(r) or '?')[:10]} at commit "
-                           f"{_commit(r)}, the baseline's {(_code(b) or '?')[:10]} at commit {_commit(b)}); "
+    return _not_comparable(f"baseline from other code (this cell's files {(code_of(r) or '?')[:10]} at commit "
+                           f"{_commit(r)}, the baseline's {(code_of(b) or '?')[:10]} at commit {_commit(b)}); "
                            "merge_across_code: true divides them on purpose")
 
 
@@ -182,7 +177,7 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None,
                             f"{r['peak_gib'] / b['peak_gib']:.2f}x")
                     judged = (_other_code(r, b, across_code)
                               or (judge(ratio, rng, noise) if rng else _not_comparable("no published figure as data")))
-                    if judged["verdict"] != "not comparable" and _code(r) != _code(b):  # merged on purpose: say so
+                    if judged["verdict"] != "not comparable" and code_of(r) != code_of(b):  # merged on purpose: say so
                         judged["how"] += f"; the baseline ran other code (commit {_commit(b)}, this cell {_commit(r)})"
             elif r["status"] == "timeout":  # a limit we chose ran out: no number, never a result
                 ours = f"timeout: {(r['reason'] or '')[:110]}"
@@ -458,7 +453,7 @@ def _twins(full: pl.DataFrame) -> list[tuple[dict, dict]]:
     out = []
     for r in multi.iter_rows(named=True):
         for b in single.iter_rows(named=True):
-            same = all(r[k] == b[k] for k in ("model", "dataset", "batch_size", "gpu", "code"))
+            same = code_of(r) == code_of(b) and all(r[k] == b[k] for k in ("model", "dataset", "batch_size", "gpu"))
             if same and all(r.get(k) == b.get(k) or {r.get(k), b.get(k)} <= {None, False} for k in knobs):
                 out.append((r, b))
                 break

@@ -205,9 +205,14 @@ class DeviceSampler:
         return max(s[4] for s in self.samples) / GIB if self.samples else None
 
 
+def host_peak_rss_gib() -> float:
+    """This process's peak resident host memory so far (GiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
 def memory_now(device: torch.device) -> dict:
     """Allocated, reserved and peak-allocated device memory (GiB); host RSS peak on any machine."""
-    out = {"host_peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB}
+    out = {"host_peak_rss_gib": host_peak_rss_gib()}
     if device.type == "cuda":
         out.update(allocated_gib=torch.cuda.memory_allocated(device) / GIB,
                    reserved_gib=torch.cuda.memory_reserved(device) / GIB,

@@ -12,7 +12,7 @@ parallelism to the model, then each rank materializes only what it holds on its 
   slice (safetensors), each rank reading only its rows. No rank ever holds the whole model, on the host or the GPU.
 - `seed_adapters(model, seed)` gives LoRA's A matrices PEFT's initial distribution from a generator seeded per
   name (B zero), so an adapter starts the same on one GPU and sharded over several.
-- `gather_trainable` / `save_adapter`: the full LoRA state gathered (every rank takes part; rank 0 keeps it on the
+- `gather` / `save_adapter`: the full LoRA state gathered (every rank takes part; rank 0 keeps it on the
   host) and written by PEFT's `save_pretrained` on rank 0 alone, loadable by PEFT on one GPU.
 
 On CPU ranks (gloo) FSDP2 runs too (torch supports it); the test suite builds, gathers and saves with two of them.
@@ -24,21 +24,16 @@ import glob
 import json
 import math
 import os
-import resource
 import time
 from pathlib import Path
 
 import torch
 
-from .build import GIB, GENERATOR, _value, check_manifest, hf_config, parameter_seed, skeleton
+from .build import (GIB, GENERATOR, _value, build_memory, manifest_config, name_special_tokens, parameter_seed,
+                    skeleton)
+from .ranks import distributed as _dist
 
 STRATEGIES = ("ddp", "fsdp2")
-
-
-def _dist():
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
 
 
 def ensure_process_group(device) -> None:
@@ -229,9 +224,7 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
     t0 = time.perf_counter()
     in_process = manifest.get("build") == "in_process"
     if in_process:
-        arch = check_manifest(manifest, seed)
-        tok = manifest.get("special_tokens", {})
-        config = hf_config(arch, tok.get("pad_token_id"), tok.get("eos_token_id"))
+        arch, config = manifest_config(manifest, seed)
     else:
         arch = {"file": manifest["path"]}
         config = AutoConfig.from_pretrained(manifest["path"])
@@ -250,46 +243,24 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
                          checkpoint=None if in_process else manifest["path"])
     counts["adapters_seeded"] = seed_adapters(model, seed)
     if in_process:
-        for key in ("pad_token_id", "eos_token_id"):
-            if tok.get(key) is not None:
-                setattr(model.generation_config, key, tok[key])
+        name_special_tokens(model, manifest)
     dist = _dist()
     facts = {"method": ("in_process, sharded (FSDP2 over the ranks: each drew only its rows)" if in_process
                         else "checkpoint, sharded (FSDP2 over the ranks: each read only its rows)"),
              "build_s": time.perf_counter() - t0, "generator": GENERATOR if in_process else None, "seed": seed,
              "device": str(device), "world_size": dist.get_world_size() if dist else 1, **counts,
-             "host_peak_rss_gib": host_peak_rss_gib(),
-             "gpu_peak_allocated_gib": (torch.cuda.max_memory_allocated(device) / GIB
-                                        if torch.device(device).type == "cuda" else None),
-             "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
+             **build_memory(device), "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
     model.eval()
     return model, facts, trainer_args, fp8_info
 
 
-def host_peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
-
-
-def gather_trainable(model, only_adapters: bool = True) -> dict:
-    """The full value of every trainable parameter (LoRA's), gathered from the ranks' shards: every rank must call
-    it; each gets the whole tensors, on the host."""
-    from torch.distributed.tensor import DTensor
-
-    out = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad or (only_adapters and not is_adapter(name)):
-            continue
-        full = p.full_tensor() if isinstance(p, DTensor) else p
-        out[name] = full.detach().to("cpu", copy=True)
-    return out
-
-
-def gather_all(model) -> dict:
-    """Every parameter's full value on the host (tests: the sharded build, gathered, against one process)."""
+def gather(model, adapters_only: bool = True) -> dict:
+    """The full value of every LoRA parameter (or, `adapters_only=False`, of every parameter), gathered from the
+    ranks' shards onto the host: every rank must call it, and each gets the whole tensors."""
     from torch.distributed.tensor import DTensor
 
     return {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to("cpu", copy=True)
-            for name, p in model.named_parameters()}
+            for name, p in model.named_parameters() if not adapters_only or (p.requires_grad and is_adapter(name))}
 
 
 def save_adapter(model, out_dir=None) -> dict:
@@ -305,7 +276,7 @@ def save_adapter(model, out_dir=None) -> dict:
 
     dist = _dist()
     t0 = time.perf_counter()
-    state = gather_trainable(model)
+    state = gather(model)
     gathered = time.perf_counter()
     rank = dist.get_rank() if dist else 0
     error = None

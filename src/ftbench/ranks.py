@@ -20,7 +20,8 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _dist():
+def distributed():
+    """torch.distributed where the ranks' process group is up, else None."""
     import torch.distributed as dist
 
     return dist if dist.is_available() and dist.is_initialized() else None
@@ -30,7 +31,7 @@ def finish() -> None:
     """Take the process group down once a rank's job is done (its record written). Left to the interpreter's
     exit, gloo's threads can abort the process ("terminate called without an active exception", SIGABRT, seen
     once in six CPU runs of the suite on 2026-11-25), and the supervisor then reads a crash instead of the record."""
-    dist = _dist()
+    dist = distributed()
     if dist is not None:
         dist.destroy_process_group()
 
@@ -40,7 +41,7 @@ def agree_max(device: torch.device):
     the time it is called); the int itself where there is no group."""
 
     def agree(n: int) -> int:
-        dist = _dist()
+        dist = distributed()
         if dist is None:
             return n
         t = torch.tensor([n], device=device if dist.get_backend() == "nccl" else "cpu")
@@ -54,7 +55,7 @@ def gather(record: dict, strategy: str | None) -> dict:
     """Every rank calls this with its own summarized record; rank 0's comes back with the totals over the
     ranks (throughput, FLOPs, energy), MFU/HFU against the peak of all its GPUs, and a `parallel` section:
     strategy, world size, backend, per-GPU throughput, the largest peak allocation, and each rank's figures."""
-    dist = _dist()
+    dist = distributed()
     if dist is None or dist.get_world_size() < 2:
         return record
     thr, fl, en = record["throughput"], record["flops"], record["energy"]
@@ -68,8 +69,7 @@ def gather(record: dict, strategy: str | None) -> dict:
             "peak_reserved_gib": record["memory"]["peak_reserved_gib"],
             "host_peak_rss_gib": record["memory"]["host_peak_rss_gib"],
             "time_to_first_step_s": record["extra"].get("time_to_first_step_s"),
-            "build_s": (record["model"].get("build") or {}).get("build_s"),
-            "build_host_peak_rss_gib": (record["model"].get("build") or {}).get("host_peak_rss_gib")}
+            "build_s": (record["model"].get("build") or {}).get("build_s")}
     ranks: list = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     n = len(ranks)

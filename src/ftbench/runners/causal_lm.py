@@ -106,6 +106,7 @@ def load_model(ctx, device):
         info["expert_lora"] = adapt_experts(model, lora)
     if v.fused_projections:  # q/k/v and gate/up as one GEMM each, LoRA kept per projection (ftbench.fused)
         info["fused_projections"] = fused.fuse_projections(model)
+    info["trainer_args"] = parallel.parallelize(model, v.parallel, device)  # data parallel: the trainer's DDP
     return model, tokenizer, info
 
 
@@ -257,7 +258,7 @@ def train(ctx, record, device, meter):
         # from pageable memory each copy waits for the stream: a host sync per tensor, five a step)
         accelerator_config={"non_blocking": v.sync_free and v.pin_memory},
         lr_scheduler_type="linear", warmup_steps=0, **trainer_compile_args(v),
-        **(info.get("trainer_args") or parallel.parallelize(model, v.parallel, device)))
+        **info.get("trainer_args", {}))
     train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
     slots = packing.bound_slots(ctx.spec.batch_size, v.token_budget, s.max_seq_length) if v.token_budget else None
