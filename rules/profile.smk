@@ -11,7 +11,7 @@ rule profile:
     conda:
         run_env
     resources:
-        gpu=lambda wildcards: gpus_asked(1, wildcards.scale),
+        gpu=run_gpus,  # a variant over several GPUs is profiled over all of them (rank 0's trace)
         mem_mb=16000,
         runtime=run_runtime_min,
     params:

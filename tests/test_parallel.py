@@ -86,3 +86,33 @@ def test_fsdp2_on_cpu_ranks_is_unsupported_not_data_parallel(tmp_path, tiny_qwen
     rec, _ = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-fsdp2",
                         {"peft": "lora", "precision": "bf16", "gpus": 2, "parallel": "fsdp2"})
     assert rec["status"] == "unsupported" and "FSDP2" in rec["reason"], rec["reason"]
+
+
+def test_one_bucket_data_parallel_reaches_the_trainer_and_rank_0_profiles_the_job(tmp_path, tiny_qwen, instruction_data):
+    """ddp_bucket_mb is honoured (the trainer's DDP gets it), and a profile of a two-rank job is rank 0's trace:
+    one summary, written once, with the collectives counted (gloo's on a CPU leave no NCCL kernels: no share)."""
+    import json
+
+    from test_robustness import ROOT
+
+    from ftbench.supervise import supervise
+
+    knobs = {**DDP2, "ddp_bucket_mb": 512}
+    rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2-flat", knobs)
+    assert rec["status"] == "ok", (rec["reason"], log[-3000:])
+    assert rec["extra"]["trainer_args"]["ddp_bucket_cap_mb"] == 512
+    cfg = one_run_config(measure={"warmup_steps": 1, "steps": 3, "min_seconds": 0, "repeats": 1})
+    cfg["variants"]["lora-ddp2-flat"] = knobs
+    cfg["studies"]["llm"]["matrix"][0]["variants"] = ["lora-ddp2-flat"]
+    spec = ftc.RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", "lora-ddp2-flat", 2)
+    _, train, eval_ = instruction_data
+    out = tmp_path / "profile"
+    summary = supervise("profile", ftc.run_params(cfg, spec),
+                        {"model": str(tmp_path / "model.json"), "train": str(train), "eval": str(eval_),
+                         "base_dir": str(ROOT), "trace": str(out / "trace.json.gz"),
+                         "summary": str(out / "summary.json")}, tmp_path / "profile.log")
+    assert summary["status"] == "ok", (summary["reason"], (tmp_path / "profile.log").read_text()[-3000:])
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["ranks"] == 2 and on_disk["profiled_rank"] == 0 and on_disk["steps"] >= 1
+    assert on_disk["communication_share"] is None  # no NCCL kernels on CPU ranks
+    assert (out / "trace.json.gz").stat().st_size > 0

@@ -233,3 +233,21 @@ def test_a_summary_written_before_kernel_time_was_counted_gives_it_from_its_top_
     assert row["profile.attention_exact"] is False
     assert kernel_time({"device": "cpu", "top_operators": [{"name": "aten::mm", "self_time_ms": 1, "share": 1}]})[
         "profile.kernel_ms_per_step"] is None
+
+
+def test_collectives_count_apart_and_only_their_unhidden_time_is_exposed():
+    """A rank's step: an all-reduce half under a GEMM (hidden) and half alone, then one alone at the step's end."""
+    events = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000},
+              {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 0, "dur": 600},
+              {"ph": "X", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+               "cat": "kernel", "ts": 500, "dur": 200},  # 500..600 under the GEMM, 600..700 alone
+              {"ph": "X", "name": "add", "cat": "kernel", "ts": 700, "dur": 200},
+              {"ph": "X", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "cat": "kernel", "ts": 900, "dur": 100}]
+    s = summarize_trace(events, top_ops=[])
+    step = s["per_step"][0]
+    assert step["communication_ms"] == pytest.approx(0.3)
+    assert step["communication_exposed_ms"] == pytest.approx(0.2)
+    assert s["communication_share"] == pytest.approx(0.3) and s["communication_exposed_share"] == pytest.approx(0.2)
+    # a one-GPU trace has no collectives: no share, rather than a zero that reads as measured
+    one = summarize_trace([e for e in events if "nccl" not in e["name"]], top_ops=[])
+    assert one["communication_share"] is None and one["per_step"][0]["communication_ms"] == 0

@@ -68,17 +68,20 @@ def blocks(model) -> list:
     return list(repeated_blocks(model))
 
 
-def parallelize(model, strategy: str | None, device, reshard_after_forward: bool = True) -> dict:
+def parallelize(model, strategy: str | None, device, reshard_after_forward: bool = True,
+                bucket_mb: int | None = None) -> dict:
     """Apply `strategy` to `model` in place and return the trainer's settings for it. fsdp2: every decoder layer,
     then the root (embeddings, final norm, LM head), sharded over all ranks, bf16 parameters kept as they are and
     gradients reduced in fp32 (LoRA's trainable weights are fp32); the trainer is told FSDP2 so that accelerate
     leaves the sharded model as it is (it wraps only what is not an FSDP module). ddp: the model stays whole and
     the trainer wraps it in DistributedDataParallel (no search for unused parameters: LoRA leaves none; no broadcast
-    of buffers before each forward: the rotary tables are the same on every rank)."""
+    of buffers before each forward: the rotary tables are the same on every rank; `bucket_mb`: its gradient buckets,
+    DDP's 25 MB where None)."""
     if strategy is None:
         return {}
     if strategy == "ddp":
-        return {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": False}
+        return {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": False,
+                **({"ddp_bucket_cap_mb": bucket_mb} if bucket_mb else {})}
     if strategy != "fsdp2":
         raise ValueError(f"parallel={strategy!r}: not one of {STRATEGIES}")
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard

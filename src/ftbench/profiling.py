@@ -16,6 +16,8 @@ IDLE_GAP_US = 50.0  # a gap between device kernels longer than this counts as id
 CAUSE_GAP_US = 10_000.0  # gaps this long are attributed to the host operator running through them
 HOST_CATEGORIES = ("cpu_op", "python_function", "user_annotation")
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# collective communication kernels by name (NCCL's all-reduce, all-gather, reduce-scatter, broadcast ...)
+COMMUNICATION_NAME = re.compile(r"nccl", re.IGNORECASE)
 GPU_BOUND_SHARE = 0.8  # kernels busy at least this share of the steps: GPU-bound; below it, host-bound
 # matrix-multiply kernels by name: cuBLAS(Lt) (gemm, nvjet on Hopper, xmma), CUTLASS GEMMs, Inductor's Triton
 # GEMM templates; flash attention's kernels name cutlass types but are not GEMMs of the model's projections
@@ -184,6 +186,12 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     steps = sorted((e for e in complete if e.get("name", "").startswith("ProfilerStep#")
                     and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
     kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in DEVICE_CATEGORIES]
+    # communication kernels, and the rest (computation and copies): what communication costs a step is the time
+    # only communication runs (compute does not hide it; it includes a rank waiting in a collective for the others)
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in complete
+            if e.get("cat") == "kernel" and COMMUNICATION_NAME.search(e.get("name", ""))]
+    other = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in DEVICE_CATEGORIES
+             and not (e.get("cat") == "kernel" and COMMUNICATION_NAME.search(e.get("name", "")))]
     device = "cuda" if kernels else "cpu"
     device_us = sum(e["dur"] for e in complete if e.get("cat") in DEVICE_CATEGORIES)
     # each kernel name's summed time, so that each name is classified once (a step runs ~10^4 kernels of few names)
@@ -214,7 +222,10 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
         for gap, name in named.items():
             causes[name] = causes.get(name, 0.0) + gap[0] / 1e3
         largest = max(gaps, default=None)
+        comm_us = _union_us(_clip(comm, lo, hi))
+        exposed_us = _union_us(busy) - _union_us(_clip(other, lo, hi)) if comm_us else 0.0
         per_step.append({"step": st["name"], "duration_ms": st["dur"] / 1e3, "kernels": len(busy) if device == "cuda" else None,
+                         "communication_ms": comm_us / 1e3, "communication_exposed_ms": exposed_us / 1e3,
                          "busy_share": _union_us(busy) / st["dur"] if st["dur"] else None,
                          "data_loading_share": _union_us(_clip(loading, lo, hi)) / st["dur"] if st["dur"] else None,
                          "idle_gaps": len(gaps), "idle_gap_ms_total": sum(g[0] for g in gaps) / 1e3,
@@ -227,6 +238,9 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     def weighted(key):
         return sum(s[key] * s["duration_ms"] for s in per_step) / span if span else None
 
+    def weighted_ms(key):  # a per-step time in ms as a share of the profiled steps' time
+        return sum(s[key] for s in per_step) / span if span else None
+
     return {"device": device, "steps": len(per_step), "busy_share": weighted("busy_share"),
             "idle_share": 1 - weighted("busy_share") if span else None,
             "data_loading_share": weighted("data_loading_share"), "per_step": per_step,
@@ -237,6 +251,9 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
             "kernel_ms_per_step": device_us / 1e3 / len(per_step) if device == "cuda" and per_step else None,
             "attention_shares": {k: v / device_us for k, v in attention_us.items()}
             if device == "cuda" and device_us else None,
+            # collectives' share of the step (union of their kernels), and the share where nothing else ran
+            "communication_share": weighted_ms("communication_ms") if comm else None,
+            "communication_exposed_share": weighted_ms("communication_exposed_ms") if comm else None,
             "top_operators": top_ops, "cpu_bound": (weighted("busy_share") or 0) < GPU_BOUND_SHARE if device == "cuda" else None,
             "idle_causes": [{"host_op": k, "idle_ms": v} for k, v in sorted(causes.items(), key=lambda kv: -kv[1])]}
 
@@ -275,10 +292,12 @@ def profile_run(ctx, trace_path, summary_path) -> dict:
     import tempfile
     from pathlib import Path
 
+    from . import ranks
     from .harness import pick_device
     from .execute import execute
 
     device = pick_device()
+    lead = ranks.rank() == 0  # over several GPUs rank 0 is profiled (every rank runs the same schedule of steps)
     trace_summary = Path(summary_path).with_suffix(".trace.json")  # written as the profiler's window closes
     plan = schedule(ctx.settings.profile_active_steps)
     m = ctx.settings.measure  # one window long enough for the profiler's schedule
@@ -286,13 +305,17 @@ def profile_run(ctx, trace_path, summary_path) -> dict:
                                   steps=max(1, sum(plan.values()) + 1 - m.warmup_steps))
     settings = dataclasses.replace(ctx.settings, measure=measure)
     ctx = dataclasses.replace(ctx, settings=settings,
-                              profiler=make_profiler(device, str(trace_path), str(trace_summary), plan=plan))
+                              profiler=make_profiler(device, str(trace_path), str(trace_summary), plan=plan)
+                              if lead else None)
     with tempfile.TemporaryDirectory() as tmp:
         record = execute(ctx, f"{tmp}/metrics.json", f"{tmp}/steps.csv", f"{tmp}/memory.csv")
+    if not lead:  # the other ranks trained beside it; rank 0 writes the trace and the summary
+        return {"run": record["run"], "status": record["status"], "reason": record["reason"]}
     summary = {"run": record["run"], "status": record["status"], "reason": record["reason"],
                "step_time_s": record["timing"]["step_time_s"], "schedule": plan,
                "gpu": (record["provenance"].get("device") or {}).get("name"),
-               "host_syncs": record["extra"].get("host_syncs")}  # with FTBENCH_SYNC_DEBUG=1 (SyncWatch)
+               "host_syncs": record["extra"].get("host_syncs"),  # with FTBENCH_SYNC_DEBUG=1 (SyncWatch)
+               "ranks": ranks.world_size(), "profiled_rank": 0}
     if record["status"] == "ok":
         summary.update(json.loads(trace_summary.read_text()))
     else:  # keep the DAG whole: an empty trace stands for a run that could not be profiled
@@ -310,7 +333,8 @@ def _pct(x) -> str:
 PROFILE_COLUMNS = {
     "per_step": {"step": "step", "duration_ms": "duration ms", "busy_share": "GPU busy %",
                  "data_loading_share": "data loading %", "idle_gaps": "idle gaps", "idle_gap_ms_total": "idle ms",
-                 "largest_gap_ms": "largest gap ms", "largest_gap_host_op": "host operator in the largest gap"},
+                 "largest_gap_ms": "largest gap ms", "largest_gap_host_op": "host operator in the largest gap",
+                 "communication_ms": "collectives ms", "communication_exposed_ms": "collectives alone ms"},
     "top_operators": {"name": "operator or kernel", "self_time_ms": "self time ms", "share": "share %",
                       "calls": "calls"},
     "idle_causes": {"host_op": "host operator", "idle_ms": "idle ms"},
@@ -343,6 +367,11 @@ def profile_page(summary_path, html_path) -> None:
     if share is not None:
         blocks[0] += (f"; GEMM kernels {_pct(share)} of the device's kernel time"
                       + ("" if exact else " (at least: from the top kernels listed below)"))
+    if summary.get("communication_share") is not None:
+        blocks.append(f"Rank {summary.get('profiled_rank', 0)} of {summary.get('ranks')}: collective communication "
+                      f"(NCCL kernels) runs {_pct(summary['communication_share'])} of the profiled steps' time, and "
+                      f"{_pct(summary.get('communication_exposed_share'))} with no other kernel beside it: the share "
+                      "computation does not hide (waiting in a collective for a slower rank counts here too).")
     if summary.get("per_step") and summary.get("device") == "cuda":
         idle = sum(st["idle_gap_ms_total"] for st in summary["per_step"])
         long_ = sum(c["idle_ms"] for c in summary.get("idle_causes", []))

@@ -106,7 +106,8 @@ def load_model(ctx, device):
         info["expert_lora"] = adapt_experts(model, lora)
     if v.fused_projections:  # q/k/v and gate/up as one GEMM each, LoRA kept per projection (ftbench.fused)
         info["fused_projections"] = fused.fuse_projections(model)
-    info["trainer_args"] = parallel.parallelize(model, v.parallel, device)  # data parallel: the trainer's DDP
+    info["trainer_args"] = parallel.parallelize(model, v.parallel, device,  # data parallel: the trainer's DDP
+                                                bucket_mb=v.ddp_bucket_mb)
     return model, tokenizer, info
 
 
@@ -226,6 +227,7 @@ def train(ctx, record, device, meter):
     record["extra"]["fused_projections"] = info.get("fused_projections")
     record["extra"]["experts"] = info.get("experts")
     record["extra"]["expert_lora"] = info.get("expert_lora")
+    record["extra"]["trainer_args"] = info.get("trainer_args") or None  # the parallel strategy's trainer settings
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
         attention.use_varlen(model)
