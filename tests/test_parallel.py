@@ -64,6 +64,9 @@ def test_a_rank_that_dies_before_its_record_is_a_crash(tmp_path, tiny_qwen, inst
 
 
 def test_gpus_and_parallel_knobs_are_checked_before_any_job():
+    assert "without parallel='ddp'" in knob_problems("causal_lm", Variant("x", ddp_bucket_mb=512))[0]
+    assert "ddp_graph_split" in knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp", ddp_graph_split=True))[0]
+    assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp", compile="default", ddp_graph_split=True)) == []
     assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp")) == []
     assert "without parallel" in knob_problems("causal_lm", Variant("x", gpus=2))[0]
     assert "needs 2 or more" in knob_problems("causal_lm", Variant("x", parallel="ddp"))[0]
@@ -97,10 +100,11 @@ def test_one_bucket_data_parallel_reaches_the_trainer_and_rank_0_profiles_the_jo
 
     from ftbench.supervise import supervise
 
-    knobs = {**DDP2, "ddp_bucket_mb": 512}
+    knobs = {**DDP2, "ddp_bucket_mb": 512, "compile": "default", "compile_scope": "layers"}
     rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2-flat", knobs)
     assert rec["status"] == "ok", (rec["reason"], log[-3000:])
     assert rec["extra"]["trainer_args"]["ddp_bucket_cap_mb"] == 512
+    assert rec["extra"]["ddp_graph_split"] is False  # Dynamo's DDPOptimizer off unless the variant asks for it
     cfg = one_run_config(measure={"warmup_steps": 1, "steps": 3, "min_seconds": 0, "repeats": 1})
     cfg["variants"]["lora-ddp2-flat"] = knobs
     cfg["studies"]["llm"]["matrix"][0]["variants"] = ["lora-ddp2-flat"]

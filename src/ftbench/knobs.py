@@ -93,6 +93,11 @@ class Variant:
     # data parallel's gradient buckets (MB): None keeps DDP's 25 MB, each all-reduced as soon as it fills, during
     # the backward; a size above the trainable gradients' (LoRA r=8 on Qwen3-8B: 87 MB) makes one all-reduce after it
     ddp_bucket_mb: int | None = None
+    # Dynamo's DDPOptimizer (torch.compile inside DDP's forward): each compiled graph split at DDP's bucket boundaries
+    # (1 MB for the first) so that gradients can be reduced while the backward runs. Off here by default: a decoder
+    # layer compiled on its own (compile_scope: layers) was cut into pieces that fuse less (+5 Triton kernels a layer,
+    # +15 ms a step at the FP8 top rung, 2 x H100, 2026-11-26); true keeps Dynamo's default
+    ddp_graph_split: bool = False
 
     @classmethod
     def from_config(cls, name: str, knobs: dict) -> "Variant":
@@ -113,7 +118,7 @@ HONOURED = {
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
                   "fp8_backend": {None, "torchao"}, "fp8_recipe": {"delayed", "tensorwise", "rowwise"},
                   "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
-                  "ddp_bucket_mb": ANY, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
+                  "ddp_bucket_mb": ANY, "ddp_graph_split": ANY, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
@@ -155,6 +160,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("parallel with framework='unsloth' (Unsloth trains on one GPU)")
     if variant.ddp_bucket_mb is not None and variant.parallel != "ddp":
         problems.append(f"ddp_bucket_mb={variant.ddp_bucket_mb} without parallel='ddp'")
+    if variant.ddp_graph_split and (variant.parallel != "ddp" or not variant.compile):
+        problems.append("ddp_graph_split without parallel='ddp' and compile (it splits compiled graphs under DDP)")
     if variant.parallel == "fsdp2" and variant.precision == "nf4":
         problems.append("parallel='fsdp2' with precision='nf4' (sharding 4-bit weights is not wired; use ddp)")
     if variant.expert_lora and variant.experts != "grouped" and variant.framework != "unsloth":

@@ -232,6 +232,9 @@ def train(ctx, record, device, meter):
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
         attention.use_varlen(model)
         record["extra"]["attention_kernel"] = attention.kernel(device, attention.has_sinks(model))
+    if v.parallel == "ddp" and v.compile:  # DDP's bucket boundaries cut the compiled graphs only where asked
+        torch._dynamo.config.optimize_ddp = bool(v.ddp_graph_split)  # (Dynamo's DDPOptimizer; knob ddp_graph_split)
+        record["extra"]["ddp_graph_split"] = v.ddp_graph_split
     if v.compile_scope == "layers":  # the decoder layers compiled in place; the LM head and loss stay eager
         compile_model(model, v)
 
