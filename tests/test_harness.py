@@ -53,6 +53,19 @@ def test_min_seconds_extends_a_window_until_it_holds_enough_time():
     assert meter.done and 5 <= len(meter.measured) <= 8
 
 
+def test_ranks_size_each_window_from_the_last_one_not_only_from_a_slow_warm_up():
+    """Several ranks close windows by agreed step counts. Warm-up steps four times a measured step sized the first
+    window short; the next windows are agreed from the window before them and hold `min_seconds`."""
+    meter = Meter(CPU, MeasureSettings(warmup_steps=3, steps=2, min_seconds=0.1, repeats=3))
+    asked = []
+    meter.agree = lambda n: asked.append(n) or n  # one rank: the maximum over ranks is its own number
+    measured_run(meter, [0.04] * 3 + [0.01] * 200)
+    steps = [w["steps"] for w in meter.windows]
+    assert meter.done and len(asked) == 3  # after warm-up and after the first two windows, not after the last
+    assert steps[0] == asked[0] < 5  # from the slow warm-up: 0.1 s / 0.04 s
+    assert steps[1] == asked[1] >= 8 and steps[2] == asked[2] >= 8  # from the measured 0.01-s steps
+
+
 def test_a_slow_step_is_an_outlier_with_its_reason_and_dominates_throughput():
     meter = Meter(CPU, MeasureSettings(warmup_steps=1, steps=6))
     meter.start()
