@@ -30,9 +30,11 @@ def test_two_data_parallel_ranks_train_and_rank_0_records_both(tmp_path, tiny_qw
     per_rank = [r["samples_per_s"] for r in par["per_rank"]]
     assert rec["throughput"]["samples_per_s"] == pytest.approx(sum(per_rank))
     assert par["samples_per_s_per_gpu"] == pytest.approx(sum(per_rank) / 2)
-    # both ranks closed the same windows at the same steps (agreed after warm-up), so neither waited alone
+    # both ranks closed the same windows at the same steps (agreed after warm-up and after each window: a rank
+    # closing alone would have met the other's next collective), each window at least its minimum steps
     steps = [w["steps"] for w in rec["measure"]["windows"]]
-    assert len(steps) == 2 and steps[0] == steps[1] >= 3
+    assert len(steps) == 2 and min(steps) >= 3
+    assert rec["timing"]["steps_measured"] == sum(steps)
     assert rec["extra"]["supervision"]["exit_code"] == 0
     assert rec["extra"]["parallel_wrapper"] == "DistributedDataParallel"
 
