@@ -440,7 +440,7 @@ def _pair_busy(p: dict) -> float | None:
     return min(values) if None not in values else None
 
 
-PARALLEL_KNOBS = ("variant.gpus", "variant.parallel")
+PARALLEL_KNOBS = ("variant.gpus", "variant.parallel", "variant.ddp_bucket_mb", "variant.ddp_graph_split")  # a one-GPU twin has none
 
 
 def _twins(full: pl.DataFrame) -> list[tuple[dict, dict]]:
