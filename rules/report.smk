@@ -126,6 +126,7 @@ rule coverage:
     input:
         runs=coverage_runs,
         extra=MERGE_RUNS,
+        shipped=SHIPPED_RUNS,
         published=coverage_published,
     output:
         html=report(

@@ -225,6 +225,40 @@ def test_a_ratio_across_two_source_digests_is_not_judged_silently():
     assert "One commit" in coverage_html(coverage_rows(one, studies), provenance_line(one))
 
 
+def test_the_front_page_leads_with_the_shipped_verdicts_while_the_users_runs_measure_none(tmp_path, monkeypatch):
+    """The default pipeline's tiny runs fill no published cell: the front page then opens with what ships in
+    measurements/ (judged on its own, labelled with its GPUs, commits and dates, and how to replace it), the user's
+    runs after it; once the user's own runs measure a cell, theirs lead. A merge of the user's (merge_runs) replaces
+    what ships, and a pattern that names nothing shows nothing."""
+    from ftbench import config as ftc
+    from ftbench.coverage import coverage_html, provenance_line
+
+    studies = [{"table": "study_a", "published": STUDY_A, "measured_by": MEASURED_BY}]
+    rows = [lmm("bf16-gc", 4, step=1.0), lmm("fixed-compile-gc", 4, step=0.46)]
+    for r in rows:
+        r["timestamp"] = "2026-11-24T10:00:00+00:00"
+    shipped_df = pl.DataFrame(rows, infer_schema_length=None)
+    theirs = coverage_rows(shipped_df, studies)
+    tiny = pl.DataFrame([{**r, "scale": "tiny"} for r in rows], infer_schema_length=None)
+    mine = coverage_rows(tiny, studies)  # the default pipeline's tiny runs: no full-scale record
+    line = provenance_line(shipped_df, dates=True)
+    assert "2026-11-24" in line
+    page = coverage_html(mine, provenance_line(tiny), (theirs, line))
+    shipped_at, yours_at = page.index("shipped in measurements/"), page.index("Your runs")
+    assert shipped_at < yours_at and "holds 1 of 42" in page[shipped_at:yours_at]
+    assert "holds 0 of 42" in page[yours_at:] and "shipped_runs" in page and "2026-11-24" in page
+    assert page.count("<svg") == 1  # one grid: the shipped cells'
+    mine_measured = coverage_rows(shipped_df, studies)
+    page = coverage_html(mine_measured, "mine", (theirs, line))
+    assert page.index("Your runs") < page.index("shipped in measurements/")
+    assert "Your runs" not in coverage_html(mine, None, (coverage_rows(tiny, studies), "none"))
+    (tmp_path / "measurements" / "h100-x").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert ftc.shipped_sources({"shipped_runs": ["measurements/*"]}) == ["measurements/h100-x"]
+    assert ftc.shipped_sources({"shipped_runs": ["measurements/*"], "merge_runs": ["x"]}) == []
+    assert ftc.shipped_sources({"shipped_runs": ["nothing/*"]}) == []
+
+
 def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_one_stands_beside():
     """Unsloth's 1.98x is judged where both runs keep the GPU busy (>= 80 %): a host-bound pair (the GPU 17 % busy)
     cannot show a kernel library's speed, so it is context, never the verdict; with none GPU-bound: not comparable."""

@@ -26,6 +26,7 @@ def flatten(record: dict) -> dict:
                git_commit=prov.get("git_commit"), code=short_code(prov), config_hash=prov.get("config_hash"),
                source_digest=prov.get("source_digest") or prov.get("git_commit"),
                torch=prov.get("versions", {}).get("torch"), schema_version=record["schema_version"],
+               timestamp=prov.get("timestamp"),
                gpu_memory_gib=dev.get("total_memory_gib") if dev.get("type") == "cuda" else None)
     for group in ("timing", "throughput", "memory", "device_usage", "energy", "flops", "compile", "loss", "data",
                   "precision", "outliers", "measure"):

@@ -321,6 +321,22 @@ def merge_sources(config: dict) -> list[str]:
     return sources
 
 
+def shipped_sources(config: dict) -> list[str]:
+    """`shipped_runs` with its patterns expanded (in name order), or nothing while `merge_runs` merges records into
+    the report itself (the user's own merge replaces what ships); a pattern that names nothing adds nothing (a clone
+    whose measurements/ was removed)."""
+    import glob
+
+    if config.get("merge_runs"):
+        return []
+    found = []
+    for entry in config.get("shipped_runs") or []:
+        for f in sorted(glob.glob(entry)) if glob.has_magic(entry) else [entry]:
+            if Path(f).is_dir() and f not in found:
+                found.append(f)
+    return found
+
+
 def merged_profile_summaries(folder) -> list[Path]:
     """The profile summaries a merged folder holds (its profiles/**/summary.json), in name order."""
     return sorted(Path(folder).glob("profiles/**/summary.json"))

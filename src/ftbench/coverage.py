@@ -568,12 +568,16 @@ FRONT_STYLE = ("<style>div.flex.items-center.h-screen.overflow-auto:has(.ftbench
                ".ftbench-coverage { overflow-x: auto; } .ftbench-grid svg { max-width: 100%; height: auto; }</style>")
 
 
-def provenance_line(df: pl.DataFrame, across_code: bool = False) -> str:
+def provenance_line(df: pl.DataFrame, across_code: bool = False, dates: bool = False) -> str:
     """What the front page's records are: one version of the code (a campaign) or a merge of several, on which
-    GPUs; and whether ratios may cross versions."""
+    GPUs; and whether ratios may cross versions; `dates`: when they ran (first and last record's day)."""
     full = full_scale(df)
     if full.is_empty():
         return "No full-scale GPU record yet: every published cell is not measured."
+    when = ""
+    if dates and "timestamp" in full.columns:
+        days = sorted({str(t)[:10] for t in full["timestamp"].to_list() if t})
+        when = f", {days[0]}" + (f" to {days[-1]}" if days[-1] != days[0] else "") if days else ""
     codes = sorted({c for c in full["source_digest"].to_list() if c}) if "source_digest" in full.columns else []
     commits = sorted({c[:7] for c in full["git_commit"].to_list() if c}) if "git_commit" in full.columns else []
     if len(commits) > 6:
@@ -583,29 +587,53 @@ def provenance_line(df: pl.DataFrame, across_code: bool = False) -> str:
     where = f"{', '.join(gpus)} ({cards} card{'s' if cards != 1 else ''})"
     if len(codes) <= 1:
         return (f"One commit: every full-scale record ran the same files ({(codes or ['?'])[0][:10]}, commit "
-                f"{', '.join(commits)}) on {where}.")
+                f"{', '.join(commits)}) on {where}{when}.")
     rule = ("ratios divide runs of different code only because merge_across_code is on: each such cell says so"
             if across_code else "a ratio divides only runs of the same code; other pairs are not comparable")
     return (f"Merged: {len(full)} full-scale records of {len(codes)} versions of the code (commits "
-            f"{', '.join(commits)}) on {where}; {rule}.")
+            f"{', '.join(commits)}) on {where}{when}; {rule}.")
 
 
-def coverage_html(table: pl.DataFrame, provenance: str | None = None) -> str:
+def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: tuple | None = None) -> str:
     """The fragment that leads the report (and the body of its page): where its records come from, per study the
-    verdict counts, Study A's grid, then every cell."""
+    verdict counts, Study A's grid, then every cell. `shipped`: (table, provenance) of the records that ship in
+    measurements/ (config shipped_runs), judged on their own: ahead of the user's cells while those measure none at
+    full scale (the default pipeline's tiny runs), after them otherwise, with one line on replacing them."""
+    if shipped is None or shipped[0].is_empty() or not shipped[0]["measured"].any():
+        return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>"
+                f"{_verdicts_block(table, provenance, 'coverage')}<p>{VERDICT_NOTE}</p></div>")
+    own = _verdicts_block(table, provenance, "coverage", grid=table["measured"].any())  # one grid: the measured
+    theirs = ("<h4>Measured on the project's lent GPUs (shipped in measurements/)</h4>"
+              + _verdicts_block(shipped[0], shipped[1], "shipped_coverage", grid=not table["measured"].any())
+              + f"<p>{SHIPPED_NOTE}</p>")
+    mine = "<h4>Your runs</h4>" + own
+    blocks = [theirs, mine] if not table["measured"].any() else [mine, theirs]
+    return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>" + "".join(blocks)
+            + f"<p>{VERDICT_NOTE}</p></div>")
+
+
+def _verdicts_block(table: pl.DataFrame, provenance: str | None, table_id: str, grid: bool = True) -> str:
+    """One set of records' verdicts: where they come from, per study the counts, Study A's grid, then every cell."""
     from .figures import study_a_grid, svg_string
 
     per_study = summary(table)
     lead = "".join(f"<li><b>{r['study']}</b>: {counts_line({v: r[v] for v in VERDICTS})}</li>"
                    for r in per_study.iter_rows(named=True))
-    grid = table.filter(pl.col("study") == "A")
+    cells = table.filter(pl.col("study") == "A")
     # the picture shrinks to the page's width (its viewBox keeps the proportions): a phone sees it whole
-    picture = f"<div class='ftbench-grid'>{svg_string(study_a_grid(grid))}</div>" if grid.height else ""
+    picture = f"<div class='ftbench-grid'>{svg_string(study_a_grid(cells))}</div>" if grid and cells.height else ""
     source = f"<p><b>{escape(provenance)}</b></p>" if provenance else ""
-    return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>{source}"
-            f"<ul>{lead}</ul><p>{VERDICT_NOTE}</p>" + picture
-            + "<h4>Coverage and verdicts, per study</h4>" + html_table(per_study, "coverage_counts")
-            + f"<p>{NOTE}</p>" + html_table(table.drop("measured"), "coverage") + "</div>")
+    counts_id = "coverage_counts" if table_id == "coverage" else f"{table_id}_counts"
+    return (f"{source}<ul>{lead}</ul>" + picture
+            + "<h4>Coverage and verdicts, per study</h4>" + html_table(per_study, counts_id)
+            + f"<p>{NOTE}</p>" + html_table(table.drop("measured"), table_id))
+
+
+SHIPPED_NOTE = ("These verdicts come from the records that ship with ftbench (config <code>shipped_runs</code>), not "
+                "from your runs. To put your own in their place, run a campaign on your GPUs "
+                "(<code>python3 bench/campaign.py study_a --out measurements/mine</code>) and build the report with "
+                "<code>--config 'shipped_runs=[\"measurements/mine\"]'</code>; "
+                "<code>shipped_runs=[]</code> shows your runs alone.")
 
 
 VERDICT_NOTE = ("Each published cell's verdict is computed from config/published/ (a number or a range, with its unit "

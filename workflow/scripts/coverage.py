@@ -13,6 +13,11 @@ tables = [{**t, "published": published[Path(t["published"]).name]} for t in snak
 runs = merged_records(snakemake.input.runs, snakemake.input.extra)
 table = coverage_rows(runs, tables, across_code=snakemake.params.across_code)
 table.write_csv(snakemake.output.csv)
-fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code))
+shipped = None
+if snakemake.input.shipped:  # what ships in measurements/, judged on its own (config shipped_runs)
+    theirs = merged_records([], snakemake.input.shipped)
+    shipped = (coverage_rows(theirs, tables, across_code=snakemake.params.across_code),
+               provenance_line(theirs, snakemake.params.across_code, dates=True))
+fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped)
 Path(snakemake.output.front).write_text(fragment)
 Path(snakemake.output.html).write_text(html_page("ftbench: what the records reproduce", [fragment]))
