@@ -9,6 +9,10 @@ import json
 import os
 import re
 import shutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the report's environment renders profile pages without PyTorch
+    import torch
 
 SCHEDULE = {"wait": 1, "warmup": 1, "active": 3}  # each profiled step adds trace to export and parse
 DATA_LOADING_MARKERS = ("enumerate(DataLoader)", "ftbench.data")
