@@ -197,6 +197,24 @@ def test_ladder_rungs_against_previous_and_baseline_with_loss_and_the_fastest_co
     assert "lora-pf-liger-compile</b> at batch 8" in lead and "2,600 real tokens/s" in lead and "70.0 GiB" in lead
 
 
+def test_a_ladder_page_leads_with_full_scale_gpu_results_and_sets_smaller_scales_apart():
+    """A proxy model's or a CPU's tokens/s says nothing of the published model's: the lead names the full-scale GPU
+    result first and the rest apart, labelled; the table lists full-scale GPU rows first, rung order kept in each."""
+    def run(variant, tps, scale, gpu):
+        rec = record("llm", variant, 1.0, gpu=gpu, batch=2, scale=scale, mem=30.0)
+        rec["throughput"]["tokens_per_s"] = tps
+        return rec
+
+    recs = [run("lora", 50, "tiny", None), run("lora-pf", 90, "tiny", None), run("lora", 16973, "proxy", H100),
+            run("lora", 9000, "full", H100), run("lora-pf", 12000, "full", H100)]
+    df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
+    lead, _, (_, table, _) = ladder(df, {}, rungs=["lora", "lora-pf"])
+    full_at, apart_at = lead.index("at full scale on a GPU"), lead.index("Smaller scales and CPUs, apart")
+    assert full_at < lead.index("12,000") < apart_at < lead.index("16,973") and lead.index("90 real") > apart_at
+    assert [(r["scale"], r["variant"]) for r in table.iter_rows(named=True)] == [
+        ("full", "lora"), ("full", "lora-pf"), ("proxy", "lora"), ("tiny", "lora"), ("tiny", "lora-pf")]
+
+
 def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
     """compare.frontier: each rung at its fastest batch (rung 0, the ladder's top, at 4; token-budget rungs at 1-2),
     x previous over the rungs that ran, the evaluation loss against rung 0's (packing reorders training samples)."""

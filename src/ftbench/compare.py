@@ -539,18 +539,29 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     kind = title.lower()
     if not rows:
         return [note, (title, pl.DataFrame({"result": ["no rung ran"]}), kind)]
-    table = pl.DataFrame(rows, infer_schema_length=None)
-    best = []  # per GPU, model and scale (a proxy model's tokens/s says nothing of the full one's) and dataset
+    # full-scale GPU rows first, smaller scales and CPU rows after them (stable: rung order kept within each)
+    table = pl.DataFrame(rows, infer_schema_length=None).with_columns(_order=scale_order()).sort(
+        "_order", maintain_order=True).drop("_order")
+    best = {True: [], False: []}  # per GPU, model and scale (a proxy model's tokens/s says nothing of the full one's)
     measured = table.filter(pl.col("tokens/s (real)").is_not_null())
     if "on the frontier" in table.columns:  # a rung that changes the arithmetic leads only with its loss check
         measured = measured.filter(pl.col("on the frontier").str.starts_with("yes"))
     for group in measured.partition_by(["gpu", "model", "scale", "dataset"], maintain_order=True):
         top = group.sort("tokens/s (real)", descending=True).row(0, named=True)
-        best.append(f"On {top['gpu']}, {top['model']} ({top['scale']} scale), {top['dataset']}: "
-                    f"<b>{top['variant']}</b> at batch {top['batch']}, {top['tokens/s (real)']:,.0f} real tokens/s, "
-                    f"{top['peak memory GiB']:.1f} GiB peak.")
-    lead = "Fastest configuration measured: " + (" ".join(best) if best else "none ran.")
+        best[top["scale"] == "full" and top["gpu"] != "cpu"].append(
+            f"On {top['gpu']}, {top['model']} ({top['scale']} scale), {top['dataset']}: <b>{top['variant']}</b> at "
+            f"batch {top['batch']}, {top['tokens/s (real)']:,.0f} real tokens/s, {top['peak memory GiB']:.1f} GiB peak.")
+    lead = "Fastest configuration measured at full scale on a GPU: " + (" ".join(best[True]) or "none ran.")
+    if best[False]:
+        lead += (" <br>Smaller scales and CPUs, apart (their speed says nothing of the published model's): "
+                 + " ".join(best[False]))
     return [lead, note, (title, table, kind)]
+
+
+def scale_order() -> pl.Expr:
+    """0 for a full-scale GPU row, 1 for a smaller scale on a GPU, 2 for a CPU row: what a page shows first."""
+    return (pl.when((pl.col("scale") == "full") & (pl.col("gpu") != "cpu")).then(0)
+            .when(pl.col("gpu") != "cpu").then(1).otherwise(2))
 
 
 def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=None, **_) -> list:
