@@ -257,6 +257,11 @@ def test_the_front_page_leads_with_the_shipped_verdicts_while_the_users_runs_mea
     assert ftc.shipped_sources({"shipped_runs": ["measurements/*"]}) == ["measurements/h100-x"]
     assert ftc.shipped_sources({"shipped_runs": ["measurements/*"], "merge_runs": ["x"]}) == []
     assert ftc.shipped_sources({"shipped_runs": ["nothing/*"]}) == []
+    # a campaign (one commit, one host) stands for the leases beside it
+    for name in ("h200x4-2026-11-27", "h200x4-2026-11-28"):
+        (tmp_path / "measurements" / name).mkdir()
+        (tmp_path / "measurements" / name / "campaign.json").write_text("{}")
+    assert ftc.shipped_sources({"shipped_runs": ["measurements/*"]}) == ["measurements/h200x4-2026-11-28"]
 
 
 def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_one_stands_beside():

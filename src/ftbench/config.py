@@ -324,16 +324,17 @@ def merge_sources(config: dict) -> list[str]:
 def shipped_sources(config: dict) -> list[str]:
     """`shipped_runs` with its patterns expanded (in name order), or nothing while `merge_runs` merges records into
     the report itself (the user's own merge replaces what ships); a pattern that names nothing adds nothing (a clone
-    whose measurements/ was removed)."""
+    whose measurements/ was removed). Where a pattern finds a campaign's folder (its campaign.json: one commit on one
+    host, bench/campaign.py), the last such folder by name stands for what the pattern found."""
     import glob
 
     if config.get("merge_runs"):
         return []
     found = []
     for entry in config.get("shipped_runs") or []:
-        for f in sorted(glob.glob(entry)) if glob.has_magic(entry) else [entry]:
-            if Path(f).is_dir() and f not in found:
-                found.append(f)
+        folders = [f for f in (sorted(glob.glob(entry)) if glob.has_magic(entry) else [entry]) if Path(f).is_dir()]
+        campaigns = [f for f in folders if (Path(f) / "campaign.json").is_file()]
+        found += [f for f in (campaigns[-1:] if campaigns and glob.has_magic(entry) else folders) if f not in found]
     return found
 
 
