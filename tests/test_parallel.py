@@ -122,3 +122,39 @@ def test_one_bucket_data_parallel_reaches_the_trainer_and_rank_0_profiles_the_jo
     assert on_disk["ranks"] == 2 and on_disk["profiled_rank"] == 0 and on_disk["steps"] >= 1
     assert on_disk["communication_share"] is None  # no NCCL kernels on CPU ranks
     assert (out / "trace.json.gz").stat().st_size > 0
+
+
+def test_balanced_ranks_deal_each_steps_rows_evenly_and_keep_the_steps_rows():
+    """Each step's N x B rows are the same set as the seeded order's (the same averaged gradient), every rank gets B
+    of them, the order is the same on every rank (seed and epoch) and changes with the epoch, and the slowest rank's
+    excess attention work shrinks."""
+    import random
+
+    from ftbench.parallel import BalancedRanks
+
+    rnd = random.Random(0)
+    costs = [sum(rnd.choice([64, 512, 2048]) ** 2 for _ in range(rnd.randint(1, 6))) for _ in range(209)]
+    s = BalancedRanks(costs, batch_size=2, ranks=4, seed=7)
+    order = s.order()
+    assert sorted(order) == list(range(209)) and len(s) == 209
+    assert order == BalancedRanks(costs, 2, 4, 7).order()  # every rank draws the same
+    import torch
+
+    plain = torch.randperm(209, generator=torch.Generator().manual_seed(7)).tolist()
+    for start in range(0, 208 - 8 + 1, 8):  # full groups: the same rows as the plain order's step
+        assert set(order[start:start + 8]) == set(plain[start:start + 8])
+    assert order[208:] == plain[208:]  # the partial group as drawn
+    summary = s.summary()
+    assert summary["slowest_rank_excess_balanced"] < summary["slowest_rank_excess_plain"] / 2
+    s.set_epoch(1)
+    assert s.order() != order
+
+
+def test_balanced_ranks_train_two_cpu_ranks_on_rows_of_a_token_budget(tmp_path, tiny_qwen, instruction_data):
+    knobs = {**DDP2, "padding_free": True, "token_budget": 512, "balance_ranks": True}
+    rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-tb-ddp2-bal", knobs, max_seq_length=512)
+    assert rec["status"] == "ok", (rec["reason"], log[-3000:])
+    bal = rec["extra"]["balance_ranks"]
+    assert bal["ranks"] == 2 and bal["rows"] == rec["extra"]["packing"]["rows"]
+    assert bal["slowest_rank_excess_balanced"] <= bal["slowest_rank_excess_plain"]
+    assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp", balance_ranks=True))  # no token budget

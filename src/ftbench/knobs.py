@@ -98,6 +98,9 @@ class Variant:
     # layer compiled on its own (compile_scope: layers) was cut into pieces that fuse less (+5 Triton kernels a layer,
     # +15 ms a step at the FP8 top rung, 2 x H100, 2026-11-26); true keeps Dynamo's default
     ddp_graph_split: bool = False
+    # several ranks on rows of a token budget: each step's rows dealt so that every rank's attention work is even
+    # (ftbench.parallel.BalancedRanks; the step's rows, and so the averaged gradient, stay the same)
+    balance_ranks: bool = False
 
     @classmethod
     def from_config(cls, name: str, knobs: dict) -> "Variant":
@@ -118,7 +121,7 @@ HONOURED = {
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
                   "fp8_backend": {None, "torchao"}, "fp8_recipe": {"delayed", "tensorwise", "rowwise"},
                   "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
-                  "ddp_bucket_mb": ANY, "ddp_graph_split": ANY, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
+                  "ddp_bucket_mb": ANY, "ddp_graph_split": ANY, "balance_ranks": ANY, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
@@ -160,6 +163,8 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("parallel with framework='unsloth' (Unsloth trains on one GPU)")
     if variant.ddp_bucket_mb is not None and variant.parallel != "ddp":
         problems.append(f"ddp_bucket_mb={variant.ddp_bucket_mb} without parallel='ddp'")
+    if variant.balance_ranks and (variant.parallel is None or not variant.token_budget):
+        problems.append("balance_ranks without parallel and token_budget (it deals packed rows to the ranks)")
     if variant.ddp_graph_split and (variant.parallel != "ddp" or not variant.compile):
         problems.append("ddp_graph_split without parallel='ddp' and compile (it splits compiled graphs under DDP)")
     if variant.parallel == "fsdp2" and variant.precision == "nf4":

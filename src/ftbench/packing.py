@@ -33,6 +33,13 @@ def pack_rows(ds, budget: int):
     return pack_dataset(ds, budget, strategy="bfd")
 
 
+def attention_cost(seq_lengths) -> int:
+    """A packed row's attention work, up to a constant: each sequence attends within itself (causal, variable
+    length), so its cost grows with its length squared. Rows of one budget differ in this alone (their GEMMs see
+    the same number of tokens)."""
+    return sum(int(n) ** 2 for n in seq_lengths)
+
+
 def row_tokens(batch_size: int, budget: int) -> int:
     """The tokens of every step's row: B rows of `budget` tokens."""
     return batch_size * budget

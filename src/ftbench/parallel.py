@@ -98,6 +98,67 @@ def parallelize(model, strategy: str | None, device, reshard_after_forward: bool
                                           "reshard_after_forward": reshard_after_forward}}
 
 
+class BalancedRanks(torch.utils.data.Sampler):
+    """A training sampler for several ranks that deals each step's rows so that the ranks' work is even (variant
+    knob `balance_ranks`). A step of N ranks at batch B takes N x B rows of a seeded permutation (the same on every
+    rank: seed and epoch) and accelerate hands batch k to rank k mod N; this sampler orders each such group so that
+    its N batches hold about the same attention cost (`costs`, one per row: longest-processing-time first, each
+    row to the batch with the least cost that has room). The step's rows are the same set, so the gradient the
+    ranks average is the same; only which rank computes which row changes. Ranks wait for the slowest each step:
+    rows of 4,096 tokens whose attention costs differ make one rank the slow one, step after step."""
+
+    def __init__(self, costs, batch_size: int, ranks: int, seed: int):
+        self.costs, self.batch, self.ranks, self.seed, self.epoch = list(costs), batch_size, ranks, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:  # accelerate calls this at each epoch's start
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.costs)
+
+    def order(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        perm = torch.randperm(len(self.costs), generator=g).tolist()
+        size = self.batch * self.ranks
+        out = []
+        for start in range(0, len(perm), size):
+            group = perm[start:start + size]
+            if len(group) < size:  # the last, partial group: as drawn
+                out += group
+                continue
+            bins = [[] for _ in range(self.ranks)]
+            load = [0] * self.ranks
+            for i in sorted(group, key=lambda i: -self.costs[i]):
+                r = min((r for r in range(self.ranks) if len(bins[r]) < self.batch), key=lambda r: load[r])
+                bins[r].append(i)
+                load[r] += self.costs[i]
+            out += [i for b in bins for i in b]
+        return out
+
+    def __iter__(self):
+        return iter(self.order())
+
+    def imbalance(self, order: list[int] | None = None) -> float | None:
+        """The mean over full groups of (the largest rank's cost - the mean rank's) / the mean rank's: what the
+        slowest rank adds in attention work, for `order` (this sampler's by default)."""
+        order = self.order() if order is None else order
+        size, spreads = self.batch * self.ranks, []
+        for start in range(0, len(order) - size + 1, size):
+            group = order[start:start + size]
+            loads = [sum(self.costs[i] for i in group[r * self.batch:(r + 1) * self.batch]) for r in range(self.ranks)]
+            mean = sum(loads) / len(loads)
+            if mean:
+                spreads.append((max(loads) - mean) / mean)
+        return sum(spreads) / len(spreads) if spreads else None
+
+    def summary(self) -> dict:
+        """The attention-cost spread across ranks with this order and with the plain seeded order."""
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        plain = torch.randperm(len(self.costs), generator=g).tolist()
+        return {"rows": len(self.costs), "ranks": self.ranks, "batch": self.batch, "cost": "sum of sequence lengths squared",
+                "slowest_rank_excess_plain": self.imbalance(plain), "slowest_rank_excess_balanced": self.imbalance()}
+
+
 def base_name(name: str) -> str:
     """A parameter's name in the plain model (the checkpoint's and the seeded draw's), from its name under PEFT."""
     return name.removeprefix("base_model.model.").replace(".base_layer.", ".")

@@ -308,6 +308,17 @@ def train(ctx, record, device, meter):
                 self.trained = [p for p in model.parameters() if p.requires_grad]
             return self.accelerator.clip_grad_norm_(self.trained, self.args.max_grad_norm)
 
+        def _get_train_sampler(self, train_dataset=None):
+            """balance_ranks: each step's packed rows dealt evenly to the ranks (ftbench.parallel.BalancedRanks)."""
+            ds = self.train_dataset  # the packed rows, before the loader drops columns (same order, same length)
+            if v.balance_ranks and self.args.world_size > 1 and "seq_lengths" in ds.column_names:
+                self.balanced = parallel.BalancedRanks([packing.attention_cost(x) for x in ds["seq_lengths"]],
+                                                       ctx.spec.batch_size, self.args.world_size, s.seed)
+                return self.balanced
+            return super()._get_train_sampler(train_dataset)
+
+        balanced = None
+
         def _prepare_inputs(self, inputs):
             if v.attention == "varlen":  # (sync_free: the collator added them on the host already)
                 # accelerate's loader has moved the batch to the device: reading the position ids syncs the host
@@ -397,6 +408,8 @@ def train(ctx, record, device, meter):
                                       "strategy": "bfd (TRL's best fit decreasing; sequences whole)",
                                       "sequence_slots": slots}
     record["extra"]["train_samples"] = n_train
+    if v.balance_ranks:  # the ranks' attention-cost spread with the balanced order and the plain one (None: not dealt)
+        record["extra"]["balance_ranks"] = trainer.balanced.summary() if trainer.balanced is not None else None
     with meter.eval():
         record["loss"]["eval"] = trainer.evaluate()["eval_loss"]
     if v.parallel:  # every rank joins the gather of the LoRA state; rank 0 writes it (the others have no adapter_dir)
