@@ -172,6 +172,12 @@ def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, b
                           "the budget ended" if spent else "the rounds ended")
 
 
+def only_batches(targets: list[str], batches: str) -> list[str]:
+    """The targets at the batch sizes listed ("1,2,4,8": their paths' bsN folder)."""
+    keep = {f"/bs{b.strip()}/" for b in batches.split(",") if b.strip()}
+    return [t for t in targets if any(k in t for k in keep)]
+
+
 def host_facts() -> dict:
     """This host: name, CPUs, memory, and each GPU's name, UUID and driver (nvidia-smi; none on a CPU machine)."""
     facts = {"hostname": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
@@ -212,9 +218,12 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     failed = [(f, r) for f, r in records if r.get("status") != "ok"]
     missing = [t for t in pending(camp["targets"], out) if t.endswith("metrics.json")]
     gpus = host.get("gpus") or []
+    hosts = {c["hostname"] for c in calls if c.get("hostname")}
     lines = [f"# Campaign `{camp['name']}`: {camp.get('about', '')}", "",
              "Written by `bench/campaign.py` after each call; do not edit by hand.", "",
-             f"- **Host:** {host.get('hostname')}, {host.get('cpus')} CPUs, {host.get('memory_gib')} GiB of memory.",
+             f"- **Host:** {host.get('hostname')}, {host.get('cpus')} CPUs, {host.get('memory_gib')} GiB of memory"
+             + (f" (the last call's; the calls ran on {len(hosts)} machines: {', '.join(sorted(hosts))}; each cell "
+                "and its baseline at the same batch should share one)" if len(hosts) > 1 else "") + ".",
              f"- **GPUs:** {len(gpus)}: " + ("; ".join(f"{g['index']} {g['name']} ({g['uuid']}, {g['memory']})"
                                                       for g in gpus) or "none (a CPU machine)")
              + (f"; driver {gpus[0]['driver']}" if gpus else "") + ".",
@@ -268,6 +277,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--bound", type=float, default=None, help="noise band above which a cell is rerun (default: "
                                                               "the verdicts' inconclusive band, 0.10)")
     ap.add_argument("--rounds", type=int, default=2, help="at most this many repeats rounds (each doubles them)")
+    ap.add_argument("--batches", default=None, metavar="N,M",
+                    help="only the targets at these batch sizes (a study too long for one lease, split so that each "
+                         "cell and its baseline at the same batch run on one host)")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     parts = yaml.safe_load(PARTS.read_text())
@@ -285,6 +297,8 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else ROOT / "measurements" / (
         f"{args.campaign}-{platform.node()}-{datetime.date.today().isoformat()}")
     out = out if out.is_absolute() else ROOT / out
+    if args.batches:
+        camp = {**camp, "targets": only_batches(camp["targets"], args.batches)}
     todo = {**camp, "targets": pending(camp["targets"], out)}  # what the folder holds already never runs again
     cmd = command(todo, len(gpus), os.cpu_count() or 1, workdir)
     if args.dry_run:
@@ -294,7 +308,8 @@ def main(argv: list[str]) -> int:
     state_path = out / "campaign.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"campaign": args.campaign, "calls": []}
     state["host"] = host
-    call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd)}
+    call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd), "hostname": host.get("hostname"),
+            "gpu_uuids": [g.get("uuid") for g in host.get("gpus") or []], "batches": args.batches}
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
     t0 = time.monotonic()

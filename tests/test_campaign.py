@@ -34,6 +34,10 @@ def test_the_study_a_campaign_on_four_gpus_runs_four_one_gpu_jobs_at_once():
     assert "--resources gpu=4" in proc.stdout
     asked = re.findall(r"rule (?:train|profile):.*?resources: [^\n]*gpu=(\d+)", proc.stdout, re.S)
     assert len(asked) == 42 + 12 + 6 and set(asked) == {"1"}  # each job one GPU: four run at once
+    # a study too long for one lease, split by batch size: each cell beside its baseline at the same batch
+    first = campaign.only_batches(camp["targets"], "1,2,4,8")
+    assert len(first) == 7 * 4 + 2 * 4 + 6 and all(re.search(r"/bs(1|2|4|8)/", t) for t in first)
+    assert not set(first) & set(campaign.only_batches(camp["targets"], "16,24"))
 
 
 def test_a_campaign_resumes_after_a_cut_and_never_reruns_a_finished_job(tmp_path):
