@@ -113,9 +113,8 @@ def study_profiles(wildcards):
 # profile summaries measured elsewhere (a merge_runs folder's profiles/), each rendered as a page of its own
 MERGE_RUNS = ftc.merge_sources(config)  # patterns expanded
 MERGED_SOURCES = {Path(f).name: f for f in MERGE_RUNS}
-SHIPPED_RUNS = ftc.shipped_sources(
-    config
-)  # shown on the front page beside the user's runs (shipped_runs)
+# shown on the front page beside the user's runs (shipped_runs)
+SHIPPED_RUNS = ftc.shipped_sources(config)
 
 
 def merged_profile_pages():
