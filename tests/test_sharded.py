@@ -107,3 +107,22 @@ def test_fsdp2_is_checked_before_any_job():
                                                                          fused_projections=True)))
     assert any("Transformer Engine" in p for p in knob_problems("causal_lm", Variant(
         "x", gpus=2, parallel="ddp", precision="fp8", fp8_backend="te")))
+
+
+def test_a_mixture_of_experts_builds_sharded_trains_a_step_and_gathers(tmp_path):
+    """gpt-oss (tiny: its experts, router and attention sinks) through the same meta-device build as Qwen3: every
+    rank draws only its rows, a forward and backward under bf16 autocast give every LoRA matrix a gradient, and the
+    gathered model holds every parameter, experts included (the path gpt-oss-120b takes over 4 GPUs)."""
+    arch = load_architecture(ROOT / "config/architectures/gpt-oss-120b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path / "p", 42, build="in_process")
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(ROOT / "tests/sharded_moe_ranks.py"), str(tmp_path / "m.json"), str(tmp_path / "r.json")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["loss"] > 0 and r["facts"]["world_size"] == 2 and "sharded" in r["facts"]["method"]
+    one, _ = build_model(manifest, 42, "cpu")
+    assert r["parameters"] == len(dict(one.named_parameters())) + r["lora_grads"]  # the base and every LoRA matrix
+    assert r["experts"] > 0 and r["lora_grads"] > 0
