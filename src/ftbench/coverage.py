@@ -602,7 +602,8 @@ def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: t
     if shipped is None or shipped[0].is_empty() or not shipped[0]["measured"].any():
         return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>"
                 f"{_verdicts_block(table, provenance, 'coverage')}<p>{VERDICT_NOTE}</p></div>")
-    own = _verdicts_block(table, provenance, "coverage", grid=table["measured"].any())  # one grid: the measured
+    # your runs: with nothing measured at full scale, their counts alone (every cell would read "not measured")
+    own = _verdicts_block(table, provenance, "coverage", grid=table["measured"].any(), cells=table["measured"].any())
     theirs = ("<h4>Measured on the project's lent GPUs (shipped in measurements/)</h4>"
               + _verdicts_block(shipped[0], shipped[1], "shipped_coverage", grid=not table["measured"].any())
               + f"<p>{SHIPPED_NOTE}</p>")
@@ -612,7 +613,8 @@ def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: t
             + f"<p>{VERDICT_NOTE}</p></div>")
 
 
-def _verdicts_block(table: pl.DataFrame, provenance: str | None, table_id: str, grid: bool = True) -> str:
+def _verdicts_block(table: pl.DataFrame, provenance: str | None, table_id: str, grid: bool = True,
+                    cells: bool = True) -> str:
     """One set of records' verdicts: where they come from, per study the counts, Study A's grid, then every cell."""
     from .figures import study_a_grid, svg_string
 
@@ -626,7 +628,7 @@ def _verdicts_block(table: pl.DataFrame, provenance: str | None, table_id: str, 
     counts_id = "coverage_counts" if table_id == "coverage" else f"{table_id}_counts"
     return (f"{source}<ul>{lead}</ul>" + picture
             + "<h4>Coverage and verdicts, per study</h4>" + html_table(per_study, counts_id)
-            + f"<p>{NOTE}</p>" + html_table(table.drop("measured"), table_id))
+            + (f"<p>{NOTE}</p>" + html_table(table.drop("measured"), table_id) if cells else ""))
 
 
 SHIPPED_NOTE = ("These verdicts come from the records that ship with ftbench (config <code>shipped_runs</code>), not "
