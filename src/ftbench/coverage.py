@@ -621,9 +621,10 @@ def _verdicts_block(table: pl.DataFrame, provenance: str | None, table_id: str, 
     per_study = summary(table)
     lead = "".join(f"<li><b>{r['study']}</b>: {counts_line({v: r[v] for v in VERDICTS})}</li>"
                    for r in per_study.iter_rows(named=True))
-    cells = table.filter(pl.col("study") == "A")
+    study_a_cells = table.filter(pl.col("study") == "A")
     # the picture shrinks to the page's width (its viewBox keeps the proportions): a phone sees it whole
-    picture = f"<div class='ftbench-grid'>{svg_string(study_a_grid(cells))}</div>" if grid and cells.height else ""
+    picture = (f"<div class='ftbench-grid'>{svg_string(study_a_grid(study_a_cells))}</div>"
+               if grid and study_a_cells.height else "")
     source = f"<p><b>{escape(provenance)}</b></p>" if provenance else ""
     counts_id = "coverage_counts" if table_id == "coverage" else f"{table_id}_counts"
     return (f"{source}<ul>{lead}</ul>" + picture
