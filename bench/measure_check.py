@@ -68,7 +68,8 @@ def runs(name: str, plan: dict) -> list[dict]:
         configs = step["configs"]
         configs = plan["configs"][configs] if isinstance(configs, str) else configs
         targets = [t for combo in combos for tmpl in step["targets"] for t in fill(tmpl, {**plan["vars"], **combo})]
-        out.append({"configs": configs, "targets": list(dict.fromkeys(targets)), "each": step.get("each", part.get("each", False)),
+        out.append({"configs": configs, "targets": list(dict.fromkeys(targets)),
+                    "each": step.get("each", part.get("each", False)),  # an `and` step may set its own
                     "env": part.get("env", {}), "host": part.get("host", "one")})
     for cmd in part.get("then", []):
         out.append({"command": fill(cmd, plan["vars"])[0]})

@@ -306,15 +306,22 @@ def validate_config(config: dict, schema_path, root: str = "config") -> None:
         raise ConfigError(f"{where}: {message}")
 
 
+def expand_sources(entry: str) -> list[str]:
+    """A `merge_runs` or `shipped_runs` entry: a pattern's folders, runs tables and records in name order (a later
+    lease's copy of the same run wins), or the path itself where it exists; [] where it names nothing."""
+    import glob
+
+    if not glob.has_magic(entry):
+        return [entry] if Path(entry).exists() else []
+    return [f for f in sorted(glob.glob(entry)) if Path(f).is_dir() or f.endswith((".parquet", ".json"))]
+
+
 def merge_sources(config: dict) -> list[str]:
     """`merge_runs` with its patterns expanded (`measurements/*`: every folder, runs table or record there, in name
     order, so a later lease's copy of the same run wins); an entry that names nothing is refused."""
-    import glob
-
     sources = []
     for entry in config.get("merge_runs") or []:
-        found = ([f for f in sorted(glob.glob(entry)) if Path(f).is_dir() or f.endswith((".parquet", ".json"))]
-                 if glob.has_magic(entry) else [entry] if Path(entry).exists() else [])
+        found = expand_sources(entry)
         if not found:
             raise ConfigError(f"merge_runs: '{entry}' names no runs table or folder (from {Path.cwd()})")
         sources += [f for f in found if f not in sources]
@@ -326,15 +333,13 @@ def shipped_sources(config: dict) -> list[str]:
     the report itself (the user's own merge replaces what ships); a pattern that names nothing adds nothing (a clone
     whose measurements/ was removed). Where a pattern finds a campaign's folder (its campaign.json: one commit on one
     host, bench/campaign.py), the last such folder by name stands for what the pattern found."""
-    import glob
-
     if config.get("merge_runs"):
         return []
     found = []
     for entry in config.get("shipped_runs") or []:
-        folders = [f for f in (sorted(glob.glob(entry)) if glob.has_magic(entry) else [entry]) if Path(f).is_dir()]
+        folders = [f for f in expand_sources(entry) if Path(f).is_dir()]
         campaigns = [f for f in folders if (Path(f) / "campaign.json").is_file()]
-        found += [f for f in (campaigns[-1:] if campaigns and glob.has_magic(entry) else folders) if f not in found]
+        found += [f for f in (campaigns[-1:] if len(folders) > 1 and campaigns else folders) if f not in found]
     return found
 
 

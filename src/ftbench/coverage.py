@@ -440,13 +440,14 @@ def _pair_busy(p: dict) -> float | None:
     return min(values) if None not in values else None
 
 
-PARALLEL_KNOBS = ("variant.gpus", "variant.parallel", "variant.ddp_bucket_mb", "variant.ddp_graph_split")  # a one-GPU twin has none
 
 
 def _twins(full: pl.DataFrame) -> list[tuple[dict, dict]]:
     """(multi-GPU run, its one-GPU twin): the same model, dataset, per-GPU batch, GPU kind and code (source digest),
     and every variant knob the same but `gpus` and `parallel`; both ok."""
-    knobs = [c for c in full.columns if c.startswith("variant.") and c not in PARALLEL_KNOBS]
+    from .knobs import PARALLEL_KNOBS
+
+    knobs = [c for c in full.columns if c.startswith("variant.") and c.removeprefix("variant.") not in PARALLEL_KNOBS]
     ok = full.filter(pl.col("status") == "ok")
     multi = ok.filter(pl.col("parallel.world_size").fill_null(1) > 1)
     single = ok.filter(pl.col("parallel.world_size").fill_null(1) == 1)
@@ -602,13 +603,12 @@ def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: t
     if shipped is None or shipped[0].is_empty() or not shipped[0]["measured"].any():
         return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>"
                 f"{_verdicts_block(table, provenance, 'coverage')}<p>{VERDICT_NOTE}</p></div>")
-    # your runs: with nothing measured at full scale, their counts alone (every cell would read "not measured")
-    own = _verdicts_block(table, provenance, "coverage", grid=table["measured"].any(), cells=table["measured"].any())
+    measured = bool(table["measured"].any())  # your runs: unmeasured, their counts alone (every cell "not measured")
+    mine = "<h4>Your runs</h4>" + _verdicts_block(table, provenance, "coverage", grid=measured, cells=measured)
     theirs = ("<h4>Measured on the project's lent GPUs (shipped in measurements/)</h4>"
-              + _verdicts_block(shipped[0], shipped[1], "shipped_coverage", grid=not table["measured"].any())
+              + _verdicts_block(shipped[0], shipped[1], "shipped_coverage", grid=not measured)
               + f"<p>{SHIPPED_NOTE}</p>")
-    mine = "<h4>Your runs</h4>" + own
-    blocks = [theirs, mine] if not table["measured"].any() else [mine, theirs]
+    blocks = [mine, theirs] if measured else [theirs, mine]
     return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>" + "".join(blocks)
             + f"<p>{VERDICT_NOTE}</p></div>")
 
@@ -626,9 +626,8 @@ def _verdicts_block(table: pl.DataFrame, provenance: str | None, table_id: str, 
     picture = (f"<div class='ftbench-grid'>{svg_string(study_a_grid(study_a_cells))}</div>"
                if grid and study_a_cells.height else "")
     source = f"<p><b>{escape(provenance)}</b></p>" if provenance else ""
-    counts_id = "coverage_counts" if table_id == "coverage" else f"{table_id}_counts"
     return (f"{source}<ul>{lead}</ul>" + picture
-            + "<h4>Coverage and verdicts, per study</h4>" + html_table(per_study, counts_id)
+            + "<h4>Coverage and verdicts, per study</h4>" + html_table(per_study, f"{table_id}_counts")
             + (f"<p>{NOTE}</p>" + html_table(table.drop("measured"), table_id) if cells else ""))
 
 

@@ -112,6 +112,10 @@ class Variant:
 
 
 
+# the knobs that say how a job spreads over several GPUs: a one-GPU run has them at their defaults, so a several-GPU
+# run's one-GPU twin is the same variant but these (ftbench.coverage)
+PARALLEL_KNOBS = ("gpus", "parallel", "ddp_bucket_mb", "ddp_graph_split", "balance_ranks")
+
 ANY = None  # any value of the knob's type
 
 # family -> knob -> the values that runner honours (ANY: all). A knob absent from a family's table must keep

@@ -23,7 +23,6 @@ from __future__ import annotations
 import glob
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import torch
 
 from .build import (GIB, GENERATOR, _value, build_memory, manifest_config, name_special_tokens, parameter_seed,
                     skeleton)
-from .ranks import distributed as _dist
+from .ranks import distributed as _dist, world_size
 
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -41,7 +40,7 @@ def ensure_process_group(device) -> None:
     (the trainer finds it up and keeps it)."""
     import torch.distributed as dist
 
-    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) < 2:
+    if dist.is_initialized() or world_size() < 2:
         return
     device = torch.device(device)
     if device.type == "cuda":
@@ -59,13 +58,6 @@ def device_mesh(device):
     if dist is None:
         raise RuntimeError("FSDP2 needs the ranks' process group (launch the job with torchrun: variant knob gpus)")
     return init_device_mesh(torch.device(device).type, (dist.get_world_size(),))
-
-
-def blocks(model) -> list:
-    """The repeated blocks FSDP2 shards one by one (decoder layers): their gathers overlap the layer before."""
-    from .variants import repeated_blocks
-
-    return list(repeated_blocks(model))
 
 
 def parallelize(model, strategy: str | None, device, reshard_after_forward: bool = True,
@@ -86,7 +78,9 @@ def parallelize(model, strategy: str | None, device, reshard_after_forward: bool
         raise ValueError(f"parallel={strategy!r}: not one of {STRATEGIES}")
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    layers = blocks(model)
+    from .variants import repeated_blocks
+
+    layers = repeated_blocks(model)  # sharded one by one: each layer's gather overlaps the layer before
     if not isinstance(model, FSDPModule):
         mesh = device_mesh(device)
         policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
@@ -116,9 +110,12 @@ class BalancedRanks(torch.utils.data.Sampler):
     def __len__(self) -> int:
         return len(self.costs)
 
+    def drawn(self) -> list[int]:
+        """The epoch's seeded permutation, as every rank draws it (the order without balancing)."""
+        return torch.randperm(len(self.costs), generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
     def order(self) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        perm = torch.randperm(len(self.costs), generator=g).tolist()
+        perm = self.drawn()
         size = self.batch * self.ranks
         out = []
         for start in range(0, len(perm), size):
@@ -153,10 +150,8 @@ class BalancedRanks(torch.utils.data.Sampler):
 
     def summary(self) -> dict:
         """The attention-cost spread across ranks with this order and with the plain seeded order."""
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        plain = torch.randperm(len(self.costs), generator=g).tolist()
         return {"rows": len(self.costs), "ranks": self.ranks, "batch": self.batch, "cost": "sum of sequence lengths squared",
-                "slowest_rank_excess_plain": self.imbalance(plain), "slowest_rank_excess_balanced": self.imbalance()}
+                "slowest_rank_excess_plain": self.imbalance(self.drawn()), "slowest_rank_excess_balanced": self.imbalance()}
 
 
 def base_name(name: str) -> str:

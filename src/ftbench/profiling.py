@@ -189,13 +189,14 @@ def summarize_trace(events: list[dict], top_ops: list[dict]) -> dict:
     # the host-side step annotations (the device-side copies, cat gpu_user_annotation, would count twice)
     steps = sorted((e for e in complete if e.get("name", "").startswith("ProfilerStep#")
                     and e.get("cat") == "user_annotation"), key=lambda e: e["ts"])
-    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in DEVICE_CATEGORIES]
     # communication kernels, and the rest (computation and copies): what communication costs a step is the time
     # only communication runs (compute does not hide it; it includes a rank waiting in a collective for the others)
-    comm = [(e["ts"], e["ts"] + e["dur"]) for e in complete
-            if e.get("cat") == "kernel" and COMMUNICATION_NAME.search(e.get("name", ""))]
-    other = [(e["ts"], e["ts"] + e["dur"]) for e in complete if e.get("cat") in DEVICE_CATEGORIES
-             and not (e.get("cat") == "kernel" and COMMUNICATION_NAME.search(e.get("name", "")))]
+    comm, other = [], []
+    for e in complete:
+        if e.get("cat") in DEVICE_CATEGORIES:
+            collective = e["cat"] == "kernel" and COMMUNICATION_NAME.search(e.get("name", ""))
+            (comm if collective else other).append((e["ts"], e["ts"] + e["dur"]))
+    kernels = comm + other
     device = "cuda" if kernels else "cpu"
     device_us = sum(e["dur"] for e in complete if e.get("cat") in DEVICE_CATEGORIES)
     # each kernel name's summed time, so that each name is classified once (a step runs ~10^4 kernels of few names)
