@@ -461,13 +461,17 @@ def test_scaling_reads_real_tokens_where_both_runs_counted_them():
     one = {"model": "m", "dataset": "d", "gpu": "H100 SXM5", "batch_size": 2, "variant": "top", "status": "ok",
            "reason": None, "throughput.samples_per_s": 10.0, "timing.noise_cv": 0.12, "throughput.tokens_per_s": 1000.0,
            "timing.noise_cv_tokens": 0.002, "parallel.world_size": 1, "parallel.strategy": None,
-           "parallel.peak_allocated_gib_max": None, "memory.peak_allocated_gib": 60.0, "timing.step_time_s": 0.5}
+           "parallel.peak_allocated_gib_max": None, "memory.peak_allocated_gib": 60.0, "timing.step_time_s": 0.5,
+           "device_usage.sm_clock_mean_mhz": 1800.0, "parallel.sm_clock_mean_mhz": None}
     two = {**one, "variant": "top-ddp2", "throughput.samples_per_s": 25.0, "throughput.tokens_per_s": 1900.0,
-           "parallel.world_size": 2, "parallel.strategy": "ddp", "timing.step_time_s": 0.525}
+           "parallel.world_size": 2, "parallel.strategy": "ddp", "timing.step_time_s": 0.525,
+           "device_usage.sm_clock_mean_mhz": 1700.0, "parallel.sm_clock_mean_mhz": 1782.0}
     (_, (_, table, _)) = scaling(pl.DataFrame([one, two]), {}, pairs=[["top-ddp2", "top"]])
     row = table.row(0, named=True)
     assert row["speedup on"] == "real tokens/s" and row["speedup"] == "1.9x"
     assert row["scaling efficiency"] == pytest.approx(0.95) and row["rank step vs one GPU"] == pytest.approx(1.05)
+    # the ranks' mean clock (not rank 0's alone) over the lone GPU's: cards of one host run at different clocks
+    assert row["SM clock vs one GPU"] == pytest.approx(0.99)
 
 
 def test_a_rung_that_changes_the_arithmetic_leads_the_frontier_only_with_its_loss_check():

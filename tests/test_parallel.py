@@ -26,6 +26,8 @@ def test_two_data_parallel_ranks_train_and_rank_0_records_both(tmp_path, tiny_qw
     par = rec["parallel"]
     assert par["strategy"] == strategy and par["world_size"] == 2 and par["backend"] == "gloo"
     assert [r["rank"] for r in par["per_rank"]] == [0, 1] and all(r["status"] == "ok" for r in par["per_rank"])
+    # each rank's own clock and power (NVML; none on a CPU): cards of one host run at different clocks
+    assert all(r["sm_clock_mean_mhz"] is None and "power_mean_w" in r for r in par["per_rank"])
     # the totals count both ranks: each rank trained batch 2 per step over its own window
     per_rank = [r["samples_per_s"] for r in par["per_rank"]]
     assert rec["throughput"]["samples_per_s"] == pytest.approx(sum(per_rank))

@@ -14,6 +14,12 @@ from .source import short_code
 KEY = ["study", "model", "scale", "dataset", "variant", "batch_size", "gpu"]
 
 
+def _mean_of(rows: list, key: str) -> float | None:
+    """The mean of `key` over `rows` (None when any row lacks it, or there is none)."""
+    values = [r.get(key) for r in rows]
+    return None if not values or None in values else sum(values) / len(values)
+
+
 def flatten(record: dict) -> dict:
     """One row per run (schema 2): nested groups become `group.field` columns; provenance keeps a few fields."""
     row = {k: record["run"][k] for k in ("study", "model", "scale", "dataset", "variant", "batch_size")}
@@ -43,7 +49,10 @@ def flatten(record: dict) -> dict:
     row.update({"parallel.strategy": par.get("strategy") or record["variant"].get("parallel"),
                 "parallel.world_size": par.get("world_size") or record["variant"].get("gpus") or 1,
                 "parallel.samples_per_s_per_gpu": par.get("samples_per_s_per_gpu"),
-                "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max")})
+                "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max"),
+                # the ranks' mean SM clock (records before 2026-11-26's thirteenth session: None; rank 0's is
+                # device_usage's)
+                "parallel.sm_clock_mean_mhz": _mean_of(par.get("per_rank") or [], "sm_clock_mean_mhz")})
     # every knob the run recorded (token_budget: batch = rows of this many tokens; a knob newer than the record is
     # absent: its default, ftbench.knobs.DEFAULTS)
     row.update({f"variant.{k}": v for k, v in record["variant"].items()
@@ -101,7 +110,7 @@ def median_step_samples_per_hour() -> pl.Expr:
 NUMERIC_GROUPS = ("timing.", "throughput.", "memory.", "device_usage.", "energy.", "flops.", "loss.", "data.",
                   "compile.", "model.parameters", "model.trainable_parameters", "outliers.count", "outliers.time",
                   "parallel.world_size", "parallel.samples_per_s_per_gpu", "parallel.peak_allocated_gib_max",
-                  "gpu_memory_gib")
+                  "parallel.sm_clock_mean_mhz", "gpu_memory_gib")
 
 
 def typed(df: pl.DataFrame) -> pl.DataFrame:

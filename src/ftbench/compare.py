@@ -600,6 +600,8 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
             divided = ok and not other_code
             speedup, metric, noise, noise_1 = speedup_over(r) if divided else (None, None, None, None)
             step, step_1 = r.get("timing.step_time_s"), r.get("timing.step_time_s_1")
+            clock = r.get("parallel.sm_clock_mean_mhz") or r.get("device_usage.sm_clock_mean_mhz")
+            clock_1 = r.get("device_usage.sm_clock_mean_mhz_1")
             rows.append({"model": r["model"], "dataset": r["dataset"], "gpu": r["gpu"], "variant": multi,
                          "strategy": r["parallel.strategy"], "GPUs": n, "batch per GPU": r["batch_size"],
                          "status": r["status"], "samples/s (all GPUs)": r["throughput.samples_per_s"] if ok else None,
@@ -608,6 +610,7 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
                          "speedup on": metric, "speedup": _verdict(speedup, noise, noise_1),
                          "scaling efficiency": speedup / n if speedup else None,
                          "rank step vs one GPU": step / step_1 if divided and step and step_1 else None,
+                         "SM clock vs one GPU": clock / clock_1 if divided and clock and clock_1 else None,
                          "peak GiB (largest rank)": r["parallel.peak_allocated_gib_max"] if ok else None,
                          "one-GPU peak GiB": r.get("memory.peak_allocated_gib_1"),
                          "reason": r["reason"] if not ok else (
@@ -617,7 +620,10 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
             "batch), on real tokens/s where both runs counted tokens, else samples/s. 1.0 is perfect data "
             "parallelism; \"rank step vs one GPU\" is a rank's median step over the lone GPU's: what gradient "
             "communication, the wrapper's hooks, waiting for the slowest rank and (FSDP) gathering parameters add to "
-            "a step, an upper bound on the communication compute does not hide. On a CPU the ranks share the same "
+            "a step, an upper bound on the communication compute does not hide. \"SM clock vs one GPU\" is the ranks' mean "
+            "SM clock over the lone GPU's (NVML, over the windows): H100s run at their power limit, and cards of one "
+            "host held 1,776-1,838 MHz on the same work (h100x4-2026-11-26-e, -f), a 2-3 % difference that moves a "
+            "speed-up as much as what it measures. On a CPU the ranks share the same "
             "cores, so efficiency there says nothing about GPUs. " + NOISE_NOTE)
     if not rows:
         return [note, ("Scaling", pl.DataFrame({"result": ["no multi-GPU run"]}), "scaling")]
