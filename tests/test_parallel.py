@@ -2,6 +2,7 @@
 rank trains, rank 0 writes the record with the totals and each rank's figures. On a CPU the ranks use gloo."""
 
 import pytest
+import torch
 
 from ftbench import config as ftc
 from ftbench.config import Variant
@@ -160,3 +161,21 @@ def test_balanced_ranks_train_two_cpu_ranks_on_rows_of_a_token_budget(tmp_path, 
     assert bal["ranks"] == 2 and bal["rows"] == rec["extra"]["packing"]["rows"]
     assert bal["slowest_rank_excess_balanced"] <= bal["slowest_rank_excess_plain"]
     assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp", balance_ranks=True))  # no token budget
+
+
+def test_the_fused_head_loss_over_several_ranks_is_scaled_as_trl_scales_it():
+    """num_items_in_batch counts every rank's tokens; DDP and FSDP average the ranks' gradients, so each rank's loss
+    is multiplied by the number of ranks (TRL's SFTTrainer and the Trainer do the same): the gradient then equals
+    the one-GPU run's on the same rows, and the logged loss reads as a mean over this rank's tokens."""
+    from types import SimpleNamespace
+
+    from ftbench.runners.causal_lm import fused_head_loss
+
+    log_probs = torch.tensor([[-1.0, -2.0, 0.0], [-3.0, 0.0, 0.0]])
+    model = lambda **kw: SimpleNamespace(log_probs=log_probs, label_mask=log_probs != 0)  # noqa: E731
+    mine = fused_head_loss(model, {}, None)  # this rank's 3 tokens, alone
+    assert float(mine) == pytest.approx(2.0)
+    # two ranks, 6 tokens in all (this rank's 3 and the other's 3): the rank's sum over all tokens, times 2
+    two = fused_head_loss(model, {}, torch.tensor(6), ranks=2)
+    assert float(two) == pytest.approx(6.0 / 6 * 2) == pytest.approx(float(mine))
+    assert float(fused_head_loss(model, {}, torch.tensor(6), ranks=1)) == pytest.approx(1.0)

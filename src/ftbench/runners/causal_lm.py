@@ -179,13 +179,17 @@ def fused_head_available() -> bool:
     return utils._ChunkedLogProbFunction is not None
 
 
-def fused_head_loss(model, inputs, num_items_in_batch=None):
+def fused_head_loss(model, inputs, num_items_in_batch=None, ranks: int = 1):
     """The loss TRL's SFTTrainer computes from its fused LM head (per-token log-probabilities in chunks, the full
     logits never formed), without its per-step entropy and token-accuracy metrics, which read two values back to
-    the host every step (variant knob trainer_metrics: false)."""
+    the host every step (variant knob trainer_metrics: false). `ranks`: where `num_items_in_batch` counts the tokens
+    of every rank (the Trainer's average_tokens_across_devices), the loss is multiplied by the number of ranks, as
+    TRL and the Trainer do, because DDP and FSDP average the gradients over the ranks; without it each rank's
+    gradient, and the logged loss, were 1/ranks of the one-GPU run's (before 2026-11-26's thirteenth session)."""
     outputs = model(**{**inputs, "use_cache": False}, fused_lm_head=True)
     num_tokens = outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
-    return (-outputs.log_probs).sum() / torch.as_tensor(num_tokens).clamp(min=1)
+    loss = (-outputs.log_probs).sum() / torch.as_tensor(num_tokens).clamp(min=1)
+    return loss * ranks if num_items_in_batch is not None and ranks > 1 else loss
 
 
 def sft_dataset(path, kind):
@@ -277,7 +281,8 @@ def train(ctx, record, device, meter):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if (fused_head_available() and not v.trainer_metrics and not return_outputs
                     and not getattr(self, "aux_loss_enabled", False)):  # (an MoE's router loss: TRL's path)
-                return fused_head_loss(model, inputs, num_items_in_batch)
+                ranks = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
+                return fused_head_loss(model, inputs, num_items_in_batch, ranks)
             if fused_head_available():
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             # TRL's fused LM head is a Triton kernel; without Triton (CPU-only machines) use the model's loss
