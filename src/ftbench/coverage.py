@@ -335,9 +335,11 @@ def _first_reason(rows: list[dict], variant: str) -> str:
     return "no record"
 
 
-def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None, across_code: bool = False) -> list[dict]:
+def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None, across_code: bool = False,
+            probes: list[dict] | None = None) -> list[dict]:
     """Study C's time per step: the worker sweep and the before/after stages, each as a ratio to the stock script
-    (0 workers) of the same GPU, beside the published ratio (the study's GPU is not ours)."""
+    (0 workers) of the same GPU, beside the published ratio (the study's GPU is not ours). A stage that differs or
+    that the noise cannot judge says what its probes measured beside it on the same GPU (`probe_evidence`)."""
     full = full_scale(df)
     cells = {f"workers-{k}": v for k, v in published.get("workers_ms_per_step", {}).items()}
     cells.update({s["variant"]: s["ms_per_step"] for s in published.get("steps", [])})
@@ -374,10 +376,14 @@ def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
         else:
             judged = _other_code(r, b, across_code) or judge(ratio, published_range(ms / stock), combined_noise(
                 r["timing.noise_cv"], b["timing.noise_cv"]))
-        out.append({**base, "GPU": r["gpu"], "measured by": variant, "status": "ok", "measured": True,
-                    "ours": f"{step * 1000:.0f} ms" + (f" ({_verdict(ratio, r['timing.noise_cv'], b['timing.noise_cv'])})"
-                                                       if ratio else ""), "ratio": ratio,
-                    "noise (CV)": r["timing.noise_cv"], **_judged(judged, r, b)})
+        row = {**base, "GPU": r["gpu"], "measured by": variant, "status": "ok", "measured": True,
+               "ours": f"{step * 1000:.0f} ms" + (f" ({_verdict(ratio, r['timing.noise_cv'], b['timing.noise_cv'])})"
+                                                  if ratio else ""), "ratio": ratio,
+               "noise (CV)": r["timing.noise_cv"], **_judged(judged, r, b)}
+        if b is not None and row["verdict"] in ("differs", "inconclusive") and (
+                probed := probe_evidence(full, r, probes or [], variant, b["variant"])):
+            row["cause (measured)"] = "; ".join(x for x in (row.get("cause (measured)"), probed) if x)
+        out.append(row)
     return out
 
 
@@ -519,7 +525,7 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict], across_code: bool = Fal
         df = df.with_columns(peak_gib=peak_memory())
     rows = []
     for s in studies:
-        probes = {"probes": s["probes"]} if s.get("probes") else {}  # study_a's alone
+        probes = {"probes": s["probes"]} if s.get("probes") else {}  # study_a's and study_c's
         rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"), across_code=across_code, **probes)
     # what a reader asks first (published, ours, the verdict and why) before how it was measured
     cols = ["study", "model", "dataset", "variant", "batch", "published", "ours", "verdict", "how", "cause (measured)",

@@ -42,7 +42,9 @@ def judge(ours: float, published: tuple[float, float], noise: float | None, lowe
     lo, hi = published
     what = "range" if lo != hi else "value"
     band = NOISE_SIGMAS * (noise or 0.0)
-    if band > INCONCLUSIVE_BAND:  # a band this wide would call almost anything "holds"
+    beyond = not lo * (1 - band) <= ours <= hi * (1 + band)  # outside the published figure's noise band
+    if band > INCONCLUSIVE_BAND and not beyond:  # a band this wide would call almost anything "holds"; a figure
+        # beyond even this band still differs (0.74x where 0.34x was published, a 14 % band)
         return {"verdict": "inconclusive",
                 "how": f"the noise cannot carry a verdict: {NOISE_SIGMAS} x CV {100 * noise:.1f} % = "
                        f"{100 * band:.1f} % is wider than {100 * INCONCLUSIVE_BAND:.0f} % (ours {ours:.3g}, published {what} "
@@ -55,6 +57,8 @@ def judge(ours: float, published: tuple[float, float], noise: float | None, lowe
     off = ours / hi if ours > hi else ours / lo
     slower = (ours > hi) == lower_is_faster
     how = f"{off:.2f}x the published {what}: {'slower' if slower else 'faster'} than published"
+    if band > INCONCLUSIVE_BAND:
+        how += f", beyond even its wide noise band ({NOISE_SIGMAS} x CV {100 * noise:.1f} %)"
     if noise is None:
         how += " (noise not recorded)"
     return {"verdict": "differs", "how": how}
