@@ -2,6 +2,7 @@
 Snakemake, one job per GPU of this host, resumable, and write its folder under measurements/ with a README.
 
     python3 bench/campaign.py CAMPAIGN [--out measurements/NAME] [--dry-run] [--limit-s S]
+    python3 bench/campaign.py CAMPAIGN --estimate --gpus 4 [--batches N,M]   (its cost, from earlier leases' jobs)
     python3 bench/campaign.py --list
 
 A campaign is data (`campaigns:` in bench/parts.yaml): its config files and targets, in the parts' notation. The
@@ -118,6 +119,65 @@ def noisy(camp: dict, out: Path, bound: float) -> dict[str, float]:
         if noise is not None and NOISE_SIGMAS * noise > bound:
             found[t] = noise
     return found
+
+
+PROFILE_S = 90.0  # a profile job's own time, where no record says (README: ~1.5 min)
+JOB_OVERHEAD_S = 15.0  # Snakemake's start of a job, beyond the training process's own wall time
+
+
+def job_seconds(target: str, sources: list[Path], prefer: str | None) -> tuple[float | None, str]:
+    """How long `target`'s job ran before: the training process's wall time (`extra.supervision.elapsed_s`) of the
+    same run (study, model, scale, dataset, variant, batch) in a measurements folder, on a GPU whose name holds
+    `prefer` where one ran there, else on any; (None, "no record") where none did. Profiles: PROFILE_S."""
+    if "/profiles/" in f"/{target}":
+        return PROFILE_S, "profile (assumed)"
+    rel = Path(target).relative_to("results/runs")
+    found = []
+    for src in sources:
+        f = src / rel
+        if f.exists():
+            rec = json.loads(f.read_text())
+            elapsed = ((rec.get("extra") or {}).get("supervision") or {}).get("elapsed_s")
+            if elapsed and rec.get("status") in ("ok", "oom"):  # (a timeout says only that it ran longer)
+                gpu = ((rec.get("provenance") or {}).get("device") or {}).get("name") or "?"
+                found.append((prefer is not None and prefer.lower() in gpu.lower(), str(rec["provenance"].get(
+                    "timestamp", "")), elapsed, f"{src.name} ({gpu})"))
+    if not found:
+        return None, "no record"
+    _, _, elapsed, where = max(found)  # the preferred GPU first, then the latest
+    return elapsed + JOB_OVERHEAD_S, where
+
+
+def estimate(targets: list[str], gpus: int, limit_s: float, sources: list[Path], prefer: str | None = None,
+             unknown_s: float | None = None) -> dict:
+    """The campaign's cost before a lease, from the jobs' own times in earlier leases: GPU-seconds, the shortest
+    wall time on `gpus` GPUs (longest job first, each to the GPU with the least work), and the calls of `limit_s`
+    it needs (a job cut at a call's end is lost, so a call holds only whole jobs: first fit, longest first). A target
+    with no earlier record counts the median of those found (or `unknown_s`); the data and model jobs before the
+    first training job are not counted."""
+    jobs = {t: job_seconds(t, sources, prefer) for t in targets}
+    known = sorted(s for s, _ in jobs.values() if s is not None)
+    fill = unknown_s if unknown_s is not None else (known[len(known) // 2] if known else 0.0)
+    times = {t: (s if s is not None else fill) for t, (s, _) in jobs.items()}
+    order = sorted(times, key=lambda t: -times[t])
+    load = [0.0] * max(gpus, 1)
+    for t in order:
+        load[load.index(min(load))] += times[t]
+    calls: list[list[float]] = []  # each call: the work on each GPU
+    too_long = [t for t in order if times[t] > limit_s]
+    for t in order:
+        if times[t] > limit_s:
+            continue
+        for call in calls:
+            free = min(range(len(call)), key=lambda g: call[g])
+            if call[free] + times[t] <= limit_s:
+                call[free] += times[t]
+                break
+        else:
+            calls.append([times[t]] + [0.0] * (max(gpus, 1) - 1))
+    return {"jobs": len(targets), "gpu_s": sum(times.values()), "wall_s": max(load), "calls": len(calls),
+            "limit_s": limit_s, "gpus": gpus, "assumed": sorted(t for t, (s, _) in jobs.items() if s is None),
+            "assumed_s": fill, "too_long": too_long, "sources": {t: w for t, (_, w) in jobs.items()}}
 
 
 def deep_get(configs: list[str], *keys, default=None):
@@ -280,6 +340,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--batches", default=None, metavar="N,M",
                     help="only the targets at these batch sizes (a study too long for one lease, split so that each "
                          "cell and its baseline at the same batch run on one host)")
+    ap.add_argument("--estimate", action="store_true",
+                    help="print what the pending targets cost, from the jobs' own times in measurements/ (no run)")
+    ap.add_argument("--gpus", type=int, default=None, help="with --estimate: the host's GPUs (default: this one's)")
+    ap.add_argument("--prefer", default="H200", help="with --estimate: the GPU whose records to read first")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     parts = yaml.safe_load(PARTS.read_text())
@@ -300,6 +364,21 @@ def main(argv: list[str]) -> int:
     if args.batches:
         camp = {**camp, "targets": only_batches(camp["targets"], args.batches)}
     todo = {**camp, "targets": pending(camp["targets"], out)}  # what the folder holds already never runs again
+    if args.estimate:
+        sources = sorted(p for p in (ROOT / "measurements").glob("*") if p.is_dir() and p.resolve() != out.resolve())
+        n = args.gpus or len(gpus)
+        est = estimate(todo["targets"], n, args.limit_s or 540.0, sources, args.prefer)
+        print(f"{args.campaign}{f' --batches {args.batches}' if args.batches else ''}: {est['jobs']} jobs pending, "
+              f"{est['gpu_s'] / 60:.0f} GPU-minutes; on {n} GPUs at least {est['wall_s'] / 60:.1f} minutes, "
+              f"{est['calls']} calls of {est['limit_s']:g} s (whole jobs a call; plus each machine's start and the "
+              f"data and model jobs)")
+        if est["assumed"]:
+            print(f"  no earlier record, counted at {est['assumed_s']:.0f} s: " + ", ".join(est["assumed"]))
+        if est["too_long"]:
+            print("  longer than a call: " + ", ".join(est["too_long"]))
+        for t, where in est["sources"].items():
+            print(f"  {t}: {where}")
+        return 0
     cmd = command(todo, len(gpus), os.cpu_count() or 1, workdir)
     if args.dry_run:
         return subprocess.run([*cmd[:cmd.index("--")], "-n", *cmd[cmd.index("--"):]], cwd=ROOT).returncode

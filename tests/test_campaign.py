@@ -84,3 +84,37 @@ def test_cells_whose_noise_cannot_carry_a_verdict_get_more_repeats_and_the_readm
     assert {r["measure"]["repeats"] for r in records} == {2}  # the rerun records, with twice the repeats
     text = (out / "README.md").read_text()
     assert "## Repeats added where the noise could not carry a verdict" in text and "the rounds ended" in text
+
+
+def test_a_campaign_is_costed_from_the_jobs_own_times_in_earlier_leases(tmp_path):
+    """--estimate: each pending job at the wall time its run took before (the preferred GPU's record first), the
+    median where none ran, a profile at its assumed time; the longest job first to the least loaded GPU; calls hold
+    whole jobs; a job longer than a call is named."""
+    spec = importlib.util.spec_from_file_location("campaign", CAMPAIGN)
+    campaign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(campaign)
+    run = "results/runs/lmm/m/full/beans/{}/bs{}/metrics.json"
+
+    def lease(name, variant, batch, elapsed, gpu, status="ok"):
+        f = tmp_path / name / "lmm" / "m" / "full" / "beans" / variant / f"bs{batch}" / "metrics.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps({"status": status, "extra": {"supervision": {"elapsed_s": elapsed}},
+                                 "provenance": {"device": {"name": gpu}, "timestamp": f"2026-11-2{len(name)}"}}))
+
+    lease("a", "bf16", 1, 85.0, "NVIDIA H100 80GB HBM3")
+    lease("b", "bf16", 1, 185.0, "NVIDIA H200")  # the preferred GPU's record wins
+    lease("a", "compile", 1, 385.0, "NVIDIA H100 80GB HBM3")
+    lease("a", "fp8", 1, 600.0, "NVIDIA H100 80GB HBM3", status="timeout")  # ran longer: no time to take
+    targets = [run.format("bf16", 1), run.format("compile", 1), run.format("fp8", 1), run.format("huge", 1),
+               "results/profiles/lmm/m/full/beans/bf16/bs1/summary.json"]
+    lease("c", "huge", 1, 900.0, "NVIDIA H200")
+    est = campaign.estimate(targets, 2, 540.0, [tmp_path / n for n in "abc"], prefer="H200")
+    o = campaign.JOB_OVERHEAD_S
+    bf16, compile_, huge, profile = 185 + o, 385 + o, 900 + o, campaign.PROFILE_S
+    fp8 = sorted([bf16, compile_, huge])[1]  # no usable record: the median of those found
+    assert est["sources"][targets[0]] == "b (NVIDIA H200)" and est["assumed"] == [targets[2]]
+    assert est["gpu_s"] == bf16 + compile_ + fp8 + huge + profile
+    # longest first to the least loaded of 2 GPUs: huge | compile, fp8, bf16 | ... and the profile to the first
+    assert est["wall_s"] == huge + profile and compile_ + fp8 + bf16 < huge + profile
+    # calls of 540 s hold whole jobs: [compile + profile | fp8], then [bf16]; huge fits none
+    assert est["too_long"] == [targets[3]] and est["calls"] == 2
