@@ -292,3 +292,18 @@ def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_on
     alone = coverage_rows(pl.DataFrame(host_bound), studies).filter(
         pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
     assert alone["verdict"] == "not comparable" and "no GPU-bound pair" in alone["how"] and "17 %" in alone["how"]
+    # PEFT with the same knobs as Unsloth's variant (gradient checkpointing) is its twin where it ran at that shape
+    twin = run("qlora-gc", "qwen3-32b", 32, 2.2, 96.0)
+    cell = coverage_rows(pl.DataFrame(host_bound + gpu_bound + [twin]), studies).filter(
+        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
+    assert cell["measured by"] == "unsloth-qlora, qlora-gc" and cell["ratio"] == pytest.approx(2.2)
+    assert "0.90x at GPU busy 17 %" in cell["why"]  # where no qlora-gc ran, plain qlora is the pair
+    # a pair of two codes is no pair unless merged across code on purpose
+    other = [{**gpu_bound[0], "source_digest": "aaaa"}, {**gpu_bound[1], "source_digest": "bbbb"}]
+    rows = [{**r, "source_digest": "aaaa"} for r in host_bound] + other
+    cell = coverage_rows(pl.DataFrame(rows), studies).filter(
+        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
+    assert cell["model"] == "qwen3-8b" and cell["verdict"] == "not comparable"
+    cell = coverage_rows(pl.DataFrame(rows), studies, across_code=True).filter(
+        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
+    assert cell["model"] == "qwen3-32b" and cell["verdict"] == "holds"
