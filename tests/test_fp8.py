@@ -128,7 +128,7 @@ def test_under_compile_a_frozen_fp8_weight_costs_no_gradient_gemm():
     assert len(graphs["fw"]) == 2 and len(graphs["bw"]) == 3  # eager would run 4: the frozen weight's gradient
 
 
-@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "rowwise"])
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise", "rowwise", "static"])
 def test_the_fp8_conversion_leaves_loras_parameters_and_the_trainable_set_unchanged(tiny_qwen, recipe):
     """FP8 on the top rung: the frozen base's projections become torchao float8 linears under LoRA, in the scaling
     the variant names; LoRA's parameters (names, shapes, dtypes, values at init) and the trainable set are those of
@@ -137,7 +137,7 @@ def test_the_fp8_conversion_leaves_loras_parameters_and_the_trainable_set_unchan
     from transformers import AutoModelForCausalLM
 
     from ftbench.config import Variant
-    from ftbench.fp8 import DECODER_PATTERN, convert_torchao
+    from ftbench.fp8 import DECODER_PATTERN, StaticFP8Linear, convert_static, convert_torchao
     from ftbench.variants import apply_lora
 
     lora = {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
@@ -145,7 +145,9 @@ def test_the_fp8_conversion_leaves_loras_parameters_and_the_trainable_set_unchan
     def adapted(fp8):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
-        info = convert_torchao(model, False, DECODER_PATTERN, recipe=recipe) if fp8 else None
+        convert = (lambda m: convert_static(m, DECODER_PATTERN)) if recipe == "static" else (
+            lambda m: convert_torchao(m, False, DECODER_PATTERN, recipe=recipe))
+        info = convert(model) if fp8 else None
         v = Variant("v", precision="fp8" if fp8 else "bf16", fp8_backend="torchao" if fp8 else None,
                     fp8_recipe=recipe if fp8 else "delayed")
         torch.manual_seed(1)
@@ -154,9 +156,12 @@ def test_the_fp8_conversion_leaves_loras_parameters_and_the_trainable_set_unchan
 
     plain, _, want = adapted(False)
     converted, info, got = adapted(True)
-    assert info["recipe"] == (recipe if recipe != "delayed" else "tensorwise (torchao's default config)")
+    if recipe == "static":
+        assert info["recipe"].startswith("static: weights cast to FP8 once") and info["fp8_weight_gib"] > 0
+    else:
+        assert info["recipe"] == (recipe if recipe != "delayed" else "tensorwise (torchao's default config)")
     assert isinstance(converted.get_submodule("base_model.model.model.layers.0.mlp.down_proj").base_layer,
-                      Float8Linear)
+                      StaticFP8Linear if recipe == "static" else Float8Linear)
     assert list(got) == list(want) and all("lora_" in n for n in got)
     for name, p in want.items():
         assert got[name].shape == p.shape and got[name].dtype == p.dtype and torch.equal(got[name], p), name
@@ -173,3 +178,60 @@ def test_the_fp8_knob_on_a_cpu_records_unsupported_with_its_reason():
     with pytest.raises(Unsupported, match="FP8 needs a CUDA GPU of compute capability 8.9 or newer; this machine has none"):
         check_supported(v, torch.device("cpu"))
     assert any("fp8 only" in p for p in knob_problems("causal_lm", Variant("x", fp8_recipe="rowwise")))
+
+
+def test_a_weight_cast_to_fp8_once_computes_what_torchaos_tensorwise_linear_computes():
+    """fp8_recipe: static. The frozen weight is cast to FP8 once, with the scale torchao's tensorwise recipe takes
+    each step; the input cast e4m3 and the output's gradient e5m2 per step as torchao does: the same outputs and input
+    gradients as torchao's Float8Linear, no weight gradient, and no weight cast in a compiled step."""
+    import copy
+
+    from torch._dynamo.backends.common import aot_autograd
+    from torchao.float8 import convert_to_float8_training
+
+    from ftbench.fp8 import E4M3, StaticFP8Linear
+
+    torch.manual_seed(0)
+    plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    ref = nn.Sequential(copy.deepcopy(plain))
+    convert_to_float8_training(ref)
+    static = StaticFP8Linear.from_linear(copy.deepcopy(plain))
+    assert static.w_fp8.dtype == E4M3 and static.w_fp8.shape == (48, 64) and not static.weight.requires_grad
+    assert "w_fp8" not in static.state_dict() and torch.equal(static.weight, plain.weight)
+    for shape in [(32, 64), (2, 16, 64)]:
+        x = torch.randn(*shape, dtype=torch.bfloat16) * 3
+        xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        ya, yb = ref(xa), static(xb)
+        assert yb.shape == (*shape[:-1], 48) and torch.equal(ya, yb)
+        g = torch.randn_like(ya) * 1e-3
+        ya.backward(g)
+        yb.backward(g)
+        assert torch.equal(xa.grad, xb.grad) and static.weight.grad is None
+    # and it is FP8 arithmetic, not bf16: it differs from the bf16 layer by the FP8 rounding
+    assert not torch.equal(static(x.reshape(-1, 64)), plain(x.reshape(-1, 64)))
+    # compiled: the forward casts the input alone (one amax reduction, no pass over the weight)
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _):
+            graphs[name] = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+            return gm.forward
+        return compiler
+
+    torch._dynamo.reset()
+    compiled = torch.compile(static, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")))
+    compiled(torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)).sum().backward()
+    assert graphs["fw"].count(torch.ops.aten._scaled_mm.default) == 1
+    assert graphs["fw"].count(torch.ops.aten.amax.default) + graphs["fw"].count(torch.ops.aten.max.default) == 1
+    assert graphs["bw"].count(torch.ops.aten._scaled_mm.default) == 1  # the input's gradient alone
+
+
+def test_the_static_fp8_recipe_is_refused_where_it_cannot_hold():
+    from ftbench.config import Variant
+    from ftbench.knobs import knob_problems
+
+    ok = Variant("s", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static")
+    assert knob_problems("causal_lm", ok) == []
+    sharded = Variant("s2", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static", gpus=2,
+                      parallel="fsdp2")
+    assert any("fp8_recipe='static'" in p for p in knob_problems("causal_lm", sharded))

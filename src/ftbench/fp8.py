@@ -109,6 +109,72 @@ def convert_te(model: nn.Module, include_vision: bool) -> dict:
 
 
 TORCHAO_RECIPES = ("tensorwise", "rowwise")  # torchao's named Float8LinearConfig recipes the variants may ask for
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def tensorwise_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in `dtype` with one scale for the tensor, as torchao's tensorwise recipe casts it (scale = the dtype's
+    largest value / amax, computed in float64; saturated), and the inverse scale the scaled GEMM takes."""
+    top = torch.finfo(dtype).max
+    scale = (top / torch.clamp(x.abs().max().to(torch.float64), min=1e-12)).to(torch.float32)
+    return (x.to(torch.float32) * scale).clamp(-top, top).to(dtype), scale.reciprocal()
+
+
+class _StaticFP8Matmul(torch.autograd.Function):
+    """y = x W^T with W already in FP8: x cast per step (e4m3), the output's gradient in e5m2, the input's gradient
+    from W^T (the FP8 weight transposed in the backward: cuBLAS's FP8 GEMM takes its second operand column-major);
+    no gradient for the frozen weight, and none computed."""
+
+    @staticmethod
+    def forward(ctx, x, w_fp8, w_inv):
+        x_fp8, x_inv = tensorwise_fp8(x, E4M3)
+        ctx.save_for_backward(w_fp8, w_inv)
+        return torch._scaled_mm(x_fp8, w_fp8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        w_fp8, w_inv = ctx.saved_tensors
+        g_fp8, g_inv = tensorwise_fp8(grad, E5M2)
+        w_t = w_fp8.t().contiguous()  # [in, out] row-major: W column-major for the GEMM
+        return torch._scaled_mm(g_fp8, w_t.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=grad.dtype), None, None
+
+
+class StaticFP8Linear(nn.Linear):
+    """A frozen linear whose weight is cast to FP8 once (tensorwise e4m3, the scale torchao's tensorwise recipe
+    computes) instead of every step: torchao's Float8Linear takes the weight's amax and casts it in every forward
+    and casts its transpose in every backward, three passes over the 15 GB of Qwen3-8B's decoder weights a step
+    that a frozen weight does not need (fp8_recipe: static). Activations and gradients are cast per step as in
+    torchao's tensorwise recipe, so the arithmetic is the same. The bf16 weight stays (PEFT, parameter counts, the
+    state dict); the FP8 copy is a non-persistent buffer (+1 byte a weight)."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "StaticFP8Linear":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight, new.bias = linear.weight, linear.bias
+        new.weight.requires_grad_(False)
+        with torch.no_grad():
+            w_fp8, w_inv = tensorwise_fp8(linear.weight.detach(), E4M3)
+        new.register_buffer("w_fp8", w_fp8, persistent=False)
+        new.register_buffer("w_inv", w_inv, persistent=False)
+        return new
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        y = _StaticFP8Matmul.apply(x.reshape(-1, x.shape[-1]), self.w_fp8, self.w_inv)
+        y = y.reshape(*lead, self.out_features)
+        return y + self.bias if self.bias is not None else y
+
+
+def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN) -> dict:
+    """The frozen projections `pattern` selects onto StaticFP8Linear (weights cast to FP8 once), before LoRA."""
+    names = select_linears(model, False, pattern)
+    swap_linears(model, names, StaticFP8Linear.from_linear)
+    fp8_bytes = sum(model.get_submodule(n).w_fp8.numel() for n in names)
+    return {"converted": len(names), "vision_converted": 0,
+            "recipe": "static: weights cast to FP8 once (tensorwise e4m3), activations e4m3 and gradients e5m2 "
+                      "tensorwise per step", "fp8_weight_gib": fp8_bytes / 2**30}
 
 
 def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN,

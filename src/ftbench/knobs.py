@@ -29,7 +29,8 @@ class Variant:
     kbit_upcast: bool = True
     fp8_backend: str | None = None  # te | torchao (precision fp8 only)
     # delayed | current (Transformer Engine's scaling); torchao (causal LM): delayed is its default config
-    # (tensorwise dynamic scaling), or tensorwise | rowwise by name (torchao's Float8LinearConfig recipes)
+    # (tensorwise dynamic scaling), or tensorwise | rowwise by name (torchao's Float8LinearConfig recipes), or
+    # static: the frozen weights cast to FP8 once, activations and gradients tensorwise per step (ftbench.fp8)
     fp8_recipe: str = "delayed"
     fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
     compile: str | None = None  # None | default | reduce-overhead | max-autotune
@@ -123,7 +124,7 @@ ANY = None  # any value of the knob's type
 HONOURED = {
     # TRL SFTTrainer (ftbench.runners.causal_lm)
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
-                  "fp8_backend": {None, "torchao"}, "fp8_recipe": {"delayed", "tensorwise", "rowwise"},
+                  "fp8_backend": {None, "torchao"}, "fp8_recipe": {"delayed", "tensorwise", "rowwise", "static"},
                   "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "ddp_bucket_mb": ANY, "ddp_graph_split": ANY, "balance_ranks": ANY, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
@@ -209,6 +210,9 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
     if variant.precision == "fp8" and variant.parallel and variant.fp8_backend != "torchao":
         problems.append("precision='fp8' on several GPUs with fp8_backend other than torchao (Transformer Engine's "
                         "layers are wired for one GPU)")
+    if variant.fp8_recipe == "static" and (variant.fp8_backend != "torchao" or variant.parallel == "fsdp2"):
+        problems.append("fp8_recipe='static' needs fp8_backend='torchao' and no FSDP2 (each GPU holds the FP8 copy of "
+                        "the weights it casts once; FSDP2 shards the weights after)")
     if variant.parallel == "fsdp2" and (variant.fused_projections or variant.experts != "loop" or variant.expert_lora):
         problems.append("parallel='fsdp2' with fused_projections, experts or expert_lora (they rewrite the model "
                         "after it is built; the sharded build is not rewritten)")
