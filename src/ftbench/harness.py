@@ -250,10 +250,11 @@ class Progress:
         self.first_ends: list[list] = []
         self.last_ends: collections.deque = collections.deque(maxlen=self.KEEP_ENDS // 2)
 
-    def watch_compiles(self, step):
-        """While compiling (a run killed in its first step's compile says how far it got): `step()` the step."""
+    def watch_compiles(self, step, before: int = 0):
+        """While compiling (a run killed in its first step's compile says how far it got): `step()` the step;
+        `before`: the process's graphs before this run."""
         if self.file is not None:
-            self._on_compiled = lambda *_: self.write(step(), compiled_graphs())
+            self._on_compiled = lambda *_: self.write(step(), compiled_graphs() - before)
             _compile_end_callbacks("register", self._on_compiled)
 
     def unwatch(self):
@@ -342,6 +343,8 @@ class Meter:
         self._gc_last = (0.0, 0)
         self.cuda = device.type == "cuda"
         self.memory_log_every, self.count_graphs = memory_log_every, count_graphs
+        # graphs this process compiled before the run (tests run several in one process): the run counts its own
+        self.graphs_before = compiled_graphs() if count_graphs else 0
         self.sampler = DeviceSampler(device)
         self.rows: list[dict] = []  # one per step, filled when its window closes
         self.windows: list[dict] = []
@@ -363,7 +366,7 @@ class Meter:
         self.sampler.__enter__()
         self.gc.__enter__()
         if self.count_graphs:
-            self.progress.watch_compiles(lambda: self._steps)
+            self.progress.watch_compiles(lambda: self._steps, self.graphs_before)
         return self
 
     def __exit__(self, *exc):
@@ -423,7 +426,7 @@ class Meter:
         row.update(gc_pause_s=gc_now[0] - self._gc_last[0], gc_full=gc_now[1] - self._gc_last[1])
         self._gc_last = gc_now
         if self.count_graphs:
-            row["compiled_graphs"] = compiled_graphs()
+            row["compiled_graphs"] = compiled_graphs() - self.graphs_before
         self._pending.append({"mark": self._mark(), "host": time.perf_counter(), "cpu": time.thread_time(),
                               "row": row, "lazy": lazy})
         self._steps += 1
@@ -497,7 +500,7 @@ class Meter:
         if self.count_graphs and self._trained is None:  # training's own compilation, before any evaluation
             from torch._dynamo.utils import calculate_time_spent
 
-            self._trained = (dict(calculate_time_spent()), compiled_graphs())
+            self._trained = (dict(calculate_time_spent()), compiled_graphs() - self.graphs_before)
 
     @property
     def steps_taken(self) -> int:

@@ -144,7 +144,7 @@ def _compile(meter, record: dict) -> None:
         return
     from torch._dynamo.utils import calculate_time_spent, counters
 
-    now, graphs_now = calculate_time_spent(), compiled_graphs()
+    now, graphs_now = calculate_time_spent(), compiled_graphs() - meter.graphs_before
     spent, graphs = meter.trained_compile or (now, graphs_now)
     first = meter.rows[0].get("compiled_graphs") or 0
     record["compile"].update(compile_s=spent.get("total_wall_time"), frame_compile_s=spent.get(
