@@ -173,10 +173,12 @@ def test_the_fp8_knob_on_a_cpu_records_unsupported_with_its_reason():
     from ftbench.knobs import knob_problems
     from ftbench.variants import check_supported
 
-    v = Variant("lora-tb-cg-lean-async-fp8", precision="fp8", fp8_backend="torchao", fp8_recipe="rowwise")
-    assert knob_problems("causal_lm", v) == []
-    with pytest.raises(Unsupported, match="FP8 needs a CUDA GPU of compute capability 8.9 or newer; this machine has none"):
-        check_supported(v, torch.device("cpu"))
+    for recipe in ("rowwise", "static"):
+        v = Variant("lora-tb-cg-lean-async-fp8", precision="fp8", fp8_backend="torchao", fp8_recipe=recipe)
+        assert knob_problems("causal_lm", v) == []
+        with pytest.raises(Unsupported,
+                           match="FP8 needs a CUDA GPU of compute capability 8.9 or newer; this machine has none"):
+            check_supported(v, torch.device("cpu"))
     assert any("fp8 only" in p for p in knob_problems("causal_lm", Variant("x", fp8_recipe="rowwise")))
 
 
