@@ -258,9 +258,44 @@ def test_a_study_c_stage_that_differs_cites_the_cuda_graph_probe_measured_beside
                           [{"table": "study_c", "published": STUDY_C, "probes": probes}])
     cell = table.filter(pl.col("variant") == "compile").row(0, named=True)
     assert cell["verdict"] == "differs", cell["how"]
-    assert "compile-ro (CUDA graphs) on this GPU: 0.21x workers-0 at batch 1, where compile is 0.46x" in \
-        cell["cause (measured)"]
+    assert "compile-ro (CUDA graphs) on this GPU: 0.21x workers-0 at batch 1, where compile is 0.46x" in (
+        cell["cause (measured)"])
     # without the probe's run, nothing is cited
     table = coverage_rows(pl.DataFrame(rows[:2], infer_schema_length=None),
                           [{"table": "study_c", "published": STUDY_C, "probes": probes}])
-    assert "compile-ro" not in (table.filter(pl.col("variant") == "compile").row(0, named=True)["cause (measured)"] or "")
+    cause = table.filter(pl.col("variant") == "compile").row(0, named=True)["cause (measured)"]
+    assert "compile-ro" not in (cause or "")
+
+
+def test_the_before_and_after_table_sets_each_cells_verdict_from_two_sets_of_records_side_by_side(tmp_path):
+    """bench/verdict_diff.py: the merged leases' verdict beside a campaign's, per published cell, the cells whose
+    verdict changed marked; the campaign's folder is left out of the leases a pattern finds."""
+    import importlib.util
+
+    from test_analysis import write
+
+    spec = importlib.util.spec_from_file_location("verdict_diff", ROOT / "bench" / "verdict_diff.py")
+    vd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vd)
+
+    def rec(variant, step, digest):
+        r = record("lmm", variant, step, gpu=H100, batch=1, scale="full", model="llava-v1.6-mistral-7b", mem=20.0)
+        r["run"]["dataset"] = "beans"
+        r["provenance"]["source_digest"] = digest
+        return r
+
+    for variant, step in (("bf16-gc", 1.0), ("fp8-te-gc", 0.95)):  # fp8-te inside the published 0.93-0.96
+        write(tmp_path / "lease", rec(variant, step, "aaaa"))
+    for variant, step in (("bf16-gc", 1.0), ("fp8-te-gc", 1.10)):  # the campaign: 1.10x, differs
+        write(tmp_path / "campaign", rec(variant, step, "bbbb"))
+    after = vd.sources([str(tmp_path / "campaign")])
+    before = vd.sources([str(tmp_path / "*")], leave_out=after)
+    assert before == [str(tmp_path / "lease")]
+    tables = vd.coverage_tables()
+    rows = {r["cell"]: r for r in vd.diff(vd.verdicts(before, False, tables), vd.verdicts(after, False, tables), "A")}
+    assert len(rows) == 42 and rows["fp8-te bs1"]["before verdict"] == "holds"
+    assert rows["fp8-te bs1"]["after verdict"] == "differs" and rows["fp8-te bs1"]["changed"]
+    assert not rows["bf16 bs1"]["changed"] and not rows["qlora bs4"]["changed"]  # both not measured
+    text = vd.markdown(list(rows.values()))
+    assert "| A | fp8-te bs1 |" in text and "**yes**" in text
+    assert text.rstrip().endswith("1 of 42 cells changed their verdict.")
