@@ -19,12 +19,12 @@ sys.path.insert(0, str(ROOT / "src"))
 
 
 def coverage_tables(config_path: Path = ROOT / "config" / "config.yaml") -> list[dict]:
-    """Every study's published tables, as the pipeline's coverage rule reads them (rules/common.smk)."""
-    from ftbench.config import load_yaml
+    """Every study's published tables with their published values read, as the pipeline's coverage rule reads them
+    (ftbench.config.coverage_tables)."""
+    from ftbench import config as ftc
 
-    config = load_yaml(config_path)
-    return [{**t, "study": s, "published": load_yaml(ROOT / "config" / "published" / d["published"])}
-            for s, d in config["studies"].items() for t in d.get("coverage", []) if d.get("published")]
+    return [{**t, "published": ftc.load_yaml(ROOT / "config" / "published" / t["published"])}
+            for t in ftc.coverage_tables(ftc.load_yaml(config_path))]
 
 
 def sources(patterns: list[str], leave_out=()) -> list[str]:
@@ -33,7 +33,7 @@ def sources(patterns: list[str], leave_out=()) -> list[str]:
     out, skip = [], {Path(p).resolve() for p in leave_out}
     for pattern in patterns:
         for found in expand_sources(pattern):
-            if Path(found).resolve() not in skip and found not in out and not found.endswith(".md"):
+            if Path(found).resolve() not in skip and found not in out:
                 out.append(found)
     return out
 

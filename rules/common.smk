@@ -197,14 +197,8 @@ def study_comparisons(wildcards):
 
 
 def coverage_tables():
-    """Every study's published tables for the coverage table, active in this config or not (a study not run
-    here still lists its cells, as not measured, unless merged records fill them)."""
-    return [
-        {**t, "study": s, "published": d["published"]}
-        for s, d in config["studies"].items()
-        for t in d.get("coverage", [])
-        if d.get("published")
-    ]
+    """Every study's published tables for the coverage table (ftbench.config.coverage_tables)."""
+    return ftc.coverage_tables(config)
 
 
 def coverage_published(wildcards):

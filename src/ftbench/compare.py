@@ -620,11 +620,11 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
             "batch), on real tokens/s where both runs counted tokens, else samples/s. 1.0 is perfect data "
             "parallelism; \"rank step vs one GPU\" is a rank's median step over the lone GPU's: what gradient "
             "communication, the wrapper's hooks, waiting for the slowest rank and (FSDP) gathering parameters add to "
-            "a step, an upper bound on the communication compute does not hide. \"SM clock vs one GPU\" is the ranks' mean "
-            "SM clock over the lone GPU's (NVML, over the windows): H100s run at their power limit, and cards of one "
-            "host held 1,776-1,838 MHz on the same work (h100x4-2026-11-26-e, -f), a 2-3 % difference that moves a "
-            "speed-up as much as what it measures. On a CPU the ranks share the same "
-            "cores, so efficiency there says nothing about GPUs. " + NOISE_NOTE)
+            "a step, an upper bound on the communication compute does not hide. \"SM clock vs one GPU\" is the "
+            "ranks' mean SM clock over the lone GPU's (NVML, over the windows): H100s run at their power limit, and "
+            "cards of one host held 1,776-1,838 MHz on the same work (h100x4-2026-11-26-e, -f), a 2-3 % difference "
+            "that moves a speed-up as much as what it measures. On a CPU the ranks share the same cores, so "
+            "efficiency there says nothing about GPUs. " + NOISE_NOTE)
     if not rows:
         return [note, ("Scaling", pl.DataFrame({"result": ["no multi-GPU run"]}), "scaling")]
     return [note, ("Scaling", pl.DataFrame(rows, infer_schema_length=None), "scaling")]

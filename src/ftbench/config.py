@@ -306,6 +306,14 @@ def validate_config(config: dict, schema_path, root: str = "config") -> None:
         raise ConfigError(f"{where}: {message}")
 
 
+def coverage_tables(config: dict) -> list[dict]:
+    """Every study's published tables for the coverage table, active in this config or not (a study not run here
+    still lists its cells, as not measured, unless merged records fill them): each coverage entry of a study with
+    its `study` and its `published` file's name (under config/published/)."""
+    return [{**t, "study": s, "published": d["published"]}
+            for s, d in config["studies"].items() for t in d.get("coverage", []) if d.get("published")]
+
+
 def expand_sources(entry: str) -> list[str]:
     """A `merge_runs` or `shipped_runs` entry: a pattern's folders, runs tables and records in name order (a later
     lease's copy of the same run wins), or the path itself where it exists; [] where it names nothing."""

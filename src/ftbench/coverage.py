@@ -457,8 +457,6 @@ def _pair_busy(p: dict) -> float | None:
     return min(values) if None not in values else None
 
 
-
-
 def _twins(full: pl.DataFrame) -> list[tuple[dict, dict]]:
     """(multi-GPU run, its one-GPU twin): the same model, dataset, per-GPU batch, GPU kind and code (source digest),
     and every variant knob the same but `gpus` and `parallel`; both ok."""
@@ -658,10 +656,10 @@ SHIPPED_NOTE = ("These verdicts come from the records that ship with ftbench (co
 VERDICT_NOTE = ("Each published cell's verdict is computed from config/published/ (a number or a range, with its unit "
                 "and conditions) and our full-scale GPU record of it: <b>holds</b> inside the published range or "
                 "within the noise of it (2 x the noise CV of our ratio); <b>differs</b> outside it beyond the noise, by "
-                "how much and which way (also where 2 x the noise CV is wider than 10 % but the figure lies beyond even "
-                "that); <b>inconclusive</b> where 2 x the noise CV is wider than 10 % and the figure lies within it, so "
-                "the record can tell neither (its CV given); <b>not comparable</b> where the record cannot answer the question as "
-                "published (a stand-in for the study's system, another GPU for an absolute figure, an out-of-memory "
+                "how much and which way (also where 2 x the noise CV is wider than 10 % but the figure lies beyond "
+                "even that); <b>inconclusive</b> where 2 x the noise CV is wider than 10 % and the figure lies within "
+                "it, so the record can tell neither (its CV given); <b>not comparable</b> where the record cannot "
+                "answer the question as published (a stand-in for the study's system, another GPU for an absolute figure, an out-of-memory "
                 "result), saying why; <b>not measured</b> with no record, or a timeout (never a result). Where a "
                 "cell differs, \"cause (measured)\" is the run's own evidence (profile; without one, NVML's busy "
                 "share of the windows and HFU, the executed FLOPs' share of the GPU's dense peak; host CPU per step, "

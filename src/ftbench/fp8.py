@@ -193,6 +193,15 @@ def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern 
             "recipe": recipe if named else "tensorwise (torchao's default config)"}
 
 
+def convert_decoder(model: nn.Module, recipe: str | None) -> dict:
+    """A causal LM's decoder projections in FP8, before LoRA wraps them: cast once (`recipe` static,
+    StaticFP8Linear) or by torchao's float8 linears in `recipe`'s scaling; the one entry for every way a causal LM
+    is built (one process, or sharded on the meta device)."""
+    if recipe == "static":
+        return convert_static(model, pattern=DECODER_PATTERN)
+    return convert_torchao(model, include_vision=False, pattern=DECODER_PATTERN, recipe=recipe)
+
+
 def te_checkpoint_function():
     """Activation checkpointing for models with Transformer Engine layers: TE's checkpoint (non-reentrant), which
     recomputes under the forward's FP8 autocast state, in the form transformers' layers call it."""

@@ -150,8 +150,9 @@ class BalancedRanks(torch.utils.data.Sampler):
 
     def summary(self) -> dict:
         """The attention-cost spread across ranks with this order and with the plain seeded order."""
-        return {"rows": len(self.costs), "ranks": self.ranks, "batch": self.batch, "cost": "sum of sequence lengths squared",
-                "slowest_rank_excess_plain": self.imbalance(self.drawn()), "slowest_rank_excess_balanced": self.imbalance()}
+        return {"rows": len(self.costs), "ranks": self.ranks, "batch": self.batch,
+                "cost": "sum of sequence lengths squared", "slowest_rank_excess_plain": self.imbalance(self.drawn()),
+                "slowest_rank_excess_balanced": self.imbalance()}
 
 
 def base_name(name: str) -> str:
@@ -291,9 +292,8 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     fp8_info = None
-    if variant.precision == "fp8":  # the frozen projections as torchao float8 linears, on the meta device
-        fp8_info = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN,
-                                       recipe=variant.fp8_recipe)
+    if variant.precision == "fp8":  # the frozen projections in FP8, on the meta device
+        fp8_info = fp8.convert_decoder(model, variant.fp8_recipe)
     model = apply_lora(model, variant, lora)
     trainer_args = parallelize(model, "fsdp2", device)
     if torch.device(device).type == "cuda":

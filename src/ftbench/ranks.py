@@ -70,7 +70,7 @@ def gather(record: dict, strategy: str | None) -> dict:
             "host_peak_rss_gib": record["memory"]["host_peak_rss_gib"],
             "time_to_first_step_s": record["extra"].get("time_to_first_step_s"),
             "build_s": (record["model"].get("build") or {}).get("build_s"),
-            # the GPU's own clock under its power limit: cards of one host differ (h100x4-2026-11-26-f: 1,776-1,838 MHz)
+            # the GPU's own clock under its power limit: cards of one host differ (1,776-1,838 MHz, h100x4-2026-11-26-f)
             "sm_clock_mean_mhz": record["device_usage"].get("sm_clock_mean_mhz"),
             "power_mean_w": record["device_usage"].get("power_mean_w")}
     ranks: list = [None] * dist.get_world_size()

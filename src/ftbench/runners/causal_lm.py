@@ -96,11 +96,8 @@ def load_model(ctx, device):
         if not group_experts(model):
             raise Unsupported("experts: grouped needs a model with split experts (gpt-oss built by ftbench.build)")
         info["experts"] = "grouped: one grouped GEMM per projection per layer (torch._grouped_mm)"
-    if v.precision == "fp8" and v.fp8_recipe == "static":  # FP8 weights cast once (ftbench.fp8.StaticFP8Linear)
-        info["fp8"] = fp8.convert_static(model, pattern=fp8.DECODER_PATTERN)
-    elif v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs (torchao), before LoRA wraps them
-        info["fp8"] = fp8.convert_torchao(model, include_vision=False, pattern=fp8.DECODER_PATTERN,
-                                          recipe=v.fp8_recipe)
+    if v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs, before LoRA wraps them
+        info["fp8"] = fp8.convert_decoder(model, v.fp8_recipe)
     model = apply_lora(model, v, lora)
     if v.peft == "lora":  # LoRA's A from per-name seeded draws: the same start on one GPU and sharded over several
         info["adapters_seeded"] = parallel.seed_adapters(model, ctx.settings.seed)
