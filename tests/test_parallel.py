@@ -68,6 +68,24 @@ def test_a_rank_that_dies_before_its_record_is_a_crash(tmp_path, tiny_qwen, inst
     assert "teardown" not in rec["extra"]
 
 
+def test_a_rank_that_fails_alone_writes_the_record_and_the_job_ends(tmp_path, tiny_qwen, instruction_data):
+    """Rank 1 fails at step 3 (as an oom on one GPU would); rank 0 goes on into the step's all-reduce, which rank 1
+    never joins. Before, rank 1 went on to the gather of the ranks' figures, a collective of another kind, and both
+    waited (no step of a Qwen3-32B FSDP2 job logged in 225 s, h100x2-2026-11-26). Now the failed rank writes the
+    job's record and leaves, torchrun stops rank 0, and the job ends long before its time limit."""
+    import time
+
+    t0 = time.monotonic()
+    rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2", {**DDP2, "time_limit_s": 90},
+                          inject={"raise_at_step": 3, "raise_rank": 1})
+    assert rec["status"] == "error", (rec["status"], rec["reason"], log[-3000:])
+    assert rec["reason"].startswith("rank 1: RuntimeError: injected failure at step 3"), rec["reason"]
+    assert rec["parallel"]["failed_rank"] == 1 and rec["parallel"]["world_size"] == 2
+    assert "torchrun stopped the other ranks" in rec["extra"]["teardown"], rec["extra"]
+    assert rec["extra"]["supervision"]["exit_code"] != 0
+    assert time.monotonic() - t0 < 80
+
+
 def test_gpus_and_parallel_knobs_are_checked_before_any_job():
     assert "without parallel='ddp'" in knob_problems("causal_lm", Variant("x", ddp_bucket_mb=512))[0]
     assert "ddp_graph_split" in knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp", ddp_graph_split=True))[0]

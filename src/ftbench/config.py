@@ -93,7 +93,7 @@ class TrainSettings:
     host_memory_limit_gib: float | None = None  # a run whose processes hold more is killed: a `crashed` record
     cpu_precision: str | None = None  # no CUDA GPU: bf16/fp16 compute (and nf4's dequantization) in this instead
     cpu_compile_backend: str | None = None  # no CUDA GPU: compiled variants use this torch.compile backend instead
-    inject: dict = field(default_factory=dict)  # fault injection for tests: {kill_at_step: N} or {hang_at_step: N}
+    inject: dict = field(default_factory=dict)  # fault injection for tests: {kill_at_step: N}, {hang_at_step: N}, {raise_at_step: N[, raise_rank: R]}
 
     def __post_init__(self):
         if self.measure is None:

@@ -121,6 +121,8 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
         runner = importlib.import_module(RUNNERS[family])
         with compile_cache(v, record), meter, (ctx.profiler or nullcontext()), attention_backend(v):
             runner.train(ctx, record, device, meter)
+    if record["status"] != "ok":  # a failed rank agrees nothing more with its peers (ftbench.ranks)
+        meter.agree = None
     with suppress(Exception):  # a failed run may leave steps open: close them if the device still allows it
         meter.finish()
     if ctx.adapter_dir is not None:
@@ -129,7 +131,9 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     gemm = record["precision"]["gemm"]
     peak = peak_tflops(record["provenance"]["device"]["name"] if device.type == "cuda" else None, gemm)
     summarize(meter, record, peak, peak_precision(gemm) if peak else None)
-    if ranks.world_size() > 1:
+    if ranks.world_size() > 1 and record["status"] != "ok":  # it joins no collective; it writes and leaves
+        record = ranks.alone(record, v.parallel)
+    elif ranks.world_size() > 1:
         record = ranks.gather(record, v.parallel)
         if ranks.rank() != 0:  # rank 0 writes the job's record, with every rank's figures in it
             return record

@@ -24,6 +24,7 @@ import torch
 
 from .config import MeasureSettings
 from .gpus import HOST_MEMORY, cpu_name
+from .ranks import rank
 from .source import code_identity
 from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_record_from_template,  # noqa: F401  (the record's
                       write_json_atomic)  # shape and its writer live with its readers, torch-free)
@@ -236,7 +237,7 @@ class Progress:
     from the first step's start; the device's own step times are read only when a window closes, so a run killed
     mid-window keeps these), rewritten at most every PROGRESS_EVERY_S and whenever TorchDynamo finishes a compile;
     and fault injection for tests (`inject`: die by SIGKILL, or hang, at a step, as a crashing run would, the file
-    brought up to date first)."""
+    brought up to date first; or raise at a step, on one rank (`raise_rank`) or all, as a run that fails would)."""
 
     KEEP_ENDS = 200  # the step ends kept in the file: the first ones (warm-up, first compile) and the last ones
 
@@ -279,6 +280,10 @@ class Progress:
         if self.file is not None and now - self._at >= PROGRESS_EVERY_S:
             self.write(step, graphs)
             self._at = now
+        if step == self.inject.get("raise_at_step") and rank() == self.inject.get("raise_rank", rank()):
+            if self.file is not None:
+                self.write(step, graphs)
+            raise RuntimeError(f"injected failure at step {step}")
         if step in (self.inject.get("kill_at_step"), self.inject.get("hang_at_step")):
             if self.file is not None:
                 self.write(step, graphs)
@@ -538,10 +543,12 @@ def write_csv(path, rows: list[dict], fields: list[str] | None = None):
     fields = list(fields or (rows[0] if rows else ["step"]))
     for r in rows:  # a runner's extra per-step fields go after the known ones
         fields += [k for k in r if k not in fields]
-    with open(path, "w", newline="") as f:
+    tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}")  # whole or absent: two failed ranks may both
+    with open(tmp, "w", newline="") as f:                            # write a job's files (ftbench.ranks)
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
+    os.replace(tmp, path)
 
 
 @contextmanager

@@ -3,7 +3,11 @@ measures itself, and rank 0 writes the record with the totals over the ranks and
 
 The ranks talk twice outside training: once at the end of warm-up, to agree on the window length in steps
 (so that every rank stops at the same step), and once at the end, to gather their figures. Neither is inside a
-measured window. On a CPU the ranks use gloo, so the whole path runs in the test suite."""
+measured window. A rank whose run failed (oom, error) joins neither: its peers may be waiting in one of
+training's collectives (FSDP2's all-gathers, DDP's all-reduce) that it will never reach, and a collective of
+another kind would hang both until NCCL's watchdog. It writes the job's record itself and leaves with
+FAILED_RANK_EXIT; torchrun then stops the other ranks. On a CPU the ranks use gloo, so the whole path runs in the
+test suite."""
 
 from __future__ import annotations
 
@@ -34,6 +38,19 @@ def finish() -> None:
     dist = distributed()
     if dist is not None:
         dist.destroy_process_group()
+
+
+FAILED_RANK_EXIT = 3  # a rank's run failed and it wrote the job's record (the supervisor says so beside it)
+
+
+def alone(record: dict, strategy: str | None) -> dict:
+    """A failed rank's record, written without its peers: the `parallel` section names this rank only, and the
+    reason says which rank failed (its peers' figures are not gathered: see the module's docstring)."""
+    r = rank()
+    record["parallel"].update(strategy=strategy, world_size=world_size(), failed_rank=r)
+    if not (record["reason"] or "").startswith("rank "):
+        record["reason"] = f"rank {r}: {record['reason'] or record['status']}"
+    return record
 
 
 def agree_max(device: torch.device):

@@ -164,7 +164,13 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
     how = f"killed by {sig}" if sig else f"exited with code {rc}"
     if out.is_file():  # the child wrote its record (last of its outputs): what it measured stands
         result = json.loads(out.read_text())
-        if verdict is not None or rc != 0:  # ... whatever happened after it: said, never in its place
+        failed_rank = (result.get("parallel") or {}).get("failed_rank")
+        if failed_rank is not None and verdict is None:  # a rank failed, wrote the record and left (ftbench.ranks)
+            supervision.update(signal=sig, log_tail=_tail(log_path))
+            result.setdefault("extra", {})["teardown"] = (
+                f"rank {failed_rank}'s run failed ({result.get('status')}): it wrote the record and left without "
+                f"its peers, and torchrun stopped the other ranks ({how})")
+        elif verdict is not None or rc != 0:  # ... whatever happened after it: said, never in its place
             supervision.update(signal=sig, log_tail=_tail(log_path))
             result.setdefault("extra", {})["teardown"] = (
                 f"{verdict[1] if verdict else how} after writing its record ({verdict[0] if verdict else 'crashed'} "
@@ -258,7 +264,7 @@ def _child(job_path) -> None:
 
         generate_job(params, p["json"], p["html"])
         return
-    from .ranks import finish, rank
+    from .ranks import FAILED_RANK_EXIT, finish, rank, world_size
 
     if rank() != 0:  # several ranks: rank 0 keeps the records, progress and adapter
         os.environ.pop("FTBENCH_PROGRESS", None)
@@ -268,6 +274,8 @@ def _child(job_path) -> None:
     if job["kind"] == "train":
         record = execute(ctx, p["metrics"], p["steps"], p["memory"])
         print(record["status"], record["reason"] or "", flush=True)
+        if world_size() > 1 and record["status"] != "ok":  # its peers may wait in a collective it will never join:
+            _exit_now(FAILED_RANK_EXIT)  # no teardown of the process group; torchrun stops them
     else:
         from .profiling import profile_run
 
@@ -277,7 +285,7 @@ def _child(job_path) -> None:
         os.abort()  # rank 0 dies in teardown, after its record
 
 
-def _exit_now() -> None:
+def _exit_now(code: int = 0) -> None:
     """End the child once its outputs are written, without the interpreter's teardown: the C++ destructors of
     threads a library leaves running (gloo's, with torchrun's ranks) can abort a process that has finished its
     work ("terminate called without an active exception"). Nothing is left to do by then; the streams are
@@ -285,7 +293,7 @@ def _exit_now() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":
