@@ -17,7 +17,7 @@ from . import ranks
 from .config import RunSpec, TrainSettings
 from .knobs import Variant
 from .flops import peak_precision, peak_tflops
-from .records import COMPILE_CACHE_NOTES, compile_cache_kind, host_change
+from .records import COMPILE_CACHE_NOTES, compile_cache_kind, host_change, write_json_first
 from .harness import (Meter, Unsupported, guarded, job_dir, new_record, pick_device, provenance, write_csv,
                       write_record)
 from .summary import summarize
@@ -133,7 +133,12 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     summarize(meter, record, peak, peak_precision(gemm) if peak else None)
     if ranks.world_size() > 1 and record["status"] != "ok":  # it joins no collective; it writes and leaves
         record = ranks.alone(record, v.parallel)
-    elif ranks.world_size() > 1:
+        if not write_json_first(metrics_path, record):  # a peer failed first (this may be its echo): that stands
+            return record
+        meter.write_steps(steps_path)
+        write_csv(memory_path, meter.memory_log)
+        return record
+    if ranks.world_size() > 1:
         record = ranks.gather(record, v.parallel)
         if ranks.rank() != 0:  # rank 0 writes the job's record, with every rank's figures in it
             return record

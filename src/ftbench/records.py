@@ -101,6 +101,23 @@ def write_json_atomic(path, obj) -> None:
     os.replace(tmp, path)
 
 
+def write_json_first(path, obj) -> bool:
+    """Write `path` whole unless it exists, atomically (a hard link of a finished temporary file): of several
+    writers the first wins. False where another wrote it first (several failed ranks: the first failure's record
+    stands, not a peer's "connection closed" that followed it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class RecordError(ValueError):
     """A metrics.json that cannot be read: the message names the file."""
 
