@@ -49,11 +49,24 @@ def test_runs_from_another_machine_merge_by_study_with_the_gpu_in_the_key(tmp_pa
     table = tmp_path / "runs.parquet"
     df.write_parquet(table)
     assert aggregate([], [table], study="lmm").height == 3 and aggregate([], [table], study="llm").height == 0
-    later = tmp_path / "h100-later"  # the same run in two merged folders: the later one in the list wins
+    later = tmp_path / "h100-later"  # the same run in two merged folders, neither dated: the later in the list wins
     write(later, record("lmm", "bf16", 0.2, gpu=H100, scale="proxy"))
     for folders, step in (([other, later], 0.2), ([later, other], 0.1)):
         df = aggregate([], folders, study="lmm")
         assert df.filter(pl.col("gpu") == "H100 SXM5")["timing.step_time_s"].to_list() == [step]
+    # dated records: the one measured last wins, whatever the folders' names or order (h100x4-... sorts after
+    # h100-... by name though measured before it)
+    old, new = tmp_path / "h100x4-2026-11-26-f", tmp_path / "h100-2026-11-26-e"
+    for folder, step, at in ((old, 0.3, "2026-11-26T14:00:00+00:00"), (new, 0.4, "2026-11-26T17:00:00+00:00")):
+        rec = record("lmm", "bf16", step, gpu=H100, scale="proxy")
+        rec["provenance"]["timestamp"] = at
+        write(folder, rec)
+    for folders in ([new, old], [old, new]):
+        df = aggregate([], folders, study="lmm")
+        assert df.filter(pl.col("gpu") == "H100 SXM5")["timing.step_time_s"].to_list() == [0.4]
+        from ftbench.coverage import merged_records
+
+        assert merged_records([], folders).filter(pl.col("gpu") == "H100 SXM5")["timing.step_time_s"].to_list() == [0.4]
 
 
 def test_lmm_table_is_relative_to_the_baseline_of_the_same_model_scale_and_gpu():

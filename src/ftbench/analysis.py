@@ -219,6 +219,15 @@ def profile_rows(summaries) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema).unique(subset=KEY, keep="last", maintain_order=True)
 
 
+def oldest_first(df: pl.DataFrame) -> pl.DataFrame:
+    """Merged records in the order they were measured (their `timestamp`; rows without one first), so that of the
+    same run the latest copy comes last and wins: folder names do not order leases (`h100x4-2026-11-26-f` sorts
+    after `h100-2026-11-26-e`, measured hours later)."""
+    if "timestamp" not in df.columns or df.is_empty():
+        return df
+    return df.sort("timestamp", nulls_last=False, maintain_order=True)
+
+
 def aggregate(paths, extra_tables=(), study: str | None = None, profiles=()) -> pl.DataFrame:
     """All runs, plus runs from other machines (tables, records or folders of records; their rows of `study`
     only); a run's GPU is part of its key, so the same run measured on two GPUs stays two rows, and a run
@@ -231,7 +240,8 @@ def aggregate(paths, extra_tables=(), study: str | None = None, profiles=()) -> 
         if study is not None and len(other):
             other = other.filter(pl.col("study") == study)
         merged.append(other)
-    # merged tables in their order, then ours: the same run keeps its last copy (a later table's, ours above all)
+    # merged records oldest first, then ours: the same run keeps its last copy (the latest measured, ours above all)
+    merged = [oldest_first(pl.concat(merged, how="diagonal_relaxed"))] if merged else []
     df = pl.concat([*merged, typed(pl.DataFrame(rows, infer_schema_length=None))], how="diagonal_relaxed")
     # tables merged from older versions lack the columns added since: every column a record gives is there
     df = typed(df.with_columns(pl.lit(None).alias(c) for c in RECORD_COLUMNS if c not in df.columns))

@@ -315,8 +315,9 @@ def coverage_tables(config: dict) -> list[dict]:
 
 
 def expand_sources(entry: str) -> list[str]:
-    """A `merge_runs` or `shipped_runs` entry: a pattern's folders, runs tables and records in name order (a later
-    lease's copy of the same run wins), or the path itself where it exists; [] where it names nothing."""
+    """A `merge_runs` or `shipped_runs` entry: a pattern's folders, runs tables and records in name order, or the
+    path itself where it exists; [] where it names nothing. Of the same run the latest measured copy wins (its
+    record's timestamp: ftbench.analysis.oldest_first), whatever the folders' names."""
     import glob
 
     if not glob.has_magic(entry):
@@ -326,7 +327,7 @@ def expand_sources(entry: str) -> list[str]:
 
 def merge_sources(config: dict) -> list[str]:
     """`merge_runs` with its patterns expanded (`measurements/*`: every folder, runs table or record there, in name
-    order, so a later lease's copy of the same run wins); an entry that names nothing is refused."""
+    order; of the same run the latest measured copy wins); an entry that names nothing is refused."""
     sources = []
     for entry in config.get("merge_runs") or []:
         found = expand_sources(entry)

@@ -9,7 +9,7 @@ from html import escape
 
 import polars as pl
 
-from .analysis import KEY, code_of, full_scale, html_table, peak_memory, read_runs, typed
+from .analysis import KEY, code_of, full_scale, html_table, oldest_first, peak_memory, read_runs, typed
 from .compare import _verdict
 from .knobs import DEFAULTS
 from .verdicts import VERDICTS, combined_noise, counts_line, evidence, judge, published_range
@@ -20,8 +20,9 @@ GIB_PER_GB = 1e9 / 2**30
 def merged_records(parquets, extra=()) -> pl.DataFrame:
     """Every study's runs (the aggregate tables) and the merged records of other machines, one row per run key
     (the aggregate tables, which already hold this config's merged records, win)."""
-    frames = [read_runs(p) for p in [*extra, *parquets]]
-    frames = [f for f in frames if len(f)]
+    others = [f for f in (read_runs(p) for p in extra) if len(f)]
+    frames = [oldest_first(typed(pl.concat(others, how="diagonal_relaxed")))] if others else []
+    frames += [f for f in (read_runs(p) for p in parquets) if len(f)]
     if not frames:
         return pl.DataFrame()
     df = typed(pl.concat(frames, how="diagonal_relaxed"))
