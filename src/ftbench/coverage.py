@@ -18,15 +18,26 @@ GIB_PER_GB = 1e9 / 2**30
 
 
 def merged_records(parquets, extra=()) -> pl.DataFrame:
-    """Every study's runs (the aggregate tables) and the merged records of other machines, one row per run key
-    (the aggregate tables, which already hold this config's merged records, win)."""
+    """Every study's runs (the aggregate tables) and the merged records of other machines, oldest first, one row per
+    run key and code (`source_digest`): the latest measured copy of a run on each code, so that a pair of one code
+    (Study D's) is still found after a later lease measured one side again on other code. `coverage_rows` judges
+    the other studies on the latest copy of each run (the aggregate tables, which already hold this config's
+    merged records, win)."""
     others = [f for f in (read_runs(p) for p in extra) if len(f)]
     frames = [oldest_first(typed(pl.concat(others, how="diagonal_relaxed")))] if others else []
     frames += [f for f in (read_runs(p) for p in parquets) if len(f)]
     if not frames:
         return pl.DataFrame()
     df = typed(pl.concat(frames, how="diagonal_relaxed"))
-    return df.unique(subset=[k for k in KEY if k in df.columns], keep="last", maintain_order=True)
+    code = [c for c in ("source_digest", "git_commit") if c in df.columns]
+    df = df.with_columns((pl.coalesce(code) if code else pl.lit(None, pl.String)).alias("_code"))
+    return df.unique(subset=[k for k in KEY if k in df.columns] + ["_code"], keep="last", maintain_order=True)
+
+
+def latest(df: pl.DataFrame) -> pl.DataFrame:
+    """One row per run key, its last (latest measured: `merged_records` orders them) copy."""
+    return df if df.is_empty() else df.unique(subset=[k for k in KEY if k in df.columns], keep="last",
+                                              maintain_order=True)
 
 
 def _rows(df: pl.DataFrame, **match) -> list[dict]:
@@ -401,7 +412,8 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
     if not claim:
         return multi
     full = full_scale(df).filter(pl.col("status") == "ok")
-    shape = ["model", "dataset", "batch_size", "gpu"]
+    shape = ["model", "dataset", "batch_size", "gpu"] + (["_code"] if "_code" in full.columns and not across_code
+                                                         else [])
     hf = (full.filter(pl.col("variant").is_in(HF_TWINS)).with_columns(
         pl.col("variant").replace_strict(HF_TWINS, list(range(len(HF_TWINS)))).alias("_rank"))
         .sort("_rank").unique(shape, keep="first", maintain_order=True).drop("_rank"))
@@ -536,7 +548,9 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict], across_code: bool = Fal
     rows = []
     for s in studies:
         probes = {"probes": s["probes"]} if s.get("probes") else {}  # study_a's and study_c's
-        rows += TABLES[s["table"]](df, s["published"], s.get("measured_by"), across_code=across_code, **probes)
+        # Study D pairs runs of one code, among every code's latest copy; the others judge each run's latest copy
+        runs = df if s["table"] == "study_d" and not across_code else latest(df)
+        rows += TABLES[s["table"]](runs, s["published"], s.get("measured_by"), across_code=across_code, **probes)
     # what a reader asks first (published, ours, the verdict and why) before how it was measured
     cols = ["study", "model", "dataset", "variant", "batch", "published", "ours", "verdict", "how", "cause (measured)",
             "metric", "GPU", "measured by", "status", "published x", "ratio", "x published", "noise (CV)",
