@@ -176,24 +176,30 @@ def test_study_d_multi_gpu_claim_is_judged_per_gpu_count_from_twins_of_the_same_
 
     published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
 
-    def run(variant, gpus, tokens, code="c1", parallel=None):
-        return {"model": "qwen3-8b", "dataset": "wikipedia_ja", "batch_size": 2, "gpu": "H100 SXM5", "scale": "full",
+    def run(variant, gpus, tokens, code="c1", parallel=None, when="2026-11-26T12:00:00+00:00", noise=0.005):
+        return {"timestamp": when, "model": "qwen3-8b", "dataset": "wikipedia_ja", "batch_size": 2, "gpu": "H100 SXM5", "scale": "full",
                 "device_type": "cuda", "status": "ok", "reason": None, "variant": variant, "source_digest": code,
-                "throughput.tokens_per_s": tokens, "timing.noise_cv_tokens": 0.005, "timing.noise_cv": 0.1,
+                "throughput.tokens_per_s": tokens, "timing.noise_cv_tokens": noise, "timing.noise_cv": 0.1,
                 "throughput.samples_per_s": 1.0, "timing.step_time_s": 0.5, "parallel.world_size": gpus,
                 "parallel.strategy": parallel, "variant.gpus": gpus, "variant.parallel": parallel,
                 "variant.token_budget": 4096, "variant.precision": "fp8", "memory.peak_reserved_gib": 60.0,
                 "memory.peak_allocated_gib": 55.0, "memory.host_peak_rss_gib": 16.0, "gpu_memory_gib": 79.2}
 
     rows = [run("top", 1, 17000.0), run("top-ddp2", 2, 33000.0, parallel="ddp"),
-            run("top-ddp4", 4, 50000.0, parallel="ddp"), run("top-ddp4-other", 4, 68000.0, code="c2", parallel="ddp")]
+            run("top-ddp4", 4, 50000.0, parallel="ddp"), run("top-ddp4-other", 4, 68000.0, code="c2", parallel="ddp"),
+            # at 2 GPUs beside the pair above: an earlier, less noisy pair (a later lease measures again on purpose)
+            # and a later one whose noise cannot carry a verdict; and the one-GPU run measured again on other code
+            # later (its c1 twin still pairs: Study D reads every code's latest copy)
+            run("top-ddp2-earlier", 2, 32000.0, parallel="ddp", when="2026-11-25T12:00:00+00:00", noise=0.001),
+            run("top-ddp2-wide", 2, 20000.0, parallel="ddp", when="2026-11-26T18:00:00+00:00", noise=0.2),
+            run("top", 1, 18000.0, code="c3", when="2026-11-26T19:00:00+00:00")]
     table = coverage_rows(pl.DataFrame(rows, infer_schema_length=None),
                           [{"table": "study_d", "published": published}])
     cells = {r["variant"]: r for r in table.filter(pl.col("metric") == "multi-GPU speed-up").to_dicts()}
     assert set(cells) == {"2 GPUs vs one", "4 GPUs vs one", "8 GPUs vs one"}
     two, four, eight = cells["2 GPUs vs one"], cells["4 GPUs vs one"], cells["8 GPUs vs one"]
     assert two["verdict"] == "holds" and two["ratio"] == pytest.approx(33000 / 17000) and "real tokens/s" in two["ours"]
-    assert two["measured by"] == "top-ddp2 vs top"
+    assert two["measured by"] == "top-ddp2 vs top" and "3 pair(s) at 2 GPUs" in two["why"]
     assert four["verdict"] == "differs" and "below near-linear scaling" in four["how"]  # 2.94x on 4 GPUs
     assert four["measured by"] == "top-ddp4 vs top"  # the run of other code has no twin: never paired silently
     assert eight["verdict"] == "not measured" and "no 8-GPU host is lent" in eight["why"]
