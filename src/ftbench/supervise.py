@@ -166,6 +166,8 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         result = json.loads(out.read_text())
         failed_rank = (result.get("parallel") or {}).get("failed_rank")
         if failed_rank is not None and verdict is None:  # a rank failed, wrote the record and left (ftbench.ranks)
+            if kind == "train":
+                _fill_train_outputs(paths, result.get("status"), result.get("reason"))
             supervision.update(signal=sig, log_tail=_tail(log_path))
             result.setdefault("extra", {})["teardown"] = (
                 f"rank {failed_rank}'s run failed ({result.get('status')}): it wrote the record and left without "
@@ -231,12 +233,7 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
                          "device": describe(supervision.get("gpu_slots") or [])}
     if kind == "train":
         write_json_atomic(paths["metrics"], rec)
-        for key in ("steps", "memory"):
-            if not Path(paths[key]).is_file():
-                Path(paths[key]).write_text("step\n")
-        if paths.get("adapter"):
-            Path(paths["adapter"]).mkdir(parents=True, exist_ok=True)
-            (Path(paths["adapter"]) / "status.txt").write_text(f"{status} {reason}\n")
+        _fill_train_outputs(paths, status, reason)
         return rec
     summary = {"run": rec["run"], "status": status, "reason": reason, "step_time_s": None, "gpu": None,
                "supervision": supervision}
@@ -244,6 +241,18 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
         json.dump({"traceEvents": []}, f)
     write_json_atomic(paths["summary"], summary)
     return summary
+
+
+def _fill_train_outputs(paths, status, reason) -> None:
+    """A failed training job's other outputs, where its process did not leave them (killed first: torchrun stops a
+    failed rank's peers, which may be the rank writing them): empty step and memory logs, the adapter folder with
+    the status in it."""
+    for key in ("steps", "memory"):
+        if not Path(paths[key]).is_file():
+            Path(paths[key]).write_text("step\n")
+    if paths.get("adapter") and not (Path(paths["adapter"]) / "status.txt").is_file():
+        Path(paths["adapter"]).mkdir(parents=True, exist_ok=True)
+        (Path(paths["adapter"]) / "status.txt").write_text(f"{status} {reason}\n")
 
 
 def _child(job_path) -> None:
