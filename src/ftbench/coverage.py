@@ -522,8 +522,10 @@ def study_d_multi_gpu(df: pl.DataFrame, claim: dict) -> list[dict]:
                    or f"no ok {n}-GPU run with an ok one-GPU twin of the same code on the same GPU kind")
             out.append({**base, "why": why})
             continue
-        wide = [NOISE_SIGMAS * f[0] > INCONCLUSIVE_BAND for f in found]
-        found = [f for _, f in sorted(zip(wide, found), key=lambda p: (p[0], 0 if p[0] else -_when(p[1][5]), p[1][0]))]
+        def carries(f):  # a noise band narrow enough to carry a verdict
+            return NOISE_SIGMAS * f[0] <= INCONCLUSIVE_BAND
+
+        found.sort(key=lambda f: (not carries(f), -_when(f[5]) if carries(f) else 0, f[0]))
         noise, speedup, metric, na, nb, r, b = found[0]
         judged = judge(speedup, (eff * n, float(n)), noise, lower_is_faster=False)
         judged["how"] = judged["how"].replace("faster than published", "more than the near-linear range").replace(

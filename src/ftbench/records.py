@@ -95,10 +95,15 @@ def new_record_from_template(run: dict, variant: dict) -> dict:
 def write_json_atomic(path, obj) -> None:
     """Write to a temporary file beside `path`, then rename: a reader never sees half a record."""
     path = Path(path)
+    os.replace(_written_beside(path, obj), path)
+
+
+def _written_beside(path: Path, obj) -> Path:
+    """`obj` as JSON in a temporary file beside `path` (same file system: renamed or linked into place whole)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+    return tmp
 
 
 def write_json_first(path, obj) -> bool:
@@ -106,9 +111,7 @@ def write_json_first(path, obj) -> bool:
     writers the first wins. False where another wrote it first (several failed ranks: the first failure's record
     stands, not a peer's "connection closed" that followed it)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    tmp = _written_beside(path, obj)
     try:
         os.link(tmp, path)
         return True
