@@ -93,7 +93,7 @@ def test_gpus_and_parallel_knobs_are_checked_before_any_job():
     assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp")) == []
     assert "without parallel" in knob_problems("causal_lm", Variant("x", gpus=2))[0]
     assert "needs 2 or more" in knob_problems("causal_lm", Variant("x", parallel="ddp"))[0]
-    assert any("nf4" in p for p in knob_problems("causal_lm", Variant("x", gpus=2, parallel="fsdp2", precision="nf4")))
+    assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="fsdp2", precision="nf4")) == []  # QLoRA sharded
     assert any("unsloth" in p for p in knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp",
                                                                           framework="unsloth")))
     assert any("gpus" in p for p in knob_problems("lmm", Variant("x", gpus=2, parallel="ddp")))

@@ -1,6 +1,7 @@
 """FSDP2 built the torchtitan way (ftbench.parallel), on two gloo ranks of a CPU: the sharded build of a tiny model,
 gathered, holds exactly the one-process build's weights (in process and from a checkpoint); each rank holds only its
-rows; an adapter trained and saved from the two ranks loads in PEFT on one process and equals the gathered LoRA."""
+rows; an adapter trained and saved from the two ranks loads in PEFT on one process and equals the gathered LoRA; QLoRA
+under FSDP2 (4-bit weights quantized whole, their bf16-viewed bytes sharded) computes what one process computes."""
 
 import json
 import os
@@ -15,7 +16,7 @@ from ftbench.architectures import load_architecture
 from ftbench.build import build_model
 from ftbench.config import Variant
 from ftbench.models import materialize_model
-from ftbench.variants import apply_lora, load_pretrained
+from ftbench.variants import apply_lora, load_pretrained, quantization_config
 
 ROOT = Path(__file__).resolve().parents[1]
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
@@ -126,3 +127,83 @@ def test_a_mixture_of_experts_builds_sharded_trains_a_step_and_gathers(tmp_path)
     one, _ = build_model(manifest, 42, "cpu")
     assert r["parameters"] == len(dict(one.named_parameters())) + r["lora_grads"]  # the base and every LoRA matrix
     assert r["experts"] > 0 and r["lora_grads"] > 0
+
+
+def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_path):
+    """Two gloo ranks build a tiny Qwen3 in NF4 sharded with FSDP2 (bf16 quant storage), with checkpointing as
+    qlora-gc-fsdp2 has it: gathered, the packed 4-bit bytes and quant states equal the one-process 4-bit build's;
+    the logits, the loss and every LoRA gradient on the same tokens are equal too (one thread each: the CPU's
+    bf16 GEMMs sum in another order with more); the adapter written by rank 0 loads in PEFT on the 4-bit model."""
+    from peft import PeftModel
+
+    from ftbench.parallel import _no_cpu_repack, seed_adapters
+
+    arch = load_architecture(ROOT / "config/architectures/qwen3-8b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path / "p", 42, build="in_process")
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(ROOT / "tests/sharded_4bit_ranks.py"), str(tmp_path / "m.json"), str(out),
+                           "qlora-gc-fsdp2", "1"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result, sharded = json.loads((out / "result.json").read_text()), torch.load(out / "sharded.pt", weights_only=False)
+    facts = result["facts"]
+    assert facts["world_size"] == 2 and facts["quantized_4bit"] == 14 and facts["quant_storage"] == "bfloat16"
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        variant = Variant("qlora-gc", peft="lora", precision="nf4", gradient_checkpointing=True)
+        model, _ = build_model(manifest, 42, "cpu", torch.bfloat16, quantization_config(variant))
+        model = apply_lora(model, variant, LORA)
+        seed_adapters(model, 42)
+        _no_cpu_repack(model)
+        one = dict(model.named_parameters())
+        assert set(sharded["full"]) == set(one)
+        packed = 0
+        for name, tensor in sharded["full"].items():
+            mine = one[name].detach()
+            if mine.dtype != tensor.dtype:  # the 4-bit bytes: uint8 here, viewed as bf16 there
+                packed += 1
+                assert torch.equal(mine.reshape(-1), tensor.reshape(-1).view(torch.uint8)), name
+            else:
+                assert torch.equal(mine, tensor), name
+        assert packed == 14
+        for name, module in model.named_modules():
+            if name in sharded["states"]:
+                assert torch.equal(module.quant_state.absmax, sharded["states"][name]["absmax"]), name
+        ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+        model.train()
+        with torch.no_grad():
+            assert torch.equal(model(input_ids=ids).logits.float(), sharded["logits"])
+            for name, p in model.named_parameters():
+                if ".lora_B." in name:
+                    p.copy_(torch.randn(tuple(p.shape), generator=torch.Generator().manual_seed(len(name))) * 0.01)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    finally:
+        torch.set_num_threads(threads)
+    assert loss.item() == sharded["loss"]
+    assert set(sharded["grads"]) == {n for n, p in model.named_parameters() if p.requires_grad}
+    for name, grad in sharded["grads"].items():
+        assert grad.abs().sum() > 0 and torch.equal(one[name].grad, grad), name
+
+    base, _ = build_model(manifest, 42, "cpu", torch.bfloat16, quantization_config(variant))
+    loaded = PeftModel.from_pretrained(base, out / "adapter")
+    got = {n: p for n, p in loaded.named_parameters() if ".lora_" in n}
+    assert set(got) == set(sharded["grads"])
+    for name, p in model.named_parameters():
+        if ".lora_" in name:
+            assert torch.equal(got[name].detach().to(p.dtype), p.detach()), name
+
+
+def test_qlora_under_fsdp2_from_a_checkpoint_folder_is_refused(tmp_path):
+    from ftbench.harness import Unsupported
+    from ftbench.parallel import build_sharded
+
+    arch = load_architecture(ROOT / "config/architectures/qwen3-8b.yaml", "tiny")
+    manifest = materialize_model(arch, "random", tmp_path / "c", 42, build="checkpoint")
+    with pytest.raises(Unsupported, match="checkpoint folder"):
+        build_sharded(manifest, 42, "cpu", Variant("q", peft="lora", precision="nf4", gpus=2, parallel="fsdp2"), LORA)

@@ -362,6 +362,46 @@ def _value(name: str, module, shape, std: float, seed: int, device) -> torch.Ten
     return torch.empty(shape, dtype=torch.bfloat16, device=device).normal_(0.0, std, generator=g)
 
 
+def quantize_4bit(p, value, module, device):
+    """`value` (a bf16 draw) quantized on `device` as the meta Params4bit `p` of `module` asks (block size, NF4,
+    double quantization, storage dtype); the module keeps the quant state too, where bitsandbytes finds it again
+    when FSDP2 has swapped the parameter for its own."""
+    from bitsandbytes.nn import Params4bit
+
+    q = Params4bit(value, requires_grad=False, blocksize=p.blocksize, quant_type=p.quant_type,
+                   compress_statistics=p.compress_statistics, quant_storage=p.quant_storage, module=module)
+    return q._quantize(device)
+
+
+def draw_4bit(model, seed: int, device) -> int:
+    """Draw and quantize on `device` only the skeleton's bitsandbytes 4-bit weights (each whole, from the same
+    generator `draw_parameters` seeds per name), leaving every other parameter on the meta device: the sharded
+    4-bit build quantizes each weight whole, as one process does, before FSDP2 splits its packed bytes. Returns
+    how many were quantized."""
+    std = getattr(model.config, "initializer_range", 0.02)
+    n = 0
+    for mname, module in model.named_modules():
+        for pname, p in list(module._parameters.items()):
+            if p is None or not p.is_meta or type(p).__name__ != "Params4bit":
+                continue
+            value = _value(f"{mname}.{pname}", module, p.shape, std, seed, torch.device(device))
+            module._parameters[pname] = quantize_4bit(p, value, module, device)
+            del value
+            n += 1
+    return n
+
+
+def prepare_4bit(model, quantization_config, device):
+    """transformers' bitsandbytes quantizer on a meta skeleton: its linear layers become 4-bit ones (no weights
+    yet). Returns the quantizer, whose postprocess_model runs once the weights are drawn."""
+    from transformers.quantizers import AutoHfQuantizer
+
+    quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
+    quantizer.preprocess_model(model, device_map={"": torch.device(device)})
+    model.hf_quantizer = quantizer
+    return quantizer
+
+
 def draw_parameters(model, seed: int, device, dtype=torch.bfloat16) -> dict:
     """Give every meta parameter its value on `device`, module by module; a bitsandbytes 4-bit layer's weight is
     quantized as soon as it is drawn. Returns counts for the record."""
@@ -375,12 +415,7 @@ def draw_parameters(model, seed: int, device, dtype=torch.bfloat16) -> dict:
             name = f"{mname}.{pname}" if mname else pname
             value = _value(name, module, p.shape, std, seed, device)
             if type(p).__name__ == "Params4bit":
-                from bitsandbytes.nn import Params4bit
-
-                q = Params4bit(value, requires_grad=False, blocksize=p.blocksize, quant_type=p.quant_type,
-                               compress_statistics=p.compress_statistics, quant_storage=p.quant_storage,
-                               module=module)
-                module._parameters[pname] = q._quantize(device)
+                module._parameters[pname] = quantize_4bit(p, value, module, device)
                 quantized += 1
             else:
                 module._parameters[pname] = nn.Parameter(value.to(dtype), requires_grad=p.requires_grad)
@@ -490,13 +525,7 @@ def build_model(manifest: dict, seed: int, device, dtype=torch.bfloat16, quantiz
     t0 = time.perf_counter()
     arch, config = manifest_config(manifest, seed)
     model = skeleton(arch, config)
-    quantizer = None
-    if quantization_config is not None:
-        from transformers.quantizers import AutoHfQuantizer
-
-        quantizer = AutoHfQuantizer.from_config(quantization_config, pre_quantized=False)
-        quantizer.preprocess_model(model, device_map={"": torch.device(device)})
-        model.hf_quantizer = quantizer
+    quantizer = prepare_4bit(model, quantization_config, device) if quantization_config is not None else None
     check_fits(model, device, f"{manifest.get('architecture_file') or 'the model'} at scale {manifest.get('scale')}",
                dtype)
     if torch.device(device).type == "cuda":

@@ -173,8 +173,6 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("balance_ranks without parallel and token_budget (it deals packed rows to the ranks)")
     if variant.ddp_graph_split and (variant.parallel != "ddp" or not variant.compile):
         problems.append("ddp_graph_split without parallel='ddp' and compile (it splits compiled graphs under DDP)")
-    if variant.parallel == "fsdp2" and variant.precision == "nf4":
-        problems.append("parallel='fsdp2' with precision='nf4' (sharding 4-bit weights is not wired; use ddp)")
     if variant.expert_lora and variant.experts != "grouped" and variant.framework != "unsloth":
         problems.append("expert_lora without experts='grouped' (PEFT's expert LoRA runs in the grouped path)")
     if variant.attention == "varlen" and not variant.padding_free:

@@ -30,6 +30,7 @@ import torch
 
 from .build import (GIB, GENERATOR, _value, build_memory, manifest_config, name_special_tokens, parameter_seed,
                     skeleton)
+from .harness import Unsupported
 from .ranks import distributed as _dist, world_size
 
 STRATEGIES = ("ddp", "fsdp2")
@@ -245,6 +246,8 @@ def materialize(model, device, seed: int, std: float, checkpoint=None) -> dict:
     `checkpoint` (a folder of safetensors), read as the rank's slice of that tensor. Buffers the skeleton made real
     (rotary tables) keep their values. Returns counts for the record."""
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    # what was real before sharding (4-bit weights quantized whole, then split) keeps the rows it was given
+    kept = {n: _local(p).detach().clone() for n, p in model.named_parameters() if not _local(p).is_meta}
     model.to_empty(device=device)
     with torch.no_grad():
         for n, b in model.named_buffers():
@@ -253,6 +256,10 @@ def materialize(model, device, seed: int, std: float, checkpoint=None) -> dict:
         source = CheckpointSlices(checkpoint) if checkpoint is not None else None
         owners, drawn, read, local_bytes = _owners(model), 0, 0, 0
         for name, p in model.named_parameters():
+            if name in kept:
+                _local(p).copy_(kept.pop(name))
+                local_bytes += _local(p).numel() * _local(p).element_size()
+                continue
             if is_adapter(name):
                 continue
             local, (start, end) = _local(p), local_rows(p)
@@ -272,6 +279,18 @@ def materialize(model, device, seed: int, std: float, checkpoint=None) -> dict:
     return {"parameters_drawn": drawn, "parameters_read": read, "local_gib": local_bytes / GIB}
 
 
+def _no_cpu_repack(model) -> int:
+    """bitsandbytes repacks a 4-bit weight in place for its CPU inference kernel (weight.data replaced): under FSDP2
+    the weight is the ranks' gathered copy, rebuilt at each gather, so every 4-bit layer keeps the plain
+    dequantizing path (the same arithmetic). Returns how many layers were told."""
+    n = 0
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+            n += 1
+    return n
+
+
 def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tuple:
     """The causal LM of `manifest` (in process: seeded draws; else its checkpoint folder), with the variant's FP8
     layers and LoRA, sharded with FSDP2 over the ranks and materialized rank by rank on `device`. Returns (model,
@@ -279,7 +298,8 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
     from transformers import AutoConfig
 
     from . import fp8
-    from .variants import apply_lora
+    from .build import draw_4bit, prepare_4bit
+    from .variants import apply_lora, quantization_config
 
     t0 = time.perf_counter()
     in_process = manifest.get("build") == "in_process"
@@ -291,15 +311,28 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
     model = skeleton(arch, config)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    fp8_info = None
-    if variant.precision == "fp8":  # the frozen projections in FP8, on the meta device
-        fp8_info = fp8.convert_decoder(model, variant.fp8_recipe)
-    model = apply_lora(model, variant, lora)
-    trainer_args = parallelize(model, "fsdp2", device)
+    fp8_info, four_bit = None, {}
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    if variant.precision == "fp8":  # the frozen projections in FP8, on the meta device
+        fp8_info = fp8.convert_decoder(model, variant.fp8_recipe)
+    quant = quantization_config(variant, quant_storage=torch.bfloat16)
+    if quant is not None:  # QLoRA under FSDP2: each 4-bit weight drawn and quantized whole, then its bytes sharded
+        if not in_process:
+            raise Unsupported("QLoRA under FSDP2 from a checkpoint folder is not wired (the 4-bit weights are "
+                              "quantized from the seeded draws of an in-process model)")
+        quantizer = prepare_4bit(model, quant, device)
+        t4 = time.perf_counter()
+        four_bit = {"quantized_4bit": draw_4bit(model, seed, device), "quant_storage": "bfloat16",
+                    "quantize_s": time.perf_counter() - t4}
+        quantizer.postprocess_model(model)
+    model = apply_lora(model, variant, lora)
+    if quant is not None:
+        four_bit["cpu_repack_off"] = _no_cpu_repack(model)
+    trainer_args = parallelize(model, "fsdp2", device)
     counts = materialize(model, device, seed, getattr(config, "initializer_range", 0.02),
                          checkpoint=None if in_process else manifest["path"])
+    counts.update(four_bit)
     counts["adapters_seeded"] = seed_adapters(model, seed)
     if in_process:
         name_special_tokens(model, manifest)

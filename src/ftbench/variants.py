@@ -161,14 +161,17 @@ def compute_dtype(variant: Variant) -> torch.dtype:
     return DTYPES[variant.nf4_compute] if variant.precision == "nf4" else DTYPES.get(variant.precision, torch.bfloat16)
 
 
-def quantization_config(variant: Variant):
-    """The published QLoRA setting: NF4, double quantization, bf16 compute (`nf4_compute`)."""
+def quantization_config(variant: Variant, quant_storage=None):
+    """The published QLoRA setting: NF4, double quantization, bf16 compute (`nf4_compute`). `quant_storage`: the
+    dtype the packed 4-bit bytes are viewed as (bitsandbytes' uint8 where None; FSDP2 shards them as bf16, the
+    documented FSDP+QLoRA route, so that they share the all-gather of the layer's other bf16 weights)."""
     if variant.precision != "nf4":
         return None
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=compute_dtype(variant))
+                              bnb_4bit_compute_dtype=compute_dtype(variant),
+                              **({"bnb_4bit_quant_storage": quant_storage} if quant_storage is not None else {}))
 
 
 def load_pretrained(model_cls, path, variant: Variant, device):
