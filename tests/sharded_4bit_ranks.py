@@ -1,6 +1,6 @@
 """Run by tests/test_sharded.py under torchrun (two gloo ranks on a CPU): QLoRA under FSDP2. A tiny Qwen3 built
 sharded in 4-bit (bf16 quant storage), its packed weights and quant states gathered, its logits and LoRA gradients
-on fixed tokens, then a step of training and the adapter saved from the ranks; rank 0 writes what it saw.
+on fixed tokens, an optimizer step, and the adapter saved from the ranks; rank 0 writes what it saw.
 
 argv: <in_process manifest json> <out dir> <variant name> <gradient checkpointing 0|1>"""
 
@@ -40,9 +40,13 @@ loss = model(input_ids=ids, labels=ids).loss
 loss.backward()
 grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
          for n, p in model.named_parameters() if p.requires_grad}
+dtypes = sorted({(str(p.dtype), str(p.grad.dtype)) for p in model.parameters() if p.requires_grad})
+torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, foreach=True).step()  # as the trainer
+trained = parallel.gather(model)
 save = parallel.save_adapter(model, out / "adapter" if rank == 0 else None)
 if rank == 0:
-    torch.save({"full": full, "states": states, "logits": logits, "grads": grads, "loss": loss.item()}, out / "sharded.pt")
+    torch.save({"full": full, "states": states, "logits": logits, "grads": grads, "loss": loss.item(),
+                "dtypes": dtypes, "trained": trained}, out / "sharded.pt")
     (out / "result.json").write_text(json.dumps({"facts": facts, "save": save, "trainer_args": trainer_args},
                                                 default=str))
 dist.barrier()

@@ -136,7 +136,7 @@ def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_pat
     bf16 GEMMs sum in another order with more); the adapter written by rank 0 loads in PEFT on the 4-bit model."""
     from peft import PeftModel
 
-    from ftbench.parallel import _no_cpu_repack, seed_adapters
+    from ftbench.parallel import _no_cpu_repack, adapters_as_trl_casts, seed_adapters
 
     arch = load_architecture(ROOT / "config/architectures/qwen3-8b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path / "p", 42, build="in_process")
@@ -151,6 +151,7 @@ def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_pat
     result, sharded = json.loads((out / "result.json").read_text()), torch.load(out / "sharded.pt", weights_only=False)
     facts = result["facts"]
     assert facts["world_size"] == 2 and facts["quantized_4bit"] == 14 and facts["quant_storage"] == "bfloat16"
+    assert facts["adapters_bf16"] == 28  # LoRA in TRL's dtype before sharding (after it, FSDP2 kept fp32: GPU error)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -160,6 +161,7 @@ def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_pat
         model = apply_lora(model, variant, LORA)
         seed_adapters(model, 42)
         _no_cpu_repack(model)
+        adapters_as_trl_casts(model)  # what TRL does to a quantized model's LoRA when the trainer is built
         one = dict(model.named_parameters())
         assert set(sharded["full"]) == set(one)
         packed = 0
@@ -186,6 +188,7 @@ def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_pat
     finally:
         torch.set_num_threads(threads)
     assert loss.item() == sharded["loss"]
+    assert sharded["dtypes"] == [("torch.bfloat16", "torch.bfloat16")]  # LoRA and its gradients, as the optimizer met them
     assert set(sharded["grads"]) == {n for n, p in model.named_parameters() if p.requires_grad}
     for name, grad in sharded["grads"].items():
         assert grad.abs().sum() > 0 and torch.equal(one[name].grad, grad), name
@@ -193,10 +196,10 @@ def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_pat
     base, _ = build_model(manifest, 42, "cpu", torch.bfloat16, quantization_config(variant))
     loaded = PeftModel.from_pretrained(base, out / "adapter")
     got = {n: p for n, p in loaded.named_parameters() if ".lora_" in n}
-    assert set(got) == set(sharded["grads"])
-    for name, p in model.named_parameters():
-        if ".lora_" in name:
-            assert torch.equal(got[name].detach().to(p.dtype), p.detach()), name
+    assert set(got) == set(sharded["trained"]) == set(sharded["grads"])
+    for name, tensor in sharded["trained"].items():  # after the ranks' optimizer step
+        assert not torch.equal(tensor, one[name].detach()), name
+        assert torch.equal(got[name].detach().to(tensor.dtype), tensor), name
 
 
 def test_qlora_under_fsdp2_from_a_checkpoint_folder_is_refused(tmp_path):

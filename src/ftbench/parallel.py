@@ -279,6 +279,19 @@ def materialize(model, device, seed: int, std: float, checkpoint=None) -> dict:
     return {"parameters_drawn": drawn, "parameters_read": read, "local_gib": local_bytes / GIB}
 
 
+def adapters_as_trl_casts(model) -> int:
+    """Every trainable parameter in bf16, before sharding: TRL's SFTTrainer casts a quantized model's trainable
+    parameters to bf16 (`param.data = ...`) when it is built, which on one GPU is QLoRA's LoRA dtype; done after
+    FSDP2 has sharded them it left FSDP2's recorded dtype (fp32) behind, and the optimizer's first step met bf16
+    gradients beside fp32 state (2026-11-26, two H100s). Returns how many were cast."""
+    n = 0
+    for p in model.parameters():
+        if p.requires_grad and p.dtype != torch.bfloat16:
+            p.data = p.data.to(torch.bfloat16)
+            n += 1
+    return n
+
+
 def _no_cpu_repack(model) -> int:
     """bitsandbytes repacks a 4-bit weight in place for its CPU inference kernel (weight.data replaced): under FSDP2
     the weight is the ranks' gathered copy, rebuilt at each gather, so every 4-bit layer keeps the plain
@@ -329,6 +342,7 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
     model = apply_lora(model, variant, lora)
     if quant is not None:
         four_bit["cpu_repack_off"] = _no_cpu_repack(model)
+        four_bit["adapters_bf16"] = adapters_as_trl_casts(model)
     trainer_args = parallelize(model, "fsdp2", device)
     counts = materialize(model, device, seed, getattr(config, "initializer_range", 0.02),
                          checkpoint=None if in_process else manifest["path"])
