@@ -401,13 +401,16 @@ def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
 
 
 HF_TWINS = ["qlora-gc", "qlora"]  # Study D's Hugging Face side, the same knobs as unsloth-qlora first
+CLAIM_DATA = "japanese_alpaca"  # Study D's claim is on Alpaca: its stand-in here
 
 
 def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, across_code: bool = False,
             **_) -> list[dict]:
     """Study D (news article), Unsloth's own claim on Alpaca: 1.98x Hugging Face's speed and 47 % less memory. Ours:
-    unsloth-qlora against PEFT on the same model, instruction data, batch and GPU, at full scale: `qlora-gc` (the
-    same knobs, gradient checkpointing as Unsloth's variant has it) where it ran at that shape, else `qlora`."""
+    unsloth-qlora against PEFT on the same model, data, batch and GPU, at full scale: `qlora-gc` (the same knobs,
+    gradient checkpointing as Unsloth's variant has it) where it ran at that shape, else `qlora`. The speed is judged
+    at a pair whose GPU stays busy in both runs, japanese_alpaca's first; where none of those is, a GPU-bound pair on
+    other data carries the verdict and says so; the other pairs stand beside it."""
     claim = published.get("unsloth_claim")
     multi = study_d_multi_gpu(df, published["multi_gpu_claim"]) if published.get("multi_gpu_claim") else []
     if not claim:
@@ -419,7 +422,8 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
         pl.col("variant").replace_strict(HF_TWINS, list(range(len(HF_TWINS)))).alias("_rank"))
         .sort("_rank").unique(shape, keep="first", maintain_order=True).drop("_rank"))
     pairs = (full.filter(pl.col("variant") == "unsloth-qlora").join(hf, on=shape, suffix="_hf")
-             .filter(pl.col("dataset") == "japanese_alpaca").sort("model", "batch_size", "gpu"))
+             .with_columns((pl.col("dataset") != CLAIM_DATA).alias("_other_data"))
+             .sort("_other_data", "model", "dataset", "batch_size", "gpu").drop("_other_data"))
     if not across_code and not pairs.is_empty():  # a pair divides runs of one code (merge_across_code: on purpose)
         pairs = pairs.filter([code_of(r) == code_of(r, "_hf") for r in pairs.iter_rows(named=True)])
     memory = 1 - claim["memory_mb_unsloth"] / claim["memory_mb_hf"]
@@ -428,14 +432,22 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
         base = {"study": "D", "model": "(Alpaca; ours: Qwen3, japanese_alpaca)", "dataset": "alpaca",
                 "variant": "unsloth-qlora vs qlora", "batch": None, "metric": metric, "published": pub}
         if pairs.is_empty():
-            out.append({**base, "why": "no full-scale GPU pair of unsloth-qlora and qlora-gc or qlora on "
-                                       "japanese_alpaca of one code yet"})
+            out.append({**base, "why": "no full-scale GPU pair of unsloth-qlora and qlora-gc or qlora of one code "
+                                       "yet"})
             continue
         every = list(pairs.iter_rows(named=True))
-        bound = [p for p in every if _pair_busy(p) is not None and _pair_busy(p) >= GPU_BOUND_BUSY]
-        r = bound[0] if bound else every[0]
+        # among GPU-bound pairs: the claim's data first (another dataset's carries the verdict only where none of
+        # the claim's is GPU-bound: japanese_alpaca's short rows left Unsloth's GPU 17-72 % busy on an H100), then
+        # PEFT with Unsloth's knobs (qlora-gc), then a pair whose noise can carry a verdict, then the busiest
+        bound = sorted((p for p in every if _pair_busy(p) is not None and _pair_busy(p) >= GPU_BOUND_BUSY),
+                       key=lambda p: (p["dataset"] != CLAIM_DATA, p["variant_hf"] != HF_TWINS[0],
+                                      NOISE_SIGMAS * (combined_noise(p["timing.noise_cv"], p["timing.noise_cv_hf"])
+                                                      or 1.0) > INCONCLUSIVE_BAND, -_pair_busy(p)))
+        shown = [p for p in every if p["dataset"] == CLAIM_DATA]
+        r = bound[0] if bound else (shown or every)[0]
+        other_data = r["dataset"] != CLAIM_DATA
         noise = combined_noise(r["timing.noise_cv"], r["timing.noise_cv_hf"])
-        context = "; ".join(f"{p['model']} bs{p['batch_size']} on the {p['gpu']}: "
+        context = "; ".join(f"{p['model']} {p['dataset']} bs{p['batch_size']} on the {p['gpu']}: "
                             f"{p['timing.step_time_s_hf'] / p['timing.step_time_s']:.2f}x at GPU busy "
                             f"{_pair_busy(p) or 0:.0f} %" for p in every if p is not r)
         if metric.startswith("speed"):
@@ -456,6 +468,7 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
                     "why": (f"{len(every)} pair(s); " + (f"the GPU-bound pair carries the verdict (busy "
                                                          f"{_pair_busy(r):.0f} %)" if bound else
                                                          "none GPU-bound: the first shown")
+                            + (f", on {r['dataset']}: no {CLAIM_DATA} pair keeps the GPU busy" if other_data else "")
                             + (f"; beside it: {context}" if context else "")),
                     **_judged(judged, r)})
     return out + multi
