@@ -203,6 +203,13 @@ def test_study_d_multi_gpu_claim_is_judged_per_gpu_count_from_twins_of_the_same_
     assert four["verdict"] == "differs" and "below near-linear scaling" in four["how"]  # 2.94x on 4 GPUs
     assert four["measured by"] == "top-ddp4 vs top"  # the run of other code has no twin: never paired silently
     assert eight["verdict"] == "not measured" and "no 8-GPU host is lent" in eight["why"]
+    # merged across code on purpose, the multi-GPU twins still pair within one code: the one-GPU run measured again on
+    # other code later does not take its c1 copy away (it did: 4 GPUs read "not measured", 2026-11-26)
+    across = coverage_rows(pl.DataFrame(rows, infer_schema_length=None),
+                           [{"table": "study_d", "published": published}], across_code=True)
+    cells = {r["variant"]: r for r in across.filter(pl.col("metric") == "multi-GPU speed-up").to_dicts()}
+    assert cells["2 GPUs vs one"]["measured by"] == "top-ddp2 vs top"
+    assert cells["4 GPUs vs one"]["measured by"] == "top-ddp4 vs top"
 
 
 def test_a_ratio_across_two_source_digests_is_not_judged_silently():

@@ -576,8 +576,11 @@ def coverage_rows(df: pl.DataFrame, studies: list[dict], across_code: bool = Fal
     rows = []
     for s in studies:
         probes = {"probes": s["probes"]} if s.get("probes") else {}  # study_a's and study_c's
-        # Study D pairs runs of one code, among every code's latest copy; the others judge each run's latest copy
-        runs = df if s["table"] == "study_d" and not across_code else latest(df)
+        # Study D pairs runs of one code (its multi-GPU twins always; Unsloth's pair unless merged across code), among
+        # every code's latest copy; the others judge each run's latest copy. (With merge_across_code, each run's
+        # latest copy alone dropped the one-GPU twins of the multi-GPU runs measured before it: 4 GPUs read "not
+        # measured".)
+        runs = df if s["table"] == "study_d" else latest(df)
         rows += TABLES[s["table"]](runs, s["published"], s.get("measured_by"), across_code=across_code, **probes)
     # what a reader asks first (published, ours, the verdict and why) before how it was measured
     cols = ["study", "model", "dataset", "variant", "batch", "published", "ours", "verdict", "how", "cause (measured)",
