@@ -3,7 +3,8 @@
 import pytest
 
 from ftbench.analysis import kernel_time
-from ftbench.profiling import attention_backend, is_fp8_work, summarize_trace
+from ftbench.kernels import attention_backend, is_fp8_work
+from ftbench.profiling import summarize_trace
 
 
 def test_busy_idle_and_gaps_from_a_known_trace():

@@ -162,7 +162,7 @@ def kernel_shares(summary: dict) -> dict:
     listed)."""
     fp8, nf4 = summary.get("fp8_work_share"), summary.get("dequant_4bit_share")
     if fp8 is not None and nf4 is None and summary.get("device") == "cuda":
-        from .profiling import FP8_WORK_NAME_BEFORE, is_dequant_4bit, is_fp8_work
+        from .kernels import FP8_WORK_NAME_BEFORE, is_dequant_4bit, is_fp8_work
 
         tops = [(o.get("name", ""), o.get("share") or 0.0) for o in summary.get("top_operators") or []]
         nf4 = sum(share for name, share in tops if is_dequant_4bit(name))
@@ -176,7 +176,7 @@ def kernel_time(summary: dict) -> dict:
     """The device's kernel time per profiled step, attention's share of it and the attention implementation that
     ran most of it. Summaries written before these were counted give them from their top operators (each top
     operator's share is of the same summed time, so the kernel time is exact; attention's share is a lower bound)."""
-    from .profiling import by_attention_backend
+    from .kernels import by_attention_backend
 
     ms, shares = summary.get("kernel_ms_per_step"), summary.get("attention_shares")
     tops = [o for o in summary.get("top_operators") or [] if o.get("share")]

@@ -8,7 +8,7 @@ import polars as pl
 
 from .analysis import code_of, full_scale, html_page, median_step_samples_per_hour, peak_memory
 from .flops import peak_tflops
-from .profiling import GPU_BOUND_SHARE
+from .kernels import GPU_BOUND_SHARE
 from .verdicts import NOISE_SIGMAS
 NOISE_NOTE = ("Noise: each run's relative uncertainty is its CV across repeated windows (or, with one window, the "
               "within-run CV of its step times over the square root of the steps); a ratio whose distance from 1 is "
