@@ -151,6 +151,7 @@ def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_pat
     result, sharded = json.loads((out / "result.json").read_text()), torch.load(out / "sharded.pt", weights_only=False)
     facts = result["facts"]
     assert facts["world_size"] == 2 and facts["quantized_4bit"] == 14 and facts["quant_storage"] == "bfloat16"
+    assert facts["quantized_at_once_max"] == 7  # one layer's projections whole at a time, never the whole model
     assert facts["adapters_bf16"] == 28  # LoRA in TRL's dtype before sharding (after it, FSDP2 kept fp32: GPU error)
 
     threads = torch.get_num_threads()

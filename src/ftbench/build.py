@@ -373,19 +373,19 @@ def quantize_4bit(p, value, module, device):
     return q._quantize(device)
 
 
-def draw_4bit(model, seed: int, device) -> int:
-    """Draw and quantize on `device` only the skeleton's bitsandbytes 4-bit weights (each whole, from the same
-    generator `draw_parameters` seeds per name), leaving every other parameter on the meta device: the sharded
-    4-bit build quantizes each weight whole, as one process does, before FSDP2 splits its packed bytes. Returns
-    how many were quantized."""
-    std = getattr(model.config, "initializer_range", 0.02)
+def draw_4bit(module, seed: int, device, std: float, prefix: str = "", name_of=lambda name: name) -> int:
+    """Draw and quantize on `device` only the bitsandbytes 4-bit weights under `module` that are still on the meta
+    device (each whole, from the generator `draw_parameters` seeds per name: `name_of` maps a parameter's name under
+    `prefix` to the plain model's, e.g. out of PEFT's wrapping), leaving every other parameter where it is: the
+    sharded 4-bit build quantizes each layer's weights whole, as one process does, just before FSDP2 splits their
+    packed bytes. Returns how many were quantized."""
     n = 0
-    for mname, module in model.named_modules():
-        for pname, p in list(module._parameters.items()):
+    for mname, sub in module.named_modules(prefix=prefix):
+        for pname, p in list(sub._parameters.items()):
             if p is None or not p.is_meta or type(p).__name__ != "Params4bit":
                 continue
-            value = _value(f"{mname}.{pname}", module, p.shape, std, seed, torch.device(device))
-            module._parameters[pname] = quantize_4bit(p, value, module, device)
+            value = _value(name_of(f"{mname}.{pname}"), sub, p.shape, std, seed, torch.device(device))
+            sub._parameters[pname] = quantize_4bit(p, value, sub, device)
             del value
             n += 1
     return n

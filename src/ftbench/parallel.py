@@ -10,6 +10,9 @@ parallelism to the model, then each rank materializes only what it holds on its 
   with the run's seed and the parameter's name (on the rank's device, one parameter at a time, keeping the rows the
   rank holds), so the sharded model holds exactly the one-process build's weights; a checkpoint is read slice by
   slice (safetensors), each rank reading only its rows. No rank ever holds the whole model, on the host or the GPU.
+  QLoRA (precision nf4): bitsandbytes 4-bit layers with bf16 quant storage, the documented FSDP+QLoRA route; each
+  layer's weights are drawn whole and quantized on the rank's GPU just before `fully_shard` splits their packed
+  bytes (one layer whole at a time), with LoRA in bf16 as TRL casts a quantized model's adapters.
 - `seed_adapters(model, seed)` gives LoRA's A matrices PEFT's initial distribution from a generator seeded per
   name (B zero), so an adapter starts the same on one GPU and sharded over several.
 - `gather` / `save_adapter`: the full LoRA state gathered (every rank takes part; rank 0 keeps it on the
@@ -62,14 +65,15 @@ def device_mesh(device):
 
 
 def parallelize(model, strategy: str | None, device, reshard_after_forward: bool = True,
-                bucket_mb: int | None = None) -> dict:
+                bucket_mb: int | None = None, before_shard=None) -> dict:
     """Apply `strategy` to `model` in place and return the trainer's settings for it. fsdp2: every decoder layer,
     then the root (embeddings, final norm, LM head), sharded over all ranks, bf16 parameters kept as they are and
     gradients reduced in fp32 (LoRA's trainable weights are fp32); the trainer is told FSDP2 so that accelerate
     leaves the sharded model as it is (it wraps only what is not an FSDP module). ddp: the model stays whole and
     the trainer wraps it in DistributedDataParallel (no search for unused parameters: LoRA leaves none; no broadcast
     of buffers before each forward: the rotary tables are the same on every rank; `bucket_mb`: its gradient buckets,
-    DDP's 25 MB where None)."""
+    DDP's 25 MB where None). `before_shard(module)`, for FSDP2, runs on each layer and then the root just before
+    it is sharded (the 4-bit build quantizes a layer's weights there: one layer whole at a time on a rank)."""
     if strategy is None:
         return {}
     if strategy == "ddp":
@@ -85,9 +89,10 @@ def parallelize(model, strategy: str | None, device, reshard_after_forward: bool
     if not isinstance(model, FSDPModule):
         mesh = device_mesh(device)
         policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)
-        for layer in layers:
+        for layer in [*layers, model]:
+            if before_shard is not None:
+                before_shard(layer)
             fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     names = sorted({type(m).__name__ for m in layers})
     return {"fsdp": True, "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": names,
                                           "reshard_after_forward": reshard_after_forward}}
@@ -330,20 +335,26 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
     if variant.precision == "fp8":  # the frozen projections in FP8, on the meta device
         fp8_info = fp8.convert_decoder(model, variant.fp8_recipe)
     quant = quantization_config(variant, quant_storage=torch.bfloat16)
-    if quant is not None:  # QLoRA under FSDP2: each 4-bit weight drawn and quantized whole, then its bytes sharded
+    if quant is not None:  # QLoRA under FSDP2: the layers 4-bit on the meta device, their weights drawn below
         if not in_process:
             raise Unsupported("QLoRA under FSDP2 from a checkpoint folder is not wired (the 4-bit weights are "
                               "quantized from the seeded draws of an in-process model)")
-        quantizer = prepare_4bit(model, quant, device)
-        t4 = time.perf_counter()
-        four_bit = {"quantized_4bit": draw_4bit(model, seed, device), "quant_storage": "bfloat16",
-                    "quantize_s": time.perf_counter() - t4}
-        quantizer.postprocess_model(model)
+        prepare_4bit(model, quant, device).postprocess_model(model)  # the model marked 4-bit, as TRL reads it
     model = apply_lora(model, variant, lora)
+    before_shard = None
     if quant is not None:
-        four_bit["cpu_repack_off"] = _no_cpu_repack(model)
-        four_bit["adapters_bf16"] = adapters_as_trl_casts(model)
-    trainer_args = parallelize(model, "fsdp2", device)
+        four_bit = {"cpu_repack_off": _no_cpu_repack(model), "adapters_bf16": adapters_as_trl_casts(model),
+                    "quant_storage": "bfloat16", "quantized_4bit": 0, "quantized_at_once_max": 0, "quantize_s": 0.0}
+        where = {id(m): n for n, m in model.named_modules()}
+        std = getattr(config, "initializer_range", 0.02)
+
+        def before_shard(module):  # each layer's 4-bit weights drawn whole and quantized just before FSDP2 splits
+            t4 = time.perf_counter()  # their packed bytes: one layer whole at a time on a rank, never the model
+            n = draw_4bit(module, seed, device, std, where[id(module)], base_name)
+            four_bit["quantized_4bit"] += n
+            four_bit["quantized_at_once_max"] = max(four_bit["quantized_at_once_max"], n)
+            four_bit["quantize_s"] += time.perf_counter() - t4
+    trainer_args = parallelize(model, "fsdp2", device, before_shard=before_shard)
     counts = materialize(model, device, seed, getattr(config, "initializer_range", 0.02),
                          checkpoint=None if in_process else manifest["path"])
     counts.update(four_bit)
