@@ -338,6 +338,7 @@ def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_on
     cell = coverage_rows(pl.DataFrame(rows), studies, across_code=True).filter(
         pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
     assert cell["model"] == "qwen3-32b" and cell["verdict"] == "holds"
+    assert "the two runs ran other code (Unsloth's files aaaa, PEFT's bbbb): merged across code" in cell["how"]
     # none of the claim's data GPU-bound: a GPU-bound pair on other data carries it, saying so; alpaca's stays beside
     long_rows = [{**run("unsloth-qlora", "qwen3-8b", 16, 1.0, 97.0), "dataset": "wikipedia_ja"},
                  {**run("qlora-gc", "qwen3-8b", 16, 2.0, 93.0), "dataset": "wikipedia_ja"}]

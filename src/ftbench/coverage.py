@@ -462,6 +462,9 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
             ours = f"{ratio:.0%}"
             judged = judge(ratio, published_range(memory), None, lower_is_faster=False)
             judged["how"] = judged["how"].replace("faster", "more saved").replace("slower", "less saved")
+        if code_of(r) != code_of(r, "_hf"):  # only where merged across code on purpose: the note stays
+            judged["how"] += (f"; the two runs ran other code (Unsloth's files {(code_of(r) or '?')[:10]}, PEFT's "
+                              f"{(code_of(r, '_hf') or '?')[:10]}): merged across code")
         out.append({**base, "model": r["model"], "batch": r["batch_size"], "GPU": r["gpu"],
                     "measured by": f"unsloth-qlora, {r['variant_hf']}", "status": "ok", "ours": ours, "ratio": ratio,
                     "measured": True,
