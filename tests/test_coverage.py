@@ -299,25 +299,7 @@ def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_on
     studies = [{"table": "study_d", "published": published}]
     cell = coverage_rows(pl.DataFrame(host_bound + gpu_bound), studies).filter(
         pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
-    assert cell["model"] == "qwen3-32b" and cell["verdict"] == "holds"
-    # none of the claim's data GPU-bound: a GPU-bound pair on other data carries it, saying so; alpaca's stays beside
-    long_rows = [{**run("unsloth-qlora", "qwen3-8b", 16, 1.0, 97.0), "dataset": "wikipedia_ja"},
-                 {**run("qlora-gc", "qwen3-8b", 16, 2.0, 93.0), "dataset": "wikipedia_ja"}]
-    cell = coverage_rows(pl.DataFrame(host_bound + long_rows), studies).filter(
-        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
-    assert cell["dataset"] == "alpaca" and cell["ratio"] == pytest.approx(2.0) and cell["verdict"] == "holds"
-    assert "on wikipedia_ja: no japanese_alpaca pair keeps the GPU busy" in cell["why"]
-    assert "qwen3-8b japanese_alpaca bs4 on the H100 SXM5: 0.90x at GPU busy 17 %" in cell["why"]
-    # of two GPU-bound pairs on other data, PEFT with Unsloth's knobs (qlora-gc) carries it over plain qlora
-    plain = [{**run("unsloth-qlora", "qwen3-8b", 4, 1.0, 84.0), "dataset": "wikipedia_ja"},
-             {**run("qlora", "qwen3-8b", 4, 1.5, 82.0), "dataset": "wikipedia_ja"}]
-    cell = coverage_rows(pl.DataFrame(host_bound + plain + long_rows), studies).filter(
-        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
-    assert cell["batch"] == 16 and cell["measured by"] == "unsloth-qlora, qlora-gc", cell
-    # ... and a GPU-bound alpaca pair comes first whatever other data measured
-    cell = coverage_rows(pl.DataFrame(host_bound + long_rows + gpu_bound), studies).filter(
-        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
-    assert cell["model"] == "qwen3-32b" and cell["ratio"] == pytest.approx(1.98) and "on wikipedia_ja" not in cell["why"] and cell["ratio"] == pytest.approx(1.98)
+    assert cell["model"] == "qwen3-32b" and cell["verdict"] == "holds" and cell["ratio"] == pytest.approx(1.98)
     assert "GPU-bound pair carries the verdict (busy 95 %)" in cell["why"]
     assert "qwen3-8b japanese_alpaca bs4 on the H100 SXM5: 0.90x at GPU busy 17 %" in cell["why"]
     alone = coverage_rows(pl.DataFrame(host_bound), studies).filter(

@@ -23,6 +23,15 @@ LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_
 ONE = Variant("lora", peft="lora", precision="bf16")
 
 
+def two_ranks(script: str, *args) -> None:
+    """`tests/<script>` run by torchrun as two gloo ranks on this CPU (one thread each), its arguments as text."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(ROOT / "tests" / script), *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sharded")
@@ -33,12 +42,7 @@ def sharded(tmp_path_factory):
         (tmp / f"{name}.json").write_text(json.dumps(m))
     out = tmp / "out"
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(ROOT / "tests/sharded_ranks.py"), str(tmp / "in_process.json"),
-                           str(tmp / "checkpoint.json"), str(out)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    two_ranks("sharded_ranks.py", tmp / "in_process.json", tmp / "checkpoint.json", out)
     return manifests, out, json.loads((out / "result.json").read_text())
 
 
@@ -117,11 +121,7 @@ def test_a_mixture_of_experts_builds_sharded_trains_a_step_and_gathers(tmp_path)
     arch = load_architecture(ROOT / "config/architectures/gpt-oss-120b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path / "p", 42, build="in_process")
     (tmp_path / "m.json").write_text(json.dumps(manifest))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(ROOT / "tests/sharded_moe_ranks.py"), str(tmp_path / "m.json"), str(tmp_path / "r.json")],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    two_ranks("sharded_moe_ranks.py", tmp_path / "m.json", tmp_path / "r.json")
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["loss"] > 0 and r["facts"]["world_size"] == 2 and "sharded" in r["facts"]["method"]
     one, _ = build_model(manifest, 42, "cpu")
@@ -143,11 +143,7 @@ def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_pat
     (tmp_path / "m.json").write_text(json.dumps(manifest))
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(ROOT / "tests/sharded_4bit_ranks.py"), str(tmp_path / "m.json"), str(out),
-                           "qlora-gc-fsdp2", "1"], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    two_ranks("sharded_4bit_ranks.py", tmp_path / "m.json", out, "qlora-gc-fsdp2", "1")
     result, sharded = json.loads((out / "result.json").read_text()), torch.load(out / "sharded.pt", weights_only=False)
     facts = result["facts"]
     assert facts["world_size"] == 2 and facts["quantized_4bit"] == 14 and facts["quant_storage"] == "bfloat16"

@@ -12,8 +12,7 @@ import polars as pl
 from .analysis import KEY, code_of, full_scale, html_table, oldest_first, peak_memory, read_runs, typed
 from .compare import _verdict
 from .knobs import DEFAULTS
-from .verdicts import (INCONCLUSIVE_BAND, NOISE_SIGMAS, VERDICTS, combined_noise, counts_line, evidence, judge,
-                       published_range)
+from .verdicts import VERDICTS, carries, combined_noise, counts_line, evidence, judge, published_range
 
 GIB_PER_GB = 1e9 / 2**30
 
@@ -441,8 +440,7 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
         # PEFT with Unsloth's knobs (qlora-gc), then a pair whose noise can carry a verdict, then the busiest
         bound = sorted((p for p in every if _pair_busy(p) is not None and _pair_busy(p) >= GPU_BOUND_BUSY),
                        key=lambda p: (p["dataset"] != CLAIM_DATA, p["variant_hf"] != HF_TWINS[0],
-                                      NOISE_SIGMAS * (combined_noise(p["timing.noise_cv"], p["timing.noise_cv_hf"])
-                                                      or 1.0) > INCONCLUSIVE_BAND, -_pair_busy(p)))
+                                      not _pair_carries(p), -_pair_busy(p)))
         shown = [p for p in every if p["dataset"] == CLAIM_DATA]
         r = bound[0] if bound else (shown or every)[0]
         other_data = r["dataset"] != CLAIM_DATA
@@ -478,6 +476,12 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
 
 
 GPU_BOUND_BUSY = 80  # % of the windows a kernel ran (NVML), in both runs of a pair: a speed claim is judged there
+
+
+def _pair_carries(p: dict) -> bool:
+    """Whether a pair's combined noise can carry a verdict (a pair with no recorded noise cannot)."""
+    noise = combined_noise(p["timing.noise_cv"], p["timing.noise_cv_hf"])
+    return noise is not None and carries(noise)
 
 
 def _pair_busy(p: dict) -> float | None:
@@ -538,10 +542,7 @@ def study_d_multi_gpu(df: pl.DataFrame, claim: dict) -> list[dict]:
                    or f"no ok {n}-GPU run with an ok one-GPU twin of the same code on the same GPU kind")
             out.append({**base, "why": why})
             continue
-        def carries(f):  # a noise band narrow enough to carry a verdict
-            return NOISE_SIGMAS * f[0] <= INCONCLUSIVE_BAND
-
-        found.sort(key=lambda f: (not carries(f), -_when(f[5]) if carries(f) else 0, f[0]))
+        found.sort(key=lambda f: (not carries(f[0]), -_when(f[5]) if carries(f[0]) else 0, f[0]))
         noise, speedup, metric, na, nb, r, b = found[0]
         judged = judge(speedup, (eff * n, float(n)), noise, lower_is_faster=False)
         judged["how"] = judged["how"].replace("faster than published", "more than the near-linear range").replace(

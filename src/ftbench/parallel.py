@@ -329,7 +329,7 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
     model = skeleton(arch, config)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    fp8_info, four_bit = None, {}
+    fp8_info, four_bit, std = None, {}, getattr(config, "initializer_range", 0.02)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     if variant.precision == "fp8":  # the frozen projections in FP8, on the meta device
@@ -346,16 +346,16 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
         four_bit = {"cpu_repack_off": _no_cpu_repack(model), "adapters_bf16": adapters_as_trl_casts(model),
                     "quant_storage": "bfloat16", "quantized_4bit": 0, "quantized_at_once_max": 0, "quantize_s": 0.0}
         where = {id(m): n for n, m in model.named_modules()}
-        std = getattr(config, "initializer_range", 0.02)
 
-        def before_shard(module):  # each layer's 4-bit weights drawn whole and quantized just before FSDP2 splits
+        def quantize_layer(module):  # each layer's 4-bit weights drawn whole and quantized just before FSDP2 splits
             t4 = time.perf_counter()  # their packed bytes: one layer whole at a time on a rank, never the model
             n = draw_4bit(module, seed, device, std, where[id(module)], base_name)
             four_bit["quantized_4bit"] += n
             four_bit["quantized_at_once_max"] = max(four_bit["quantized_at_once_max"], n)
             four_bit["quantize_s"] += time.perf_counter() - t4
+        before_shard = quantize_layer
     trainer_args = parallelize(model, "fsdp2", device, before_shard=before_shard)
-    counts = materialize(model, device, seed, getattr(config, "initializer_range", 0.02),
+    counts = materialize(model, device, seed, std,
                          checkpoint=None if in_process else manifest["path"])
     counts.update(four_bit)
     counts["adapters_seeded"] = seed_adapters(model, seed)

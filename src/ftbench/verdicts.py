@@ -43,7 +43,7 @@ def judge(ours: float, published: tuple[float, float], noise: float | None, lowe
     what = "range" if lo != hi else "value"
     band = NOISE_SIGMAS * (noise or 0.0)
     beyond = not lo * (1 - band) <= ours <= hi * (1 + band)  # outside the published figure's noise band
-    if band > INCONCLUSIVE_BAND and not beyond:  # a band this wide would call almost anything "holds"; a figure
+    if not carries(noise) and not beyond:  # a band this wide would call almost anything "holds"; a figure
         # beyond even this band still differs (0.74x where 0.34x was published, a 14 % band)
         return {"verdict": "inconclusive",
                 "how": f"the noise cannot carry a verdict: {NOISE_SIGMAS} x CV {100 * noise:.1f} % = "
@@ -57,11 +57,17 @@ def judge(ours: float, published: tuple[float, float], noise: float | None, lowe
     off = ours / hi if ours > hi else ours / lo
     slower = (ours > hi) == lower_is_faster
     how = f"{off:.2f}x the published {what}: {'slower' if slower else 'faster'} than published"
-    if band > INCONCLUSIVE_BAND:
+    if not carries(noise):
         how += f", beyond even its wide noise band ({NOISE_SIGMAS} x CV {100 * noise:.1f} %)"
     if noise is None:
         how += " (noise not recorded)"
     return {"verdict": "differs", "how": how}
+
+
+def carries(noise: float | None) -> bool:
+    """Whether a noise CV is narrow enough to carry a verdict: NOISE_SIGMAS x CV at most INCONCLUSIVE_BAND (no
+    recorded noise counts as none)."""
+    return NOISE_SIGMAS * (noise or 0.0) <= INCONCLUSIVE_BAND
 
 
 def combined_noise(*cvs) -> float | None:
