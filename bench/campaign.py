@@ -53,18 +53,70 @@ def plan(name: str, parts: dict) -> dict:
     return {**camp, "name": name, "targets": list(dict.fromkeys(targets))}
 
 
-def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_configs=(), forcerun=()) -> list[str]:
+def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_configs=(), forcerun=(),
+            first=()) -> list[str]:
     """The Snakemake call: every GPU of the host a `gpu` resource, jobs that fail leave the rest going, an interrupted
     job's output rerun, nothing finished started again (only a missing or older output reruns a job: a repeats pass's
-    records keep their place); `forcerun` reruns the targets named (the repeats pass, with its `extra_configs`)."""
+    records keep their place); `forcerun` reruns the targets named (the repeats pass, with its `extra_configs`);
+    `first` are started before the others (Snakemake's --prioritize: the longest jobs, so that the short ones fill
+    the GPUs around them rather than one long job running alone at the end)."""
     snakemake = shlex.split(os.environ.get("SNAKEMAKE", f"{sys.executable} -m snakemake"))
     where = [] if workdir == ROOT else ["-s", str(ROOT / "Snakefile"), "-d", str(workdir)]
     configs = [str(ROOT / c) for c in camp["configs"]] + [str(c) for c in extra_configs]
     again = ["--forcerun", *forcerun] if forcerun else []
+    early = ["--prioritize", *first] if first else []
     targets = list(forcerun) or camp["targets"]
     return [*snakemake, *where, "--cores", str(cores), "--resources", f"gpu={max(gpus, 1)}", "--scheduler", "greedy",
-            "--keep-going", "--rerun-incomplete", "--rerun-triggers", "mtime", *again, "--configfile", *configs,
-            "--", *targets]
+            "--keep-going", "--rerun-incomplete", "--rerun-triggers", "mtime", *again, *early, "--configfile",
+            *configs, "--", *targets]
+
+
+def merged_config(camp: dict) -> dict:
+    """config/config.yaml and the campaign's config files, merged as Snakemake merges --configfile."""
+    from snakemake.utils import update_config
+
+    config: dict = {}
+    for c in ["config/config.yaml", *camp["configs"]]:
+        update_config(config, yaml.safe_load((ROOT / c).read_text()) or {})
+    return config
+
+
+def needed_package(knobs: dict) -> str | None:
+    """The importable package a variant's knobs need beyond the base install (Transformer Engine or torchao for FP8,
+    bitsandbytes for 4-bit, Unsloth, Liger Kernel), or None."""
+    if knobs.get("framework") == "unsloth":
+        return "unsloth"
+    if knobs.get("precision") == "fp8":
+        return {"te": "transformer_engine", "torchao": "torchao"}.get(knobs.get("fp8_backend"))
+    if knobs.get("precision") == "nf4":
+        return "bitsandbytes"
+    return "liger_kernel" if knobs.get("liger") else None
+
+
+def waiting(camp: dict, targets: list[str]) -> dict[str, str]:
+    """The targets held back on this host, target -> the package its variant needs and this host lacks. Their jobs
+    would end in an `unsupported` record, which the campaign would keep as done and never run again; held back,
+    they run in the call after the package is installed (Transformer Engine is built once per host)."""
+    import importlib.util
+
+    from ftbench.config import study_variants
+
+    config = merged_config(camp)
+    held = {}
+    for t in targets:
+        parts = Path(t).parts  # results/{runs,profiles}/STUDY/MODEL/SCALE/DATASET/VARIANT/bsN/FILE
+        knobs = study_variants(config, parts[2]).get(parts[-3]) or {}
+        pkg = needed_package(knobs)
+        if pkg and importlib.util.find_spec(pkg) is None:
+            held[t] = pkg
+    return held
+
+
+def longest_first(targets: list[str], gpus: int, sources: list[Path], prefer: str | None) -> list[str]:
+    """The `gpus` longest of the targets by their jobs' own times in earlier leases (none where no lease ran any):
+    the first wave, so that the shorter jobs fill the GPUs around them."""
+    timed = [(s, t) for t in targets if (s := job_seconds(t, sources, prefer)[0]) is not None]
+    return [t for _, t in sorted(timed, reverse=True)[:max(gpus, 1)]]
 
 
 def kept_path(target: str, out: Path) -> Path:
@@ -313,8 +365,11 @@ def readme(camp: dict, state: dict, out: Path) -> str:
                          f"{e.get('ended', '')} |")
         lines.append("")
     if missing:
+        held = calls[-1].get("held") or {}
         lines += ["## Cells with no record yet (the next call runs them)", ""]
-        lines += [f"- {Path(t).parent.relative_to('results/runs')}" for t in missing] + [""]
+        lines += [f"- {Path(t).parent.relative_to('results/runs')}"
+                  + (f" (held back in the last call: {held[t]} is not installed on its host)" if t in held else "")
+                  for t in missing] + [""]
     lines += ["## Calls", "", "| start | end | wall s | exit | GPUs | targets pending | cut |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {c['start']} | {c.get('end', '(killed)')} | {c.get('wall_s', '')} | {c.get('exit', '')} | "
@@ -344,6 +399,8 @@ def main(argv: list[str]) -> int:
                     help="print what the pending targets cost, from the jobs' own times in measurements/ (no run)")
     ap.add_argument("--gpus", type=int, default=None, help="with --estimate: the host's GPUs (default: this one's)")
     ap.add_argument("--prefer", default="H200", help="with --estimate: the GPU whose records to read first")
+    ap.add_argument("--readme", action="store_true",
+                    help="only rewrite OUT/README.md from OUT/campaign.json and the records (after moving the folder)")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     parts = yaml.safe_load(PARTS.read_text())
@@ -364,8 +421,13 @@ def main(argv: list[str]) -> int:
     if args.batches:
         camp = {**camp, "targets": only_batches(camp["targets"], args.batches)}
     todo = {**camp, "targets": pending(camp["targets"], out)}  # what the folder holds already never runs again
+    sources = sorted(p for p in (ROOT / "measurements").glob("*") if p.is_dir() and p.resolve() != out.resolve())
+    if args.readme:
+        state = json.loads((out / "campaign.json").read_text())
+        (out / "README.md").write_text(readme(camp, state, out))
+        print(out / "README.md")
+        return 0
     if args.estimate:
-        sources = sorted(p for p in (ROOT / "measurements").glob("*") if p.is_dir() and p.resolve() != out.resolve())
         n = args.gpus or len(gpus)
         est = estimate(todo["targets"], n, args.limit_s or 540.0, sources, args.prefer)
         print(f"{args.campaign}{f' --batches {args.batches}' if args.batches else ''}: {est['jobs']} jobs pending, "
@@ -379,7 +441,13 @@ def main(argv: list[str]) -> int:
         for t, where in est["sources"].items():
             print(f"  {t}: {where}")
         return 0
-    cmd = command(todo, len(gpus), os.cpu_count() or 1, workdir)
+    held = waiting(camp, todo["targets"])
+    if held:
+        print(f"held back, a package missing on this host: {len(held)} target(s) ("
+              + ", ".join(sorted(set(held.values()))) + ")", file=sys.stderr)
+    todo["targets"] = [t for t in todo["targets"] if t not in held]
+    cmd = command(todo, len(gpus), os.cpu_count() or 1, workdir,
+                  first=longest_first(todo["targets"], len(gpus), sources, args.prefer))
     if args.dry_run:
         return subprocess.run([*cmd[:cmd.index("--")], "-n", *cmd[cmd.index("--"):]], cwd=ROOT).returncode
     host = host_facts()
@@ -388,7 +456,8 @@ def main(argv: list[str]) -> int:
     state = json.loads(state_path.read_text()) if state_path.exists() else {"campaign": args.campaign, "calls": []}
     state["host"] = host
     call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd), "hostname": host.get("hostname"),
-            "gpu_uuids": [g.get("uuid") for g in host.get("gpus") or []], "batches": args.batches}
+            "gpu_uuids": [g.get("uuid") for g in host.get("gpus") or []], "batches": args.batches,
+            "held": held}
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
     t0 = time.monotonic()

@@ -32,8 +32,18 @@ def test_the_study_a_campaign_on_four_gpus_runs_four_one_gpu_jobs_at_once():
     proc = call("study_a", "--dry-run", env={"FTBENCH_GPU_IDS": "0,1,2,3"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
     assert "--resources gpu=4" in proc.stdout
+    # FP8 through Transformer Engine waits for a host that has it (a job without it would write an `unsupported`
+    # record, which the campaign would keep as done); this CPU machine has none, a GPU host after its build has
+    held = campaign.waiting(camp, camp["targets"])
+    te = [t for t in camp["targets"] if "/fp8-te-" in t]
+    has_te = importlib.util.find_spec("transformer_engine") is not None
+    assert held == ({} if has_te else {t: "transformer_engine" for t in te}) and len(te) == 5 * 6 + 2 * 2
+    assert has_te or f"held back, a package missing on this host: {len(te)} target(s) (transformer_engine)" in proc.stderr
     asked = re.findall(r"rule (?:train|profile):.*?resources: [^\n]*gpu=(\d+)", proc.stdout, re.S)
-    assert len(asked) == 42 + 12 + 6 and set(asked) == {"1"}  # each job one GPU: four run at once
+    assert len(asked) == 42 + 12 + 6 - len(held) and set(asked) == {"1"}  # each job one GPU: four run at once
+    # the four longest jobs (plain compile, from earlier leases' records) start first, the short ones around them
+    first = re.search(r"--prioritize (.*?) --configfile", proc.stdout).group(1).split()
+    assert len(first) == 4 and sum("/compile-gc/" in t for t in first) >= 3
     # a study too long for one lease, split by batch size: each cell beside its baseline at the same batch
     first = campaign.only_batches(camp["targets"], "1,2,4,8")
     assert len(first) == 7 * 4 + 2 * 4 + 6 and all(re.search(r"/bs(1|2|4|8)/", t) for t in first)
@@ -118,3 +128,16 @@ def test_a_campaign_is_costed_from_the_jobs_own_times_in_earlier_leases(tmp_path
     assert est["wall_s"] == huge + profile and compile_ + fp8 + bf16 < huge + profile
     # calls of 540 s hold whole jobs: [compile + profile | fp8], then [bf16]; huge fits none
     assert est["too_long"] == [targets[3]] and est["calls"] == 2
+    # the first wave on 2 GPUs: the two longest with a record (fp8's only record is a timeout: no time to go by)
+    assert campaign.longest_first(targets, 2, [tmp_path / n for n in "abc"], "H200") == [targets[3], targets[1]]
+
+
+def test_a_variant_needs_the_package_of_its_knobs():
+    spec = importlib.util.spec_from_file_location("campaign", CAMPAIGN)
+    campaign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(campaign)
+    need = campaign.needed_package
+    assert need({"precision": "fp8", "fp8_backend": "te"}) == "transformer_engine"
+    assert need({"precision": "fp8", "fp8_backend": "torchao"}) == "torchao"
+    assert need({"precision": "nf4"}) == "bitsandbytes" and need({"framework": "unsloth", "precision": "nf4"}) == "unsloth"
+    assert need({"liger": True}) == "liger_kernel" and need({"precision": "bf16", "compile": "default"}) is None
