@@ -151,11 +151,10 @@ def collect(targets: list[str], out: Path, workdir: Path = ROOT) -> list[Path]:
 
 def noisy(camp: dict, out: Path, bound: float) -> dict[str, float]:
     """The campaign's ok records whose noise band (NOISE_SIGMAS x the noise of the number a verdict reads: real
-    tokens/s for packed rows, else the median step's) is wider than `bound`: target -> that noise."""
-    from ftbench.analysis import flatten
-    from ftbench.coverage import _step_noise
+    tokens/s for packed rows, else the median step's) is wider than `bound`: target -> that noise. Read from the
+    records alone (no report library: a GPU host need not carry polars)."""
     from ftbench.records import read_record
-    from ftbench.verdicts import NOISE_SIGMAS
+    from ftbench.verdicts import NOISE_SIGMAS, step_noise
 
     found = {}
     for t in camp["targets"]:
@@ -164,10 +163,13 @@ def noisy(camp: dict, out: Path, bound: float) -> dict[str, float]:
         f = out / Path(t).relative_to("results/runs")
         if not f.exists():
             continue
-        row = flatten(read_record(f))
-        if row["status"] != "ok":
+        rec = read_record(f)
+        if rec["status"] != "ok":
             continue
-        noise = row.get("timing.noise_cv_tokens") if row.get("variant.token_budget") else _step_noise(row)
+        timing = rec.get("timing") or {}
+        row = {**{f"timing.{k}": v for k, v in timing.items()},
+               "extra.new_shapes_measured": (rec.get("extra") or {}).get("new_shapes_measured")}
+        noise = timing.get("noise_cv_tokens") if (rec.get("variant") or {}).get("token_budget") else step_noise(row)
         if noise is not None and NOISE_SIGMAS * noise > bound:
             found[t] = noise
     return found
@@ -321,7 +323,8 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     calls, host = state["calls"], state["host"]
     start, end = calls[0]["start"], calls[-1].get("end") or calls[-1]["start"]
     wall = sum(c.get("wall_s") or 0 for c in calls)
-    digests = sorted({(r.get("provenance") or {}).get("source_digest") or "?" for _, r in records}) or ["?"]
+    digests = sorted({d for _, r in records if (d := (r.get("provenance") or {}).get("source_digest"))}) or ["?"]
+    unnamed = sum(not (r.get("provenance") or {}).get("source_digest") for _, r in records)
     gpu_h = sum(((r.get("extra") or {}).get("supervision") or {}).get("elapsed_s", 0) or 0
                 for _, r in records if r.get("status") != "unreadable"
                 for _ in range(int((r.get("variant") or {}).get("gpus") or 1))) / 3600
@@ -342,11 +345,14 @@ def readme(camp: dict, state: dict, out: Path) -> str:
              "- **Packages:** " + (", ".join(f"{k} {v}" for k, v in versions.items() if v) or "no record yet") + ".",
              f"- **Code:** source digest{'s' if len(digests) > 1 else ''} {', '.join(digests)}"
              + (" (one version: every ratio in it divides runs of the same code)." if len(digests) == 1 else
-                " (more than one: the calls ran different code; ratios across them are not comparable)."),
+                " (more than one: the calls ran different code; ratios across them are not comparable).")
+             + (f" {unnamed} record(s) name no code (a job stopped by its supervisor before ftbench 2026-11-26's "
+                "sixteenth session wrote no digest)." if unnamed else ""),
              f"- **When:** {start} to {end}, {len(calls)} call(s), {wall / 60:.1f} minutes of wall time; "
              f"{gpu_h:.2f} {'GPU' if gpus else 'CPU job'}-hours in the jobs' own time.",
-             f"- **The one command:** `python3 bench/campaign.py {camp['name']} --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}` "
-             "(again to resume).", "",
+             f"- **The one command:** `python3 bench/campaign.py {camp['name']} --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
+             + "".join(f" --batches {b}" for b in {c.get("batches") for c in calls} if b and len(
+                 {c.get("batches") for c in calls}) == 1) + "` (again to resume).", "",
              f"Records: {len(records)} of {sum(t.endswith('metrics.json') for t in camp['targets'])} cells; "
              f"ok {sum(r.get('status') == 'ok' for _, r in records)}.", ""]
     if failed:
@@ -372,7 +378,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
                   for t in missing] + [""]
     lines += ["## Calls", "", "| start | end | wall s | exit | GPUs | targets pending | cut |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {c['start']} | {c.get('end', '(killed)')} | {c.get('wall_s', '')} | {c.get('exit', '')} | "
+    lines += [f"| {c['start']} | {c.get('end', '(killed, or crashed before its end)')} | {c.get('wall_s', '')} | {c.get('exit', '')} | "
               f"{c.get('gpus')} | {c.get('pending', '')} | {c.get('cut', '')} |" for c in calls]
     return "\n".join(lines) + "\n"
 

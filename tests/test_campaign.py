@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
+from ftbench.records import SCHEMA_VERSION
 
 CAMPAIGN = ROOT / "bench" / "campaign.py"
 
@@ -141,3 +142,21 @@ def test_a_variant_needs_the_package_of_its_knobs():
     assert need({"precision": "fp8", "fp8_backend": "torchao"}) == "torchao"
     assert need({"precision": "nf4"}) == "bitsandbytes" and need({"framework": "unsloth", "precision": "nf4"}) == "unsloth"
     assert need({"liger": True}) == "liger_kernel" and need({"precision": "bf16", "compile": "default"}) is None
+
+
+def test_the_repeats_pass_reads_the_noise_without_the_report_library(tmp_path):
+    """A GPU host carries no polars (a report library): the repeats pass reads each record's noise from the record
+    itself (the median step's windows, or their median steps' CV where a window met a new shape)."""
+    rel = "lmm/m/full/beans/{}/bs1/metrics.json"
+    for variant, timing, new in (("wide", {"noise_cv": 0.08}, 0), ("narrow", {"noise_cv": 0.02}, 0),
+                                 ("shapes", {"noise_cv": 0.30, "cv_median_across_repeats": 0.01}, 2)):
+        f = tmp_path / rel.format(variant)
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "status": "ok", "variant": {}, "timing": timing,
+                                 "extra": {"new_shapes_measured": new}}))
+    code = ("import sys, json; sys.modules['polars'] = None; sys.path[:0] = ['bench', 'src']; import campaign; "
+            f"camp = {{'targets': ['results/runs/' + {rel!r}.format(v) for v in ('wide', 'narrow', 'shapes')]}}; "
+            f"print(json.dumps(campaign.noisy(camp, __import__('pathlib').Path({str(tmp_path)!r}), 0.10)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == {"results/runs/" + rel.format("wide"): 0.08}

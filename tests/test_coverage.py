@@ -1,5 +1,7 @@
 """The coverage table: a published cell is filled only by a full-scale record on a CUDA GPU."""
 
+import json
+
 import polars as pl
 import pytest
 import yaml
@@ -271,11 +273,44 @@ def test_the_front_page_leads_with_the_shipped_verdicts_while_the_users_runs_mea
     assert ftc.shipped_sources({"shipped_runs": ["measurements/*"]}) == ["measurements/h100-x"]
     assert ftc.shipped_sources({"shipped_runs": ["measurements/*"], "merge_runs": ["x"]}) == []
     assert ftc.shipped_sources({"shipped_runs": ["nothing/*"]}) == []
-    # a campaign (one commit, one host) stands for the leases beside it
+    # a campaign (one commit, one host) stands for the studies it measured, the leases beside it for the others
     for name in ("h200x4-2026-11-27", "h200x4-2026-11-28"):
-        (tmp_path / "measurements" / name).mkdir()
+        (tmp_path / "measurements" / name / "lmm").mkdir(parents=True)
         (tmp_path / "measurements" / name / "campaign.json").write_text("{}")
-    assert ftc.shipped_sources({"shipped_runs": ["measurements/*"]}) == ["measurements/h200x4-2026-11-28"]
+    (tmp_path / "measurements" / "h200x4-2026-11-28" / "lmm" / "metrics.json").write_text("{}")
+    (tmp_path / "measurements" / "h200x4-2026-11-27" / "lmm" / "metrics.json").write_text("{}")
+    found = ftc.shipped_sources({"shipped_runs": ["measurements/*"]})
+    assert found == ["measurements/h100-x", "measurements/h200x4-2026-11-27", "measurements/h200x4-2026-11-28"]
+    assert ftc.campaign_owners(found) == {"lmm": "measurements/h200x4-2026-11-28"}  # the last by name
+
+
+def test_a_study_a_campaign_measured_is_read_from_the_campaign_alone(tmp_path):
+    """What ships: Study A's records of a lease beside the campaign (other code, another host) are not read, so no
+    ratio divides them with the campaign's; another study's records of that lease still are; the page names the
+    campaign with its own provenance (one commit)."""
+    from ftbench.coverage import shipped_records
+    from ftbench.records import RECORD_TEMPLATE
+
+    def write(folder, study, variant, digest, campaign=False):
+        rec = json.loads(json.dumps(RECORD_TEMPLATE))
+        rec["run"].update(study=study, model="m", scale="full", dataset="d", variant=variant, batch_size=4)
+        rec.update(status="ok", reason=None)
+        rec["provenance"].update(source_digest=digest, git_commit="c" * 40, timestamp="2026-11-26T10:00:00+00:00",
+                                 device={"type": "cuda", "name": "NVIDIA H200", "uuid": f"GPU-{folder}"})
+        f = tmp_path / folder / study / "m" / "full" / "d" / variant / "bs4" / "metrics.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps(rec))
+        if campaign:
+            (tmp_path / folder / "campaign.json").write_text("{}")
+
+    write("lease", "lmm", "bf16-gc", "a" * 16)
+    write("lease", "llm", "lora", "a" * 16)
+    write("camp", "lmm", "fp8-te-gc", "b" * 16, campaign=True)
+    merged, note = shipped_records([str(tmp_path / "lease"), str(tmp_path / "camp")])
+    got = sorted(zip(merged["study"].to_list(), merged["variant"].to_list(), merged["source_digest"].to_list()))
+    assert got == [("llm", "lora", "a" * 16), ("lmm", "fp8-te-gc", "b" * 16)]
+    assert note.startswith(f"lmm: the campaign {tmp_path / 'camp'} alone. One commit: every full-scale record ran the "
+                           "same files (bbbbbbbbbb")
 
 
 def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_one_stands_beside():

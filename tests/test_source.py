@@ -52,3 +52,10 @@ def test_without_git_the_files_still_name_the_code(tmp_path):
     shutil.rmtree(repo / ".git")  # a tarball, or a copy whose git metadata did not travel
     bare = code_identity(repo)
     assert bare["git_commit"] is None and bare["source_digest"] == digest and "no git history" in bare["source_note"]
+
+
+def test_a_folder_with_no_source_files_names_no_code(tmp_path):
+    """A run whose folder held no shaping files when it looked (a device's copy of the tree being replaced under a
+    running job: seen on 2026-11-26, the digest of nothing, e3b0c44298fc1c14) records no digest, not that one."""
+    empty = code_identity(tmp_path)
+    assert empty["source_digest"] is None and "the code is unknown" in empty["source_note"]

@@ -340,16 +340,25 @@ def merge_sources(config: dict) -> list[str]:
 def shipped_sources(config: dict) -> list[str]:
     """`shipped_runs` with its patterns expanded (in name order), or nothing while `merge_runs` merges records into
     the report itself (the user's own merge replaces what ships); a pattern that names nothing adds nothing (a clone
-    whose measurements/ was removed). Where a pattern finds a campaign's folder (its campaign.json: one commit on one
-    host, bench/campaign.py), the last such folder by name stands for what the pattern found."""
+    whose measurements/ was removed). A campaign's folder among them stands for its studies (`campaign_owners`)."""
     if config.get("merge_runs"):
         return []
     found = []
     for entry in config.get("shipped_runs") or []:
-        folders = [f for f in expand_sources(entry) if Path(f).is_dir()]
-        campaigns = [f for f in folders if (Path(f) / "campaign.json").is_file()]
-        found += [f for f in (campaigns[-1:] if len(folders) > 1 and campaigns else folders) if f not in found]
+        found += [f for f in expand_sources(entry) if Path(f).is_dir() and f not in found]
     return found
+
+
+def campaign_owners(folders) -> dict[str, str]:
+    """study (the records' top folder: lmm, llm, diffusion) -> the campaign folder (its campaign.json: one commit on
+    one host, bench/campaign.py) that stands for it among `folders`, the last by name where several measured it:
+    that study's records are read from it alone, the other studies' from every folder."""
+    owners = {}
+    for f in sorted(folders):
+        if (Path(f) / "campaign.json").is_file():
+            for study in sorted(d.name for d in Path(f).iterdir() if d.is_dir() and any(d.rglob("metrics.json"))):
+                owners[study] = f
+    return owners
 
 
 def merged_profile_summaries(folder) -> list[Path]:

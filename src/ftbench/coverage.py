@@ -12,7 +12,7 @@ import polars as pl
 from .analysis import KEY, code_of, full_scale, html_table, oldest_first, peak_memory, read_runs, typed
 from .compare import _verdict
 from .knobs import DEFAULTS
-from .verdicts import VERDICTS, carries, combined_noise, counts_line, evidence, judge, published_range
+from .verdicts import VERDICTS, carries, combined_noise, counts_line, evidence, judge, published_range, step_noise
 
 GIB_PER_GB = 1e9 / 2**30
 
@@ -23,7 +23,7 @@ def merged_records(parquets, extra=()) -> pl.DataFrame:
     (Study D's) is still found after a later lease measured one side again on other code. `coverage_rows` judges
     the other studies on the latest copy of each run (the aggregate tables, which already hold this config's
     merged records, win)."""
-    others = [f for f in (read_runs(p) for p in extra) if len(f)]
+    others = [f for f in (p if isinstance(p, pl.DataFrame) else read_runs(p) for p in extra) if len(f)]
     frames = [oldest_first(typed(pl.concat(others, how="diagonal_relaxed")))] if others else []
     frames += [f for f in (read_runs(p) for p in parquets) if len(f)]
     if not frames:
@@ -32,6 +32,25 @@ def merged_records(parquets, extra=()) -> pl.DataFrame:
     code = [c for c in ("source_digest", "git_commit") if c in df.columns]
     df = df.with_columns((pl.coalesce(code) if code else pl.lit(None, pl.String)).alias("_code"))
     return df.unique(subset=[k for k in KEY if k in df.columns] + ["_code"], keep="last", maintain_order=True)
+
+
+def shipped_records(folders) -> tuple[pl.DataFrame, str | None]:
+    """The records that ship in `folders` (config shipped_runs), merged as `merged_records` merges, where a campaign
+    stands for its studies (`config.campaign_owners`): a study a campaign measured is read from that campaign alone,
+    so that none of its ratios divides runs of other code or another host; and a line naming each such campaign with
+    its own provenance (one commit, one host, its dates)."""
+    from .config import campaign_owners
+
+    owners = campaign_owners(folders)
+    frames = []
+    for f in folders:
+        df = read_runs(f)
+        others = [s for s, c in owners.items() if c != f]
+        frames.append(df.filter(~pl.col("study").is_in(others)) if len(df) and others else df)
+    merged = merged_records([], frames)
+    notes = [f"{study}: the campaign {folder} alone. {provenance_line(merged.filter(pl.col('study') == study), dates=True)}"
+             for study, folder in owners.items() if len(merged)]
+    return merged, " ".join(notes) or None
 
 
 def latest(df: pl.DataFrame) -> pl.DataFrame:
@@ -184,8 +203,8 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None,
                                              "not the study's GPU")
                 else:
                     ratio = step / b["timing.step_time_s"]
-                    noise = combined_noise(_step_noise(r), _step_noise(b))
-                    ours = (f"step {_verdict(ratio, _step_noise(r), _step_noise(b))}, memory "
+                    noise = combined_noise(step_noise(r), step_noise(b))
+                    ours = (f"step {_verdict(ratio, step_noise(r), step_noise(b))}, memory "
                             f"{r['peak_gib'] / b['peak_gib']:.2f}x")
                     judged = (_other_code(r, b, across_code)
                               or (judge(ratio, rng, noise) if rng else _not_comparable("no published figure as data")))
@@ -198,21 +217,13 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None,
                 ours = f"oom at {r.get('memory.at_failure_gib') or 0:.1f} GiB on the {r['gpu']}"
                 judged = _not_comparable(f"out of memory on the {r['gpu']} (the study's GPU held it)")
             row = {**base, "GPU": r["gpu"], "measured by": r["variant"], "status": r["status"], "ours": ours,
-                   "ratio": ratio, "noise (CV)": _step_noise(r), "measured": judged["verdict"] != "not measured",
+                   "ratio": ratio, "noise (CV)": step_noise(r), "measured": judged["verdict"] != "not measured",
                    **_judged(judged, r, b)}
             if b is not None and row["verdict"] == "differs" and (
                     probed := probe_evidence(full, r, probes or [], cell["variant"], b["variant"])):
                 row["cause (measured)"] += "; " + probed
             out.append(row)
     return out
-
-
-def _step_noise(r: dict) -> float | None:
-    """The noise of a run's median step: its windows' CV, or where a window met a new batch shape (a compile inside
-    it) the CV of the windows' median steps, since the median step is the number and a recompile is not noise of it."""
-    if r.get("extra.new_shapes_measured") and r.get("timing.cv_median_across_repeats") is not None:
-        return r["timing.cv_median_across_repeats"]
-    return r["timing.noise_cv"]
 
 
 def _not_comparable(why: str) -> dict:

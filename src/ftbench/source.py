@@ -83,6 +83,9 @@ def code_identity(base_dir) -> dict:
     files = file_blobs(base_dir)
     out = {"source_digest": digest(files), "git_commit": None, "commit_source_digest": None,
            "source_matches_commit": None, "source_changed_files": None}
+    if not files:  # nothing to name the code by (the folder read while its files were being replaced, say)
+        out.update(source_digest=None, source_note=f"no source files found under {base_dir}: the code is unknown")
+        return out
     head = commit_blobs(base_dir)
     if head is None:
         out["source_note"] = f"no git history: the files' digest {out['source_digest']} names the code"

@@ -25,6 +25,7 @@ from pathlib import Path
 from . import forkserver
 from .config import run_gpus, run_limits
 from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu
+from .source import code_identity
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
 
 POLL_S = 0.5
@@ -230,7 +231,10 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
     rec["compile"]["unique_graphs"] = supervision.get("compiled_graphs_at_last_step")
     rec["provenance"] = {"config_hash": params["config_hash"], "scale": params["run"]["scale"],
                          "data_source": params["dataset"].get("source"),
-                         "device": describe(supervision.get("gpu_slots") or [])}
+                         "device": describe(supervision.get("gpu_slots") or []),
+                         # the code that timed out or failed, as a finished run names it (a campaign's README and
+                         # the front page compare runs by it)
+                         **(code_identity(paths["base_dir"]) if paths.get("base_dir") else {})}
     if kind == "train":
         write_json_atomic(paths["metrics"], rec)
         _fill_train_outputs(paths, status, reason)

@@ -70,6 +70,15 @@ def carries(noise: float | None) -> bool:
     return NOISE_SIGMAS * (noise or 0.0) <= INCONCLUSIVE_BAND
 
 
+def step_noise(r: dict) -> float | None:
+    """The noise of a run's median step (`r` a flat row: `timing.noise_cv`, ...): its windows' CV, or where a window
+    met a new batch shape (a compile inside it) the CV of the windows' median steps, since the median step is the
+    number and a recompile is not noise of it."""
+    if r.get("extra.new_shapes_measured") and r.get("timing.cv_median_across_repeats") is not None:
+        return r["timing.cv_median_across_repeats"]
+    return r.get("timing.noise_cv")
+
+
 def combined_noise(*cvs) -> float | None:
     values = [c for c in cvs if c is not None]
     return sum(c * c for c in values) ** 0.5 if values else None

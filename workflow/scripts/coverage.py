@@ -6,7 +6,8 @@ from pathlib import Path  # noqa: E402
 
 from ftbench.analysis import html_page  # noqa: E402
 from ftbench.config import load_yaml  # noqa: E402
-from ftbench.coverage import coverage_html, coverage_rows, merged_records, provenance_line  # noqa: E402
+from ftbench.coverage import (coverage_html, coverage_rows, merged_records, provenance_line,  # noqa: E402
+                              shipped_records)
 
 published = {Path(p).name: load_yaml(p) for p in snakemake.input.published}  # the rule's inputs, by file name
 tables = [{**t, "published": published[Path(t["published"]).name]} for t in snakemake.params.tables]
@@ -15,9 +16,9 @@ table = coverage_rows(runs, tables, across_code=snakemake.params.across_code)
 table.write_csv(snakemake.output.csv)
 shipped = None
 if snakemake.input.shipped:  # what ships in measurements/, judged on its own (config shipped_runs)
-    theirs = merged_records([], snakemake.input.shipped)
+    theirs, campaigns = shipped_records(snakemake.input.shipped)
     shipped = (coverage_rows(theirs, tables, across_code=snakemake.params.across_code),
-               provenance_line(theirs, snakemake.params.across_code, dates=True))
+               " ".join(filter(None, [provenance_line(theirs, snakemake.params.across_code, dates=True), campaigns])))
 fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped)
 Path(snakemake.output.front).write_text(fragment)
 Path(snakemake.output.html).write_text(html_page("ftbench: what the records reproduce", [fragment]))
