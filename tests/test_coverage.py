@@ -309,8 +309,8 @@ def test_a_study_a_campaign_measured_is_read_from_the_campaign_alone(tmp_path):
     merged, note = shipped_records([str(tmp_path / "lease"), str(tmp_path / "camp")])
     got = sorted(zip(merged["study"].to_list(), merged["variant"].to_list(), merged["source_digest"].to_list()))
     assert got == [("llm", "lora", "a" * 16), ("lmm", "fp8-te-gc", "b" * 16)]
-    assert note.startswith(f"lmm: the campaign {tmp_path / 'camp'} alone. One commit: every full-scale record ran the "
-                           "same files (bbbbbbbbbb")
+    assert note.startswith(f"The lmm records come from the campaign {tmp_path / 'camp'} alone: One commit: every "
+                           "full-scale record ran the same files (bbbbbbbbbb")
 
 
 def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_one_stands_beside():
@@ -374,3 +374,12 @@ def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_on
     cell = coverage_rows(pl.DataFrame(host_bound + long_rows + gpu_bound), studies).filter(
         pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
     assert cell["model"] == "qwen3-32b" and cell["ratio"] == pytest.approx(1.98) and "on wikipedia_ja" not in cell["why"]
+    # where no GPU-bound pair's noise can carry a verdict, the one closest to it shows (its verdict inconclusive),
+    # not merely the busiest: two pairs, the busier one the noisier
+    wide = [{**r, "timing.noise_cv": 0.07} for r in long_rows]
+    narrow = [{**r, "batch_size": 32, "timing.noise_cv": 0.045, "timing.step_time_s": 2.2 * (r["variant"] ==
+              "qlora-gc") or 1.0, "device_usage.gpu_util_mean_pct": 90.0} for r in long_rows]
+    cell = coverage_rows(pl.DataFrame(host_bound + wide + narrow), studies).filter(
+        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
+    assert cell["ratio"] == pytest.approx(2.2) and cell["verdict"] == "inconclusive", cell
+    assert "2 x CV 6.4 %" in cell["how"] and "busy 90 %" in cell["why"]

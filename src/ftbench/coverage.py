@@ -48,7 +48,8 @@ def shipped_records(folders) -> tuple[pl.DataFrame, str | None]:
         others = [s for s, c in owners.items() if c != f]
         frames.append(df.filter(~pl.col("study").is_in(others)) if len(df) and others else df)
     merged = merged_records([], frames)
-    notes = [f"{study}: the campaign {folder} alone. {provenance_line(merged.filter(pl.col('study') == study), dates=True)}"
+    notes = [f"The {study} records come from the campaign {folder} alone: "
+             f"{provenance_line(merged.filter(pl.col('study') == study), dates=True)}"
              for study, folder in owners.items() if len(merged)]
     return merged, " ".join(notes) or None
 
@@ -448,10 +449,11 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
         every = list(pairs.iter_rows(named=True))
         # among GPU-bound pairs: the claim's data first (another dataset's carries the verdict only where none of
         # the claim's is GPU-bound: japanese_alpaca's short rows left Unsloth's GPU 17-72 % busy on an H100), then
-        # PEFT with Unsloth's knobs (qlora-gc), then a pair whose noise can carry a verdict, then the busiest
+        # PEFT with Unsloth's knobs (qlora-gc), then a pair whose noise can carry a verdict, then the narrowest noise
+        # (where none carries, the pair that comes closest), then the busiest
         bound = sorted((p for p in every if _pair_busy(p) is not None and _pair_busy(p) >= GPU_BOUND_BUSY),
                        key=lambda p: (p["dataset"] != CLAIM_DATA, p["variant_hf"] != HF_TWINS[0],
-                                      not _pair_carries(p), -_pair_busy(p)))
+                                      not _pair_carries(p), _pair_noise(p), -_pair_busy(p)))
         shown = [p for p in every if p["dataset"] == CLAIM_DATA]
         r = bound[0] if bound else (shown or every)[0]
         other_data = r["dataset"] != CLAIM_DATA
@@ -489,10 +491,15 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
 GPU_BOUND_BUSY = 80  # % of the windows a kernel ran (NVML), in both runs of a pair: a speed claim is judged there
 
 
+def _pair_noise(p: dict) -> float:
+    """A pair's combined noise CV (infinite where a run recorded none)."""
+    noise = combined_noise(p["timing.noise_cv"], p["timing.noise_cv_hf"])
+    return float("inf") if noise is None else noise
+
+
 def _pair_carries(p: dict) -> bool:
     """Whether a pair's combined noise can carry a verdict (a pair with no recorded noise cannot)."""
-    noise = combined_noise(p["timing.noise_cv"], p["timing.noise_cv_hf"])
-    return noise is not None and carries(noise)
+    return carries(_pair_noise(p))
 
 
 def _pair_busy(p: dict) -> float | None:
