@@ -6,8 +6,8 @@ from pathlib import Path  # noqa: E402
 
 from ftbench.analysis import html_page  # noqa: E402
 from ftbench.config import load_yaml  # noqa: E402
-from ftbench.coverage import (coverage_html, coverage_rows, merged_records, provenance_line,  # noqa: E402
-                              shipped_records)
+from ftbench.coverage import coverage_html, coverage_rows, merged_records, provenance_line  # noqa: E402
+from ftbench.coverage import shipped_records  # noqa: E402
 
 published = {Path(p).name: load_yaml(p) for p in snakemake.input.published}  # the rule's inputs, by file name
 tables = [{**t, "published": published[Path(t["published"]).name]} for t in snakemake.params.tables]
