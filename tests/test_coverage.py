@@ -306,11 +306,12 @@ def test_a_study_a_campaign_measured_is_read_from_the_campaign_alone(tmp_path):
     write("lease", "lmm", "bf16-gc", "a" * 16)
     write("lease", "llm", "lora", "a" * 16)
     write("camp", "lmm", "fp8-te-gc", "b" * 16, campaign=True)
-    merged, note = shipped_records([str(tmp_path / "lease"), str(tmp_path / "camp")])
+    merged, note = shipped_records([str(tmp_path / "lease"), str(tmp_path / "camp")],
+                                   [{"table": "study_a", "study": "lmm"}, {"table": "study_b", "study": "llm"}])
     got = sorted(zip(merged["study"].to_list(), merged["variant"].to_list(), merged["source_digest"].to_list()))
     assert got == [("llm", "lora", "a" * 16), ("lmm", "fp8-te-gc", "b" * 16)]
-    assert note.startswith(f"The lmm records come from the campaign {tmp_path / 'camp'} alone: One commit: every "
-                           "full-scale record ran the same files (bbbbbbbbbb")
+    assert note.startswith(f"Study A: from the campaign {tmp_path / 'camp'} alone. One commit: every full-scale record "
+                           "ran the same files (bbbbbbbbbb")
 
 
 def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_one_stands_beside():

@@ -34,7 +34,7 @@ def merged_records(parquets, extra=()) -> pl.DataFrame:
     return df.unique(subset=[k for k in KEY if k in df.columns] + ["_code"], keep="last", maintain_order=True)
 
 
-def shipped_records(folders) -> tuple[pl.DataFrame, str | None]:
+def shipped_records(folders, tables=()) -> tuple[pl.DataFrame, str | None]:
     """The records that ship in `folders` (config shipped_runs), merged as `merged_records` merges, where a campaign
     stands for its studies (`config.campaign_owners`): a study a campaign measured is read from that campaign alone,
     so that none of its ratios divides runs of other code or another host; and a line naming each such campaign with
@@ -48,7 +48,11 @@ def shipped_records(folders) -> tuple[pl.DataFrame, str | None]:
         others = [s for s, c in owners.items() if c != f]
         frames.append(df.filter(~pl.col("study").is_in(others)) if len(df) and others else df)
     merged = merged_records([], frames)
-    notes = [f"The {study} records come from the campaign {folder} alone: "
+    def named(study: str) -> str:  # the published tables a study's records fill: "Study A", "Study B and Study D"
+        return " and ".join(f"Study {t['table'].removeprefix('study_').upper()}" for t in tables
+                            if t.get("study") == study) or f"The {study} records"
+
+    notes = [f"{named(study)}: from the campaign {folder} alone. "
              f"{provenance_line(merged.filter(pl.col('study') == study), dates=True)}"
              for study, folder in owners.items() if len(merged)]
     return merged, " ".join(notes) or None
@@ -627,9 +631,9 @@ def summary(table: pl.DataFrame) -> pl.DataFrame:
 
 
 NOTE = ("Every published cell of the four studies, computed from the records and config/published/. A cell is "
-        "measured when a record of the published model at full scale on a CUDA GPU fills it: status ok; a timeout "
-        "where the variant compiles (its compile budget ran out: a result); an oom only on a GPU with at least the "
-        "study's GPU memory. Tiny and proxy records never fill a cell. \"measured by\" names the variant that ran "
+        "measured when a record of the published model at full scale on a CUDA GPU fills it: status ok, or an oom "
+        "only on a GPU with at least the study's GPU memory; a compiling variant's timeout shows its reason in the "
+        "cell, as not measured (its compile budget ran out: no number). Tiny and proxy records never fill a cell. \"measured by\" names the variant that ran "
         "it: Study A's variants with gradient checkpointing (-gc; the study's published memory implies it), Study B's "
         "Unsloth with a setting changed (named in \"why\") or, where Unsloth has no record of its own, the PEFT "
         "stand-in (never judged). Ratios: Study A against bf16 of the same "

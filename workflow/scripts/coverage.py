@@ -16,9 +16,9 @@ table = coverage_rows(runs, tables, across_code=snakemake.params.across_code)
 table.write_csv(snakemake.output.csv)
 shipped = None
 if snakemake.input.shipped:  # what ships in measurements/, judged on its own (config shipped_runs)
-    theirs, campaigns = shipped_records(snakemake.input.shipped)
+    theirs, campaigns = shipped_records(snakemake.input.shipped, tables)
     shipped = (coverage_rows(theirs, tables, across_code=snakemake.params.across_code),
-               " ".join(filter(None, [provenance_line(theirs, snakemake.params.across_code, dates=True), campaigns])))
+               " ".join(filter(None, [campaigns, provenance_line(theirs, snakemake.params.across_code, dates=True)])))
 fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped)
 Path(snakemake.output.front).write_text(fragment)
 Path(snakemake.output.html).write_text(html_page("ftbench: what the records reproduce", [fragment]))
