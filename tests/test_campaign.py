@@ -160,3 +160,26 @@ def test_the_repeats_pass_reads_the_noise_without_the_report_library(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout) == {"results/runs/" + rel.format("wide"): 0.08}
+
+
+def test_a_detached_campaign_runs_its_second_pass_once_its_package_is_ready(tmp_path):
+    """bench/campaign_detached.sh: `start` returns at once and the campaign runs on (setsid); `poll` comes back when
+    the first pass has ended and the second waits for its ready file (Transformer Engine installed, on a GPU host);
+    once the file exists the second pass runs, finds nothing pending, and the packed folder holds the records."""
+    script = ROOT / "bench" / "campaign_detached.sh"
+    out, ready, work = tmp_path / "camp", tmp_path / "ready", tmp_path / "work"
+    run = lambda *a: subprocess.run(["bash", str(script), *map(str, a)], capture_output=True, text=True, cwd=ROOT,
+                                    timeout=900)  # noqa: E731
+    started = run("start", "smoke", out, ready, "--", "--workdir", work)
+    assert started.returncode == 0 and "detached" in started.stdout, started.stderr
+    first = run("poll", out, 600)
+    assert f"waiting for {ready}" in first.stdout and "pass1 0" in first.stdout and "pass2" not in first.stdout
+    ready.touch()
+    second = run("poll", out, 300, tmp_path / "camp.tgz")
+    assert "pass2 0" in second.stdout and "done" in second.stdout and "records: 2" in second.stdout, second.stdout
+    state = json.loads((out / "campaign.json").read_text())
+    assert [c["pending"] for c in state["calls"]] == [2, 0]  # the second pass started no finished job again
+    import tarfile
+
+    with tarfile.open(tmp_path / "camp.tgz") as t:
+        assert sum(n.endswith("metrics.json") for n in t.getnames()) == 2

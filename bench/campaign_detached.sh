@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# A campaign (bench/campaign.py) run detached on a lent GPU host, so that it trains while later device calls carry
+# packages (Transformer Engine's pieces) and poll. Usage, in the project root:
+#
+#   bash bench/campaign_detached.sh start CAMPAIGN OUT [READY_FILE] [-- campaign.py options...]
+#       The first pass now (targets whose package is missing are held back), then, once READY_FILE exists (for
+#       example /tmp/te/done, written when Transformer Engine is installed), a second pass that runs them. Detached
+#       with setsid: it outlives the call that started it. Logs: OUT.pass1.log, OUT.pass2.log, OUT.passes.
+#   bash bench/campaign_detached.sh poll OUT [SECONDS] [PACK]
+#       Wait up to SECONDS (default 0) for both passes to end (or the first to end while the second waits for its
+#       READY_FILE), print where they stand and the records so far, and,
+#       given PACK (a .tgz path, e.g. $OUT/camp.tgz), pack OUT into it to bring back.
+#
+# OUT must lie where the device's copy of the working tree is left alone between calls (an ignored path such as
+# results/campaign/NAME), and no file of the tree may change between the calls while a pass runs: a job starting
+# while the tree is replaced reads half of it (2026-11-26: a record naming no code).
+set -u
+cmd=${1:?usage: bash bench/campaign_detached.sh start|poll ...}
+shift
+case "$cmd" in
+start)
+    camp=${1:?CAMPAIGN}; out=${2:?OUT}; shift 2
+    ready=""
+    if [ $# -gt 0 ] && [ "$1" != "--" ]; then ready=$1; shift; fi
+    [ "${1:-}" = "--" ] && shift
+    mkdir -p "$(dirname "$out")"
+    : > "$out.passes"
+    root=$(pwd)
+    opts=$(printf ' %q' "$@")
+    setsid nohup bash -c "
+        cd $(printf %q "$root")
+        python3 bench/campaign.py $(printf %q "$camp") --out $(printf %q "$out")$opts > $(printf %q "$out.pass1.log") 2>&1
+        echo \"pass1 \$? \$(date -u +%T)\" >> $(printf %q "$out.passes")
+        if [ -n $(printf %q "$ready") ]; then
+            [ -e $(printf %q "$ready") ] || echo \"waiting for $(printf %q "$ready")\" >> $(printf %q "$out.passes")
+            while [ ! -e $(printf %q "$ready") ]; do sleep 3; done
+            python3 bench/campaign.py $(printf %q "$camp") --out $(printf %q "$out")$opts > $(printf %q "$out.pass2.log") 2>&1
+            echo \"pass2 \$? \$(date -u +%T)\" >> $(printf %q "$out.passes")
+        fi
+        echo \"done \$(date -u +%T)\" >> $(printf %q "$out.passes")" > /dev/null 2>&1 < /dev/null &
+    echo "started: $camp into $out (detached)${ready:+; a second pass once $ready exists}"
+    ;;
+poll)
+    out=${1:?OUT}; wait_s=${2:-0}; pack=${3:-}
+    end=$((SECONDS + wait_s))
+    # until both passes end, or the first has ended and the second waits for a READY_FILE that does not exist yet
+    settled() {
+        local last
+        last=$(tail -n 1 "$out.passes" 2>/dev/null)
+        case "$last" in
+            done*) return 0 ;;
+            "waiting for "*) [ ! -e "${last#waiting for }" ] ;;
+            *) return 1 ;;
+        esac
+    }
+    while [ $SECONDS -lt $end ] && ! settled; do sleep 2; done
+    date -u +%T
+    cat "$out.passes" 2>/dev/null
+    for log in "$out.pass1.log" "$out.pass2.log"; do
+        [ -f "$log" ] && { echo "== $log"; grep -E 'Finished jobid|Error in rule|held back|^campaign ' "$log" | tail -8; }
+    done
+    echo "records: $(find "$out" -name metrics.json 2>/dev/null | wc -l)"
+    command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader
+    if [ -n "$pack" ] && [ -d "$out" ]; then
+        tar czf "$pack" -C "$(dirname "$out")" "$(basename "$out")" && ls -la "$pack"
+    fi
+    ;;
+*)
+    echo "usage: bash bench/campaign_detached.sh start|poll ..." >&2
+    exit 2
+    ;;
+esac
