@@ -384,3 +384,12 @@ def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_on
         pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
     assert cell["ratio"] == pytest.approx(2.2) and cell["verdict"] == "inconclusive", cell
     assert "2 x CV 6.4 %" in cell["how"] and "busy 90 %" in cell["why"]
+    # the pair padded to one length (every step the same work) pairs with its own twin, and carries where its noise can
+    fixed = [{**r, "variant": r["variant"].replace("qlora-gc", "qlora-gc-fixed").replace("unsloth-qlora",
+              "unsloth-qlora-fixed"), "timing.noise_cv": 0.01, "timing.step_time_s": 2.3 * (r["variant"] == "qlora-gc")
+              or 1.0} for r in long_rows]
+    cell = coverage_rows(pl.DataFrame(host_bound + wide + fixed), studies).filter(
+        pl.col("metric") == "speed-up over Hugging Face").row(0, named=True)
+    assert cell["measured by"] == "unsloth-qlora-fixed, qlora-gc-fixed" and cell["ratio"] == pytest.approx(2.3)
+    assert cell["verdict"] == "differs" and "unsloth-qlora-fixed on the H100 SXM5" not in cell["why"]
+    assert "qwen3-8b wikipedia_ja bs16 on the H100 SXM5: 2.00x" in cell["why"]  # the padded-to-its-longest pair beside

@@ -416,6 +416,9 @@ def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
 
 
 HF_TWINS = ["qlora-gc", "qlora"]  # Study D's Hugging Face side, the same knobs as unsloth-qlora first
+# Study D's pairs: an Unsloth variant -> its PEFT twins, the same knobs first (`-fixed`: both padded to the fixed length,
+# one shape every step, where padded batches of varying length left the pair's noise too wide to carry a verdict)
+UNSLOTH_PAIRS = {"unsloth-qlora": HF_TWINS, "unsloth-qlora-fixed": ["qlora-gc-fixed"]}
 CLAIM_DATA = "japanese_alpaca"  # Study D's claim is on Alpaca: its stand-in here
 
 
@@ -433,10 +436,13 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
     full = full_scale(df).filter(pl.col("status") == "ok")
     shape = ["model", "dataset", "batch_size", "gpu"] + (["_code"] if "_code" in full.columns and not across_code
                                                          else [])
-    hf = (full.filter(pl.col("variant").is_in(HF_TWINS)).with_columns(
-        pl.col("variant").replace_strict(HF_TWINS, list(range(len(HF_TWINS)))).alias("_rank"))
-        .sort("_rank").unique(shape, keep="first", maintain_order=True).drop("_rank"))
-    pairs = (full.filter(pl.col("variant") == "unsloth-qlora").join(hf, on=shape, suffix="_hf")
+    joined = []
+    for unsloth, twins in UNSLOTH_PAIRS.items():  # each Unsloth variant with its PEFT twin, the closest first
+        hf = (full.filter(pl.col("variant").is_in(twins)).with_columns(
+            pl.col("variant").replace_strict(twins, list(range(len(twins)))).alias("_rank"))
+            .sort("_rank").unique(shape, keep="first", maintain_order=True).drop("_rank"))
+        joined.append(full.filter(pl.col("variant") == unsloth).join(hf, on=shape, suffix="_hf"))
+    pairs = (pl.concat(joined, how="diagonal_relaxed")
              .with_columns((pl.col("dataset") != CLAIM_DATA).alias("_other_data"))
              .sort("_other_data", "model", "dataset", "batch_size", "gpu").drop("_other_data"))
     if not across_code and not pairs.is_empty():  # a pair divides runs of one code (merge_across_code: on purpose)
@@ -456,13 +462,14 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
         # PEFT with Unsloth's knobs (qlora-gc), then a pair whose noise can carry a verdict, then the narrowest noise
         # (where none carries, the pair that comes closest), then the busiest
         bound = sorted((p for p in every if _pair_busy(p) is not None and _pair_busy(p) >= GPU_BOUND_BUSY),
-                       key=lambda p: (p["dataset"] != CLAIM_DATA, p["variant_hf"] != HF_TWINS[0],
+                       key=lambda p: (p["dataset"] != CLAIM_DATA, p["variant_hf"] != UNSLOTH_PAIRS[p["variant"]][0],
                                       not _pair_carries(p), _pair_noise(p), -_pair_busy(p)))
         shown = [p for p in every if p["dataset"] == CLAIM_DATA]
         r = bound[0] if bound else (shown or every)[0]
         other_data = r["dataset"] != CLAIM_DATA
         noise = combined_noise(r["timing.noise_cv"], r["timing.noise_cv_hf"])
-        context = "; ".join(f"{p['model']} {p['dataset']} bs{p['batch_size']} on the {p['gpu']}: "
+        context = "; ".join(f"{p['model']} {p['dataset']} bs{p['batch_size']}"
+                            f"{'' if p['variant'] == 'unsloth-qlora' else ' ' + p['variant']} on the {p['gpu']}: "
                             f"{p['timing.step_time_s_hf'] / p['timing.step_time_s']:.2f}x at GPU busy "
                             f"{_pair_busy(p) or 0:.0f} %" for p in every if p is not r)
         if metric.startswith("speed"):
@@ -481,7 +488,7 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
             judged["how"] += (f"; the two runs ran other code (Unsloth's files {(code_of(r) or '?')[:10]}, PEFT's "
                               f"{(code_of(r, '_hf') or '?')[:10]}): merged across code")
         out.append({**base, "model": r["model"], "batch": r["batch_size"], "GPU": r["gpu"],
-                    "measured by": f"unsloth-qlora, {r['variant_hf']}", "status": "ok", "ours": ours, "ratio": ratio,
+                    "measured by": f"{r['variant']}, {r['variant_hf']}", "status": "ok", "ours": ours, "ratio": ratio,
                     "measured": True,
                     "why": (f"{len(every)} pair(s); " + (f"the GPU-bound pair carries the verdict (busy "
                                                          f"{_pair_busy(r):.0f} %)" if bound else
