@@ -82,15 +82,10 @@ def merged_config(camp: dict) -> dict:
 
 
 def needed_package(knobs: dict) -> str | None:
-    """The importable package a variant's knobs need beyond the base install (Transformer Engine or torchao for FP8,
-    bitsandbytes for 4-bit, Unsloth, Liger Kernel), or None."""
-    if knobs.get("framework") == "unsloth":
-        return "unsloth"
-    if knobs.get("precision") == "fp8":
-        return {"te": "transformer_engine", "torchao": "torchao"}.get(knobs.get("fp8_backend"))
-    if knobs.get("precision") == "nf4":
-        return "bitsandbytes"
-    return "liger_kernel" if knobs.get("liger") else None
+    """The importable package a variant's knobs need beyond the base install (`ftbench.knobs.required_package`)."""
+    from ftbench.knobs import Variant, required_package
+
+    return required_package(Variant.from_config("campaign", knobs))
 
 
 def waiting(camp: dict, targets: list[str]) -> dict[str, str]:
@@ -234,17 +229,6 @@ def estimate(targets: list[str], gpus: int, limit_s: float, sources: list[Path],
             "assumed_s": fill, "too_long": too_long, "sources": {t: w for t, (_, w) in jobs.items()}}
 
 
-def deep_get(configs: list[str], *keys, default=None):
-    """A key of the merged config files (later files win, as Snakemake merges them)."""
-    value = default
-    for c in configs:
-        node = yaml.safe_load((ROOT / c).read_text()) or {}
-        for k in keys:
-            node = node.get(k) if isinstance(node, dict) else None
-        value = node if node is not None else value
-    return value
-
-
 def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, budget_s: float, bound: float,
                  rounds: int) -> None:
     """Repeats for the cells whose noise cannot carry a verdict: each round reruns them with twice the repeats of
@@ -253,8 +237,8 @@ def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, b
     study = camp.get("study")
     from ftbench.config import MeasureSettings
 
-    base = deep_get(["config/config.yaml", *camp["configs"]], "studies", study, "training", "measure", "repeats",
-                    default=MeasureSettings.repeats)
+    measure = ((merged_config(camp)["studies"].get(study) or {}).get("training") or {}).get("measure") or {}
+    base = measure.get("repeats", MeasureSettings.repeats)
     log = state.setdefault("repeats", {})
     start = time.monotonic()
     factor = 2
@@ -323,6 +307,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     calls, host = state["calls"], state["host"]
     start, end = calls[0]["start"], calls[-1].get("end") or calls[-1]["start"]
     wall = sum(c.get("wall_s") or 0 for c in calls)
+    batches = sorted({c.get("batches") or "" for c in calls})  # one value where every call ran the same batches
     digests = sorted({d for _, r in records if (d := (r.get("provenance") or {}).get("source_digest"))}) or ["?"]
     unnamed = sum(not (r.get("provenance") or {}).get("source_digest") for _, r in records)
     gpu_h = sum(((r.get("extra") or {}).get("supervision") or {}).get("elapsed_s", 0) or 0
@@ -351,8 +336,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
              f"- **When:** {start} to {end}, {len(calls)} call(s), {wall / 60:.1f} minutes of wall time; "
              f"{gpu_h:.2f} {'GPU' if gpus else 'CPU job'}-hours in the jobs' own time.",
              f"- **The one command:** `python3 bench/campaign.py {camp['name']} --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
-             + "".join(f" --batches {b}" for b in {c.get("batches") for c in calls} if b and len(
-                 {c.get("batches") for c in calls}) == 1) + "` (again to resume).", "",
+             + (f" --batches {batches[0]}" if len(batches) == 1 and batches[0] else "") + "` (again to resume).", "",
              f"Records: {len(records)} of {sum(t.endswith('metrics.json') for t in camp['targets'])} cells; "
              f"ok {sum(r.get('status') == 'ok' for _, r in records)}.", ""]
     if failed:

@@ -25,20 +25,21 @@ start)
     [ "${1:-}" = "--" ] && shift
     mkdir -p "$(dirname "$out")"
     : > "$out.passes"
-    root=$(pwd)
-    opts=$(printf ' %q' "$@")
-    setsid nohup bash -c "
-        cd $(printf %q "$root")
-        python3 bench/campaign.py $(printf %q "$camp") --out $(printf %q "$out")$opts > $(printf %q "$out.pass1.log") 2>&1
-        echo \"pass1 \$? \$(date -u +%T)\" >> $(printf %q "$out.passes")
-        if [ -n $(printf %q "$ready") ]; then
-            [ -e $(printf %q "$ready") ] || echo \"waiting for $(printf %q "$ready")\" >> $(printf %q "$out.passes")
-            while [ ! -e $(printf %q "$ready") ]; do sleep 3; done
-            python3 bench/campaign.py $(printf %q "$camp") --out $(printf %q "$out")$opts > $(printf %q "$out.pass2.log") 2>&1
-            echo \"pass2 \$? \$(date -u +%T)\" >> $(printf %q "$out.passes")
-        fi
-        echo \"done \$(date -u +%T)\" >> $(printf %q "$out.passes")" > /dev/null 2>&1 < /dev/null &
+    # this script again, as the passes, in a session of its own: it outlives the call that started it
+    setsid nohup bash "$0" passes "$camp" "$out" "$ready" "$@" > /dev/null 2>&1 < /dev/null &
     echo "started: $camp into $out (detached)${ready:+; a second pass once $ready exists}"
+    ;;
+passes)  # (internal) the first pass, then the second once READY_FILE exists
+    camp=$1; out=$2; ready=$3; shift 3
+    python3 bench/campaign.py "$camp" --out "$out" "$@" > "$out.pass1.log" 2>&1
+    echo "pass1 $? $(date -u +%T)" >> "$out.passes"
+    if [ -n "$ready" ]; then
+        [ -e "$ready" ] || echo "waiting for $ready" >> "$out.passes"
+        while [ ! -e "$ready" ]; do sleep 3; done
+        python3 bench/campaign.py "$camp" --out "$out" "$@" > "$out.pass2.log" 2>&1
+        echo "pass2 $? $(date -u +%T)" >> "$out.passes"
+    fi
+    echo "done $(date -u +%T)" >> "$out.passes"
     ;;
 poll)
     out=${1:?OUT}; wait_s=${2:-0}; pack=${3:-}

@@ -48,13 +48,16 @@ def shipped_records(folders, tables=()) -> tuple[pl.DataFrame, str | None]:
         others = [s for s, c in owners.items() if c != f]
         frames.append(df.filter(~pl.col("study").is_in(others)) if len(df) and others else df)
     merged = merged_records([], frames)
+    if merged.is_empty():
+        return merged, None
+
     def named(study: str) -> str:  # the published tables a study's records fill: "Study A", "Study B and Study D"
         return " and ".join(f"Study {t['table'].removeprefix('study_').upper()}" for t in tables
                             if t.get("study") == study) or f"The {study} records"
 
     notes = [f"{named(study)}: from the campaign {folder} alone. "
              f"{provenance_line(merged.filter(pl.col('study') == study), dates=True)}"
-             for study, folder in owners.items() if len(merged)]
+             for study, folder in owners.items()]
     return merged, " ".join(notes) or None
 
 
@@ -448,37 +451,40 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
     if not across_code and not pairs.is_empty():  # a pair divides runs of one code (merge_across_code: on purpose)
         pairs = pairs.filter([code_of(r) == code_of(r, "_hf") for r in pairs.iter_rows(named=True)])
     memory = 1 - claim["memory_mb_unsloth"] / claim["memory_mb_hf"]
-    out = []
-    for metric, pub in (("speed-up over Hugging Face", f"{claim['speedup']}x"), ("memory saved", f"{memory:.0%}")):
-        base = {"study": "D", "model": "(Alpaca; ours: Qwen3, japanese_alpaca)", "dataset": "alpaca",
-                "variant": "unsloth-qlora vs qlora", "batch": None, "metric": metric, "published": pub}
-        if pairs.is_empty():
-            out.append({**base, "why": "no full-scale GPU pair of unsloth-qlora and qlora-gc or qlora of one code "
-                                       "yet"})
-            continue
-        every = list(pairs.iter_rows(named=True))
-        # among GPU-bound pairs: the claim's data first (another dataset's carries the verdict only where none of
-        # the claim's is GPU-bound: japanese_alpaca's short rows left Unsloth's GPU 17-72 % busy on an H100), then
-        # PEFT with Unsloth's knobs (qlora-gc), then a pair whose noise can carry a verdict, then the narrowest noise
-        # (where none carries, the pair that comes closest), then the busiest
-        bound = sorted((p for p in every if _pair_busy(p) is not None and _pair_busy(p) >= GPU_BOUND_BUSY),
-                       key=lambda p: (p["dataset"] != CLAIM_DATA, p["variant_hf"] != UNSLOTH_PAIRS[p["variant"]][0],
-                                      not _pair_carries(p), _pair_noise(p), -_pair_busy(p)))
-        shown = [p for p in every if p["dataset"] == CLAIM_DATA]
-        r = bound[0] if bound else (shown or every)[0]
-        other_data = r["dataset"] != CLAIM_DATA
-        noise = combined_noise(r["timing.noise_cv"], r["timing.noise_cv_hf"])
+    every = list(pairs.iter_rows(named=True))
+    # among GPU-bound pairs: the claim's data first (another dataset's carries the verdict only where none of the
+    # claim's is GPU-bound: japanese_alpaca's short rows left Unsloth's GPU 17-72 % busy on an H100), then PEFT with
+    # Unsloth's knobs (qlora-gc), then a pair whose noise can carry a verdict, then the narrowest noise (where none
+    # carries, the pair that comes closest), then the busiest. One pair carries both metrics.
+    bound = sorted((p for p in every if _pair_busy(p) is not None and _pair_busy(p) >= GPU_BOUND_BUSY),
+                   key=lambda p: (p["dataset"] != CLAIM_DATA, p["variant_hf"] != UNSLOTH_PAIRS[p["variant"]][0],
+                                  not _pair_carries(p), _pair_noise(p), -_pair_busy(p)))
+    r = (bound or [p for p in every if p["dataset"] == CLAIM_DATA] or every or [None])[0]
+    if r is not None:
         context = "; ".join(f"{p['model']} {p['dataset']} bs{p['batch_size']}"
                             f"{'' if p['variant'] == 'unsloth-qlora' else ' ' + p['variant']} on the {p['gpu']}: "
                             f"{p['timing.step_time_s_hf'] / p['timing.step_time_s']:.2f}x at GPU busy "
                             f"{_pair_busy(p) or 0:.0f} %" for p in every if p is not r)
+        why = (f"{len(every)} pair(s); " + (f"the GPU-bound pair carries the verdict (busy {_pair_busy(r):.0f} %)"
+                                            if bound else "none GPU-bound: the first shown")
+               + (f", on {r['dataset']}: no {CLAIM_DATA} pair keeps the GPU busy" if r["dataset"] != CLAIM_DATA else "")
+               + (f"; beside it: {context}" if context else ""))
+    out = []
+    for metric, pub in (("speed-up over Hugging Face", f"{claim['speedup']}x"), ("memory saved", f"{memory:.0%}")):
+        base = {"study": "D", "model": "(Alpaca; ours: Qwen3, japanese_alpaca)", "dataset": "alpaca",
+                "variant": "unsloth-qlora vs qlora", "batch": None, "metric": metric, "published": pub}
+        if r is None:
+            out.append({**base, "why": "no full-scale GPU pair of unsloth-qlora and qlora-gc or qlora of one code "
+                                       "yet"})
+            continue
         if metric.startswith("speed"):
             ratio = r["timing.step_time_s_hf"] / r["timing.step_time_s"]
             ours = _verdict(ratio, r["timing.noise_cv"], r["timing.noise_cv_hf"])
-            judged = (judge(ratio, published_range(claim["speedup"]), noise, lower_is_faster=False) if bound else
-                      _not_comparable(f"no GPU-bound pair (GPU busy at least {GPU_BOUND_BUSY} % in both runs; the "
-                                      f"busiest is {max((_pair_busy(p) or 0) for p in every):.0f} %): a host-bound "
-                                      "step cannot show a kernel library's speed"))
+            noise = combined_noise(r["timing.noise_cv"], r["timing.noise_cv_hf"])
+            judged = (judge(ratio, published_range(claim["speedup"]), noise, lower_is_faster=False) if bound
+                      else _not_comparable(f"no GPU-bound pair (GPU busy at least {GPU_BOUND_BUSY} % in both runs; "
+                                           f"the busiest is {max((_pair_busy(p) or 0) for p in every):.0f} %): a "
+                                           "host-bound step cannot show a kernel library's speed"))
         else:
             ratio = 1 - r["peak_gib"] / r["peak_gib_hf"]
             ours = f"{ratio:.0%}"
@@ -489,13 +495,7 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
                               f"{(code_of(r, '_hf') or '?')[:10]}): merged across code")
         out.append({**base, "model": r["model"], "batch": r["batch_size"], "GPU": r["gpu"],
                     "measured by": f"{r['variant']}, {r['variant_hf']}", "status": "ok", "ours": ours, "ratio": ratio,
-                    "measured": True,
-                    "why": (f"{len(every)} pair(s); " + (f"the GPU-bound pair carries the verdict (busy "
-                                                         f"{_pair_busy(r):.0f} %)" if bound else
-                                                         "none GPU-bound: the first shown")
-                            + (f", on {r['dataset']}: no {CLAIM_DATA} pair keeps the GPU busy" if other_data else "")
-                            + (f"; beside it: {context}" if context else "")),
-                    **_judged(judged, r)})
+                    "measured": True, "why": why, **_judged(judged, r)})
     return out + multi
 
 

@@ -112,6 +112,21 @@ class Variant:
         return cls(name=name, **knobs)
 
 
+FP8_MODULES = {"te": "transformer_engine", "torchao": "torchao"}  # fp8_backend -> the package that provides it
+
+
+def required_package(variant: Variant) -> str | None:
+    """The importable package beyond the base install that a variant's knobs need (Unsloth, the FP8 backend's,
+    bitsandbytes for 4-bit, Liger Kernel), or None: what `variants.check_supported` refuses a run without, and what a
+    campaign holds a target back for."""
+    if variant.framework == "unsloth":
+        return "unsloth"
+    if variant.precision == "fp8":
+        return FP8_MODULES.get(variant.fp8_backend)
+    if variant.precision == "nf4":
+        return "bitsandbytes"
+    return "liger_kernel" if variant.liger else None
+
 
 # the knobs that say how a job spreads over several GPUs: a one-GPU run has them at their defaults, so a several-GPU
 # run's one-GPU twin is the same variant but these (ftbench.coverage)

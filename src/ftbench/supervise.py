@@ -25,8 +25,8 @@ from pathlib import Path
 from . import forkserver
 from .config import run_gpus, run_limits
 from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu
-from .source import code_identity
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
+from .source import code_identity
 
 POLL_S = 0.5
 

@@ -8,7 +8,7 @@ import importlib.util
 
 import torch
 
-from .knobs import Variant
+from .knobs import FP8_MODULES, Variant
 from .harness import Unsupported
 from .records import host_change
 
@@ -32,7 +32,7 @@ def check_supported(variant: Variant, device: torch.device, manifest: dict | Non
         cap = torch.cuda.get_device_capability(device)
         if cap < (8, 9):
             raise Unsupported(f"FP8 needs compute capability 8.9 or newer; this GPU has {cap[0]}.{cap[1]}")
-        module = {"te": "transformer_engine", "torchao": "torchao"}.get(variant.fp8_backend)
+        module = FP8_MODULES.get(variant.fp8_backend)
         if module is None:
             raise Unsupported(f"FP8 backend {variant.fp8_backend!r} is not one of te, torchao")
         if importlib.util.find_spec(module) is None:
