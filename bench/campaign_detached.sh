@@ -11,6 +11,8 @@
 #       READY_FILE), print where they stand and the records so far, and,
 #       given PACK (a .tgz path, e.g. $OUT/camp.tgz), pack OUT into it to bring back.
 #
+# The campaign runs under $PYTHON (default: python3 on PATH), which needs the project's packages (snakemake, yaml).
+#
 # OUT must lie where the device's copy of the working tree is left alone between calls (an ignored path such as
 # results/campaign/NAME), and no file of the tree may change between the calls while a pass runs: a job starting
 # while the tree is replaced reads half of it (2026-11-26: a record naming no code).
@@ -31,12 +33,13 @@ start)
     ;;
 passes)  # (internal) the first pass, then the second once READY_FILE exists
     camp=$1; out=$2; ready=$3; shift 3
-    python3 bench/campaign.py "$camp" --out "$out" "$@" > "$out.pass1.log" 2>&1
+    py=${PYTHON:-python3}
+    "$py" bench/campaign.py "$camp" --out "$out" "$@" > "$out.pass1.log" 2>&1
     echo "pass1 $? $(date -u +%T)" >> "$out.passes"
     if [ -n "$ready" ]; then
         [ -e "$ready" ] || echo "waiting for $ready" >> "$out.passes"
         while [ ! -e "$ready" ]; do sleep 3; done
-        python3 bench/campaign.py "$camp" --out "$out" "$@" > "$out.pass2.log" 2>&1
+        "$py" bench/campaign.py "$camp" --out "$out" "$@" > "$out.pass2.log" 2>&1
         echo "pass2 $? $(date -u +%T)" >> "$out.passes"
     fi
     echo "done $(date -u +%T)" >> "$out.passes"
@@ -59,6 +62,10 @@ poll)
     cat "$out.passes" 2>/dev/null
     for log in "$out.pass1.log" "$out.pass2.log"; do
         [ -f "$log" ] && { echo "== $log"; grep -E 'Finished jobid|Error in rule|held back|^campaign ' "$log" | tail -8; }
+    done
+    # a pass that failed: the end of its log
+    for n in 1 2; do
+        grep -qE "^pass$n [1-9]" "$out.passes" 2>/dev/null && { echo "== pass $n failed:"; tail -n 15 "$out.pass$n.log"; }
     done
     echo "records: $(find "$out" -name metrics.json 2>/dev/null | wc -l)"
     command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=index,utilization.gpu,memory.used --format=csv,noheader

@@ -168,12 +168,14 @@ def test_a_detached_campaign_runs_its_second_pass_once_its_package_is_ready(tmp_
     once the file exists the second pass runs, finds nothing pending, and the packed folder holds the records."""
     script = ROOT / "bench" / "campaign_detached.sh"
     out, ready, work = tmp_path / "camp", tmp_path / "ready", tmp_path / "work"
+    env = {**os.environ, "PYTHON": sys.executable}  # the suite's Python (CI's python3 on PATH has no snakemake)
     run = lambda *a: subprocess.run(["bash", str(script), *map(str, a)], capture_output=True, text=True, cwd=ROOT,
-                                    timeout=900)  # noqa: E731
+                                    timeout=900, env=env)  # noqa: E731
     started = run("start", "smoke", out, ready, "--", "--workdir", work)
     assert started.returncode == 0 and "detached" in started.stdout, started.stderr
     first = run("poll", out, 600)
-    assert f"waiting for {ready}" in first.stdout and "pass1 0" in first.stdout and "pass2" not in first.stdout
+    assert f"waiting for {ready}" in first.stdout and "pass1 0" in first.stdout and "pass2" not in first.stdout, (
+        first.stdout + (out.parent / "camp.pass1.log").read_text()[-2000:])
     ready.touch()
     second = run("poll", out, 300, tmp_path / "camp.tgz")
     assert "pass2 0" in second.stdout and "done" in second.stdout and "records: 2" in second.stdout, second.stdout
