@@ -64,3 +64,81 @@ def test_the_fused_rungs_adapter_loads_into_a_plain_peft_model(tiny_qwen, tmp_pa
     saved = set(__import__("safetensors.torch", fromlist=["load_file"]).load_file(
         tmp_path / "adapter" / "adapter_model.safetensors"))
     assert saved and all("lora_" in k for k in saved) and not any("qkv" in k or "gate_up" in k for k in saved)
+
+
+def _scaled_mms(fn) -> int:
+    """How many FP8 GEMMs (aten._scaled_mm) `fn()` runs, forward and backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += func is torch.ops.aten._scaled_mm.default
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_frozen_fp8_weights_fuse_into_one_fp8_gemm_a_group(tiny_qwen):
+    """fused_projections with fp8_recipe static: each group's concatenated weight is cast to FP8 once with one scale
+    (each projection's FP8 weight a view of it), a layer runs 4 FP8 GEMMs forward and 4 backward rather than 7 and 7,
+    the LoRA gradients reach every projection, and its logits differ from bf16's by an FP8 rounding the size of the
+    unfused rung's."""
+    from transformers import AutoModelForCausalLM
+
+    from ftbench.fp8 import DECODER_PATTERN, E4M3, convert_static, tensorwise_fp8
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
+    bf16 = copy.deepcopy(base)
+    convert_static(base, pattern=DECODER_PATTERN)
+    unfused = apply_lora(base, Variant("x"), LORA)
+    bf16 = apply_lora(bf16, Variant("x"), LORA)
+    torch.manual_seed(0)
+    for model in (unfused, bf16):
+        torch.manual_seed(0)
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                torch.nn.init.normal_(p, std=0.05)
+    fused = copy.deepcopy(unfused)
+    fuse_projections(fused)
+    attn = fused.base_model.model.model.layers[0].self_attn
+    q, k = attn.q_proj.base_layer, attn.k_proj.base_layer
+    assert attn.qkv.fp8 and attn.qkv.w_fp8.dtype == E4M3
+    assert attn.qkv.w_fp8.shape == attn.qkv.weight.shape
+    assert k.w_fp8.untyped_storage().data_ptr() == attn.qkv.w_fp8.untyped_storage().data_ptr()
+    assert torch.equal(k.w_fp8.view(torch.uint8),
+                       attn.qkv.w_fp8[q.out_features:q.out_features + k.out_features].view(torch.uint8))
+    assert torch.equal(k.w_inv, attn.qkv.w_inv) and torch.equal(attn.qkv.w_inv, tensorwise_fp8(attn.qkv.weight, E4M3)[1])
+
+    ids = torch.randint(5, fused.config.vocab_size, (2, 16))  # 32 tokens: the FP8 GEMM's row rule
+    logits, grads = {}, {}
+    for name, model in (("bf16", bf16), ("unfused", unfused), ("fused", fused)):
+        def step(model=model, name=name):
+            out = model(input_ids=ids, labels=ids)
+            out.loss.backward()
+            logits[name] = out.logits.detach().float()
+        count = _scaled_mms(step)
+        grads[name] = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        layers = model.config.num_hidden_layers
+        # forward: one per projection (7) or per group (4) a layer; backward the same less layer 0's q/k/v, whose
+        # input (the frozen embeddings, normed) needs no gradient
+        assert count == {"bf16": 0, "unfused": 2 * 7 * layers - 3, "fused": 2 * 4 * layers - 1}[name], (name, count)
+    assert grads["fused"].keys() == grads["unfused"].keys()
+    assert all(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads["fused"].values())
+    # the group's one scale: an FP8 rounding of the bf16 model like the unfused rung's, of about its size
+    err = {name: (logits[name] - logits["bf16"]).abs().mean().item() for name in ("unfused", "fused")}
+    assert 0 < err["fused"] < 2 * err["unfused"], err
+
+
+def test_fused_projections_take_fp8_only_cast_once():
+    from ftbench.knobs import knob_problems
+
+    ok = Variant("f", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static", fused_projections=True)
+    assert knob_problems("causal_lm", ok) == []
+    for recipe in ("tensorwise", "rowwise"):
+        torchao = Variant("t", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe=recipe,
+                          fused_projections=True)
+        assert any("fused_projections" in p for p in knob_problems("causal_lm", torchao))

@@ -161,10 +161,15 @@ class StaticFP8Linear(nn.Linear):
         return new
 
     def forward(self, x):
-        lead = x.shape[:-1]
-        y = _StaticFP8Matmul.apply(x.reshape(-1, x.shape[-1]), self.w_fp8, self.w_inv)
-        y = y.reshape(*lead, self.out_features)
-        return y + self.bias if self.bias is not None else y
+        return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias)
+
+
+def static_fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_inv: torch.Tensor, bias=None) -> torch.Tensor:
+    """x W^T (+ bias) with W already in FP8 (`w_inv`: its inverse scale), for inputs of any leading shape: the one
+    form StaticFP8Linear and a fused group of them (ftbench.fused) compute."""
+    lead = x.shape[:-1]
+    y = _StaticFP8Matmul.apply(x.reshape(-1, x.shape[-1]), w_fp8, w_inv).reshape(*lead, w_fp8.shape[0])
+    return y + bias if bias is not None else y
 
 
 def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN) -> dict:

@@ -9,6 +9,13 @@ slice. The LoRA modules stay where PEFT put them, so the trainable parameters, t
 adapter PEFT saves are exactly those of the unfused model (an adapter from this rung loads into a plain PEFT
 model: tests/test_fused.py). Attention and MLP forwards are those of transformers' Llama-family layers (Qwen3's
 q/k norms included); any other layer is left as it is and counted as such.
+
+With frozen weights already cast to FP8 (fp8_recipe static: ftbench.fp8.StaticFP8Linear), a group is one FP8 GEMM:
+its concatenated weight cast once with one tensorwise scale for the group (each projection's FP8 weight becomes a
+view of it), so the layer's input is cast to FP8 once for q/k/v and once for gate/up rather than once per projection,
+and the backward casts the group's output gradient once and runs one GEMM for the input's gradient rather than one
+per projection plus their sum. The scales differ from the unfused static rung's (one for the group, not one per
+projection): numerics of its own, so a loss check of its own before it stands on the frontier.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import types
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from .fp8 import E4M3, StaticFP8Linear, static_fp8_linear, tensorwise_fp8
 
 
 def _base(p):
@@ -47,6 +56,25 @@ class FusedProjections(nn.Module):
             start += n
         self.register_buffer("weight", weight, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
+        kinds = {isinstance(b, StaticFP8Linear) for b in bases}
+        if len(kinds) > 1:
+            raise ValueError("fused projections: some frozen weights in FP8 and some not")
+        self.fp8 = kinds == {True}
+        if self.fp8:  # one FP8 weight and scale for the group; each projection's FP8 weight a view of it
+            with torch.no_grad():
+                w_fp8, w_inv = tensorwise_fp8(weight, E4M3)
+            start = 0
+            for b, n in zip(bases, self.sizes):
+                b.w_fp8, b.w_inv = w_fp8[start:start + n], w_inv
+                start += n
+            self.register_buffer("w_fp8", w_fp8, persistent=False)
+            self.register_buffer("w_inv", w_inv, persistent=False)
+
+    def _frozen(self, x: torch.Tensor) -> torch.Tensor:
+        """The group's frozen projections of `x`, concatenated: one GEMM (in FP8 where the weights are)."""
+        if self.fp8:
+            return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
     def _adapters(self):
         """(A weights, B weights, scalings) of the active LoRA adapter of every projection, or None when any
@@ -63,13 +91,13 @@ class FusedProjections(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        outs = F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        outs = self._frozen(x).split(self.sizes, dim=-1)
         adapters = self._adapters()
         if adapters is None:
             if all(getattr(p, "active_adapters", None) is None for p in self._parts):
                 return outs
             # a projection with dropout or several adapters: PEFT's own LoRA term per projection
-            return tuple(o + (p(x) - F.linear(x, _base(p).weight, _base(p).bias)) for o, p in zip(outs, self._parts))
+            return tuple(o + (p(x) - _base(p)(x)) for o, p in zip(outs, self._parts))
         a_all = torch.cat([a for a, _, _ in adapters])
         xa = x.to(a_all.dtype) if not torch.is_autocast_enabled(x.device.type) else x
         low = F.linear(xa, a_all).split([a.shape[0] for a, _, _ in adapters], dim=-1)

@@ -206,9 +206,10 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("token_budget without padding_free (its rows are packed rows)")
     if variant.token_budget and variant.framework == "unsloth":
         problems.append("token_budget with framework='unsloth' (Unsloth packs its own way)")
-    if variant.fused_projections and (variant.framework == "unsloth" or variant.precision in ("nf4", "fp8")):
-        problems.append("fused_projections with Unsloth, nf4 or fp8 (the fused weights are bf16/fp32 copies of "
-                        "the projections)")
+    if variant.fused_projections and (variant.framework == "unsloth" or variant.precision == "nf4" or (
+            variant.precision == "fp8" and variant.fp8_recipe != "static")):
+        problems.append("fused_projections with Unsloth, nf4, or fp8 other than fp8_recipe='static' (the fused "
+                        "weights are bf16/fp32 copies of the projections, or their FP8 copy cast once)")
     if variant.experts == "grouped" and variant.framework == "unsloth":
         problems.append("experts='grouped' with framework='unsloth' (Unsloth runs its own MoE kernels)")
     if variant.compile_backend != DEFAULTS["compile_backend"] and not variant.compile:
