@@ -277,8 +277,12 @@ def only_batches(targets: list[str], batches: str) -> list[str]:
 
 
 def host_facts() -> dict:
-    """This host: name, CPUs, memory, and each GPU's name, UUID and driver (nvidia-smi; none on a CPU machine)."""
-    facts = {"hostname": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    """This host: name, CPUs and their model, memory, and each GPU's name, UUID and driver (nvidia-smi; none on a CPU
+    machine)."""
+    from ftbench.gpus import host_cpu
+
+    facts = {"hostname": platform.node(), "cpus": os.cpu_count(), "cpu_model": host_cpu()["cpu_model"],
+             "python": platform.python_version()}
     try:
         with open("/proc/meminfo") as f:
             facts["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
@@ -321,7 +325,8 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     hosts = {c["hostname"] for c in calls if c.get("hostname")}
     lines = [f"# Campaign `{camp['name']}`: {camp.get('about', '')}", "",
              "Written by `bench/campaign.py` after each call; do not edit by hand.", "",
-             f"- **Host:** {host.get('hostname')}, {host.get('cpus')} CPUs, {host.get('memory_gib')} GiB of memory"
+             f"- **Host:** {host.get('hostname')}, {host.get('cpus')} CPUs"
+             + (f" ({host['cpu_model']})" if host.get("cpu_model") else "") + f", {host.get('memory_gib')} GiB of memory"
              + (f" (the last call's; the calls ran on {len(hosts)} machines: {', '.join(sorted(hosts))}; each cell "
                 "and its baseline at the same batch should share one)" if len(hosts) > 1 else "") + ".",
              f"- **GPUs:** {len(gpus)}: " + ("; ".join(f"{g['index']} {g['name']} ({g['uuid']}, {g['memory']})"

@@ -184,6 +184,8 @@ def test_memory_and_provenance_on_cpu(tmp_path, monkeypatch):
     prov = provenance(CPU, tmp_path, "abc", "random", "synthetic", "tiny")
     assert prov["versions"]["torch"] == "2.13.0+cpu" or torch.__version__.startswith(prov["versions"]["torch"])
     assert prov["device"]["type"] == "cpu" and prov["config_hash"] == "abc" and prov["scale"] == "tiny"
+    # the host's processor and its load when the job began: two hosts of one GPU kind told apart
+    assert prov["device"]["cpu_model"] and prov["device"]["load_avg_1m"] >= 0
     assert prov["cuda_alloc_conf"] == "expandable_segments:True"  # the allocator's settings travel with the record
 
 

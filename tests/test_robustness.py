@@ -68,6 +68,7 @@ def test_a_hung_run_past_its_time_limit_is_a_timeout_record(tmp_path, tiny_qwen,
     assert f"step 1 in {end1:.1f} s, then a median {end2 - end1:.1f} s over 1 step (host clock)" in rec["reason"]
     assert rec["run"]["variant"] == "lora" and rec["provenance"]["config_hash"]
     assert rec["provenance"]["device"]["type"] == "cpu" and rec["provenance"]["device"]["name"]  # no GPU slot here
+    assert rec["provenance"]["device"]["cpu_model"]  # the supervisor's record names the host's processor too
 
 
 def test_a_killed_runs_step_times_are_told_around_the_steps_left_out(tmp_path, monkeypatch):

@@ -136,12 +136,30 @@ def cpu_name() -> str:
         return platform.machine()
 
 
+def host_cpu() -> dict:
+    """The host's processor model (/proc/cpuinfo's model name, else cpu_name) and its load now (the 1-minute load
+    average, in busy logical CPUs): what tells two hosts with the same GPU apart where a step waits on the host, and
+    whether neighbours shared the host's CPUs."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    try:
+        load = round(os.getloadavg()[0], 2)
+    except OSError:
+        load = None
+    return {"cpu_model": model or cpu_name(), "load_avg_1m": load}
+
+
 def describe(slots: list[str]) -> dict:
     """The device a job held, named the way the child's own record names it (harness.device_info), for a
     record the supervisor writes in its place (crash, timeout): nvidia-smi on the job's first slot, else the
     host's processor."""
     info = {"type": "cpu", "name": cpu_name(), "total_memory_gib": None,
-            "driver": None, "uuid": None, "cpu_count": os.cpu_count(), "visible_devices": ",".join(slots) or None}
+            "driver": None, "uuid": None, "cpu_count": os.cpu_count(), **host_cpu(),
+            "visible_devices": ",".join(slots) or None}
     if not slots:
         return info
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .config import MeasureSettings
-from .gpus import HOST_MEMORY, cpu_name
+from .gpus import HOST_MEMORY, cpu_name, host_cpu
 from .ranks import rank
 from .source import code_identity
 from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_record_from_template,  # noqa: F401  (the record's
@@ -86,7 +86,7 @@ def _nvml(fn, *args):
 def device_info(device: torch.device) -> dict:
     info = {"type": device.type, "name": cpu_name(), "capability": None,
             "total_memory_gib": None, "driver": None, "cuda": torch.version.cuda, "cpu_count": os.cpu_count(),
-            "uuid": None, "sm_clock_max_mhz": None, "mem_clock_max_mhz": None, "sm_clock_at_start_mhz": None,
+            **host_cpu(), "uuid": None, "sm_clock_max_mhz": None, "mem_clock_max_mhz": None, "sm_clock_at_start_mhz": None,
             "power_limit_w": None, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
