@@ -3,6 +3,7 @@ Snakemake, one job per GPU of this host, resumable, and write its folder under m
 
     python3 bench/campaign.py CAMPAIGN [--out measurements/NAME] [--dry-run] [--limit-s S]
     python3 bench/campaign.py CAMPAIGN --estimate --gpus 4 [--batches N,M]   (its cost, from earlier leases' jobs)
+    python3 bench/campaign.py CAMPAIGN --out measurements/NAME --code COMMIT   (the jobs run that commit's files)
     python3 bench/campaign.py --list
 
 A campaign is data (`campaigns:` in bench/parts.yaml): its config files and targets, in the parts' notation. The
@@ -53,16 +54,46 @@ def plan(name: str, parts: dict) -> dict:
     return {**camp, "name": name, "targets": list(dict.fromkeys(targets))}
 
 
+def code_tree(ref: str | None, workdir: Path = ROOT) -> Path:
+    """The folder whose Snakefile, library, rules and configs the jobs run: the project itself, or for a git commit
+    `ref` a checkout of it under the working directory's results/code/ (made once, kept; ignored by git, so a lent
+    machine's tree sync leaves it alone; a clone sharing this project's objects, with a git directory of its own, so
+    that the records name the commit). A campaign split over leases runs one commit's files in every call whatever
+    the working tree became since, and a job never reads a tree being replaced under it."""
+    if not ref:
+        return ROOT
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"--code {ref}: not a commit of this project's git history ({e})") from None
+    path = workdir / "results" / "code" / sha[:12]
+    if not (path / "Snakefile").is_file():
+        shutil.rmtree(path, ignore_errors=True)
+        subprocess.run(["git", "clone", "--quiet", "--shared", "--no-checkout", str(ROOT), str(path)], check=True)
+        subprocess.run(["git", "checkout", "--quiet", "--detach", sha], cwd=path, check=True)
+    return path
+
+
+def config_path(name: str, code: Path) -> Path:
+    """A campaign's config file: from the code folder where it is one of the files that shape a measurement (under
+    config/: part of the source digest), else from the project (bench/: the campaign's windows and limits)."""
+    from ftbench.source import SHAPING
+
+    return (code if Path(name).parts[0] in SHAPING else ROOT) / name
+
+
 def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_configs=(), forcerun=(),
-            first=()) -> list[str]:
+            first=(), code: Path = ROOT) -> list[str]:
     """The Snakemake call: every GPU of the host a `gpu` resource, jobs that fail leave the rest going, an interrupted
     job's output rerun, nothing finished started again (only a missing or older output reruns a job: a repeats pass's
     records keep their place); `forcerun` reruns the targets named (the repeats pass, with its `extra_configs`);
     `first` are started before the others (Snakemake's --prioritize: the longest jobs, so that the short ones fill
-    the GPUs around them rather than one long job running alone at the end)."""
+    the GPUs around them rather than one long job running alone at the end); `code`: the folder whose Snakefile
+    runs (code_tree)."""
     snakemake = shlex.split(os.environ.get("SNAKEMAKE", f"{sys.executable} -m snakemake"))
-    where = [] if workdir == ROOT else ["-s", str(ROOT / "Snakefile"), "-d", str(workdir)]
-    configs = [str(ROOT / c) for c in camp["configs"]] + [str(c) for c in extra_configs]
+    where = [] if workdir == ROOT and code == ROOT else ["-s", str(code / "Snakefile"), "-d", str(workdir)]
+    configs = [str(config_path(c, code)) for c in camp["configs"]] + [str(c) for c in extra_configs]
     again = ["--forcerun", *forcerun] if forcerun else []
     early = ["--prioritize", *first] if first else []
     targets = list(forcerun) or camp["targets"]
@@ -71,13 +102,14 @@ def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_confi
             *configs, "--", *targets]
 
 
-def merged_config(camp: dict) -> dict:
-    """config/config.yaml and the campaign's config files, merged as Snakemake merges --configfile."""
+def merged_config(camp: dict, code: Path = ROOT) -> dict:
+    """config/config.yaml and the campaign's config files, merged as Snakemake merges --configfile (from the code
+    folder the jobs run, code_tree)."""
     from snakemake.utils import update_config
 
     config: dict = {}
     for c in ["config/config.yaml", *camp["configs"]]:
-        update_config(config, yaml.safe_load((ROOT / c).read_text()) or {})
+        update_config(config, yaml.safe_load(config_path(c, code).read_text()) or {})
     return config
 
 
@@ -88,7 +120,7 @@ def needed_package(knobs: dict) -> str | None:
     return required_package(Variant.from_config("campaign", knobs))
 
 
-def waiting(camp: dict, targets: list[str]) -> dict[str, str]:
+def waiting(camp: dict, targets: list[str], code: Path = ROOT) -> dict[str, str]:
     """The targets held back on this host, target -> the package its variant needs and this host lacks. Their jobs
     would end in an `unsupported` record, which the campaign would keep as done and never run again; held back,
     they run in the call after the package is installed (Transformer Engine is built once per host)."""
@@ -96,7 +128,7 @@ def waiting(camp: dict, targets: list[str]) -> dict[str, str]:
 
     from ftbench.config import study_variants
 
-    config = merged_config(camp)
+    config = merged_config(camp, code)
     held = {}
     for t in targets:
         parts = Path(t).parts  # results/{runs,profiles}/STUDY/MODEL/SCALE/DATASET/VARIANT/bsN/FILE
@@ -230,14 +262,14 @@ def estimate(targets: list[str], gpus: int, limit_s: float, sources: list[Path],
 
 
 def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, budget_s: float, bound: float,
-                 rounds: int) -> None:
+                 rounds: int, code: Path = ROOT) -> None:
     """Repeats for the cells whose noise cannot carry a verdict: each round reruns them with twice the repeats of
     the round before (a config file written beside the records), until every one is under `bound`, `rounds` ran or
     `budget_s` is spent; each cell's noise before and after, and which ended it, goes to the state (and README)."""
     study = camp.get("study")
     from ftbench.config import MeasureSettings
 
-    measure = ((merged_config(camp)["studies"].get(study) or {}).get("training") or {}).get("measure") or {}
+    measure = ((merged_config(camp, code)["studies"].get(study) or {}).get("training") or {}).get("measure") or {}
     base = measure.get("repeats", MeasureSettings.repeats)
     log = state.setdefault("repeats", {})
     start = time.monotonic()
@@ -251,7 +283,7 @@ def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, b
             break
         cfg = out / f"repeats-x{factor}.yaml"
         cfg.write_text(yaml.safe_dump({"studies": {study: {"training": {"measure": {"repeats": base * factor}}}}}))
-        cmd = command(camp, gpus, os.cpu_count() or 1, workdir, extra_configs=[cfg], forcerun=list(todo))
+        cmd = command(camp, gpus, os.cpu_count() or 1, workdir, extra_configs=[cfg], forcerun=list(todo), code=code)
         proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
         try:
             proc.wait(timeout=left)
@@ -312,6 +344,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     start, end = calls[0]["start"], calls[-1].get("end") or calls[-1]["start"]
     wall = sum(c.get("wall_s") or 0 for c in calls)
     batches = sorted({c.get("batches") or "" for c in calls})  # one value where every call ran the same batches
+    codes = sorted({c["code"]["commit"] for c in calls if c.get("code")})  # the commits whose files the jobs ran
     digests = sorted({d for _, r in records if (d := (r.get("provenance") or {}).get("source_digest"))}) or ["?"]
     unnamed = sum(not (r.get("provenance") or {}).get("source_digest") for _, r in records)
     gpu_h = sum(((r.get("extra") or {}).get("supervision") or {}).get("elapsed_s", 0) or 0
@@ -337,11 +370,14 @@ def readme(camp: dict, state: dict, out: Path) -> str:
              + (" (one version: every ratio in it divides runs of the same code)." if len(digests) == 1 else
                 " (more than one: the calls ran different code; ratios across them are not comparable).")
              + (f" {unnamed} record(s) name no code (a job stopped by its supervisor before ftbench 2026-11-26's "
-                "sixteenth session wrote no digest)." if unnamed else ""),
+                "sixteenth session wrote no digest)." if unnamed else "")
+             + (f" The jobs of {sum(bool(c.get('code')) for c in calls)} of the {len(calls)} call(s) ran from the "
+                f"files of commit {', '.join(codes)} (`--code`), not the working tree's." if codes else ""),
              f"- **When:** {start} to {end}, {len(calls)} call(s), {wall / 60:.1f} minutes of wall time; "
              f"{gpu_h:.2f} {'GPU' if gpus else 'CPU job'}-hours in the jobs' own time.",
              f"- **The one command:** `python3 bench/campaign.py {camp['name']} --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
-             + (f" --batches {batches[0]}" if len(batches) == 1 and batches[0] else "") + "` (again to resume).", "",
+             + (f" --batches {batches[0]}" if len(batches) == 1 and batches[0] else "")
+             + (f" --code {codes[0]}" if len(codes) == 1 else "") + "` (again to resume).", "",
              f"Records: {len(records)} of {sum(t.endswith('metrics.json') for t in camp['targets'])} cells; "
              f"ok {sum(r.get('status') == 'ok' for _, r in records)}.", ""]
     if failed:
@@ -381,6 +417,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--dry-run", action="store_true", help="Snakemake's dry run: what this call would run")
     ap.add_argument("--limit-s", type=float, default=None, help="stop this call after this long (resume later)")
     ap.add_argument("--workdir", default=str(ROOT), help="Snakemake's working directory (default: the project)")
+    ap.add_argument("--code", default=None, metavar="COMMIT",
+                    help="run the jobs from this git commit's files (a checkout of it under results/code/), not the "
+                         "working tree's: every call of a campaign split over leases runs one source digest")
     ap.add_argument("--repeat-noisy", type=float, default=0, metavar="S",
                     help="then, for up to S seconds, rerun the cells whose 2 x noise CV is over --bound with more "
                          "repeats")
@@ -436,13 +475,14 @@ def main(argv: list[str]) -> int:
         for t, where in est["sources"].items():
             print(f"  {t}: {where}")
         return 0
-    held = waiting(camp, todo["targets"])
+    code = code_tree(args.code, workdir)
+    held = waiting(camp, todo["targets"], code)
     if held:
         print(f"held back, a package missing on this host: {len(held)} target(s) ("
               + ", ".join(sorted(set(held.values()))) + ")", file=sys.stderr)
     todo["targets"] = [t for t in todo["targets"] if t not in held]
     cmd = command(todo, len(gpus), os.cpu_count() or 1, workdir,
-                  first=longest_first(todo["targets"], len(gpus), sources, args.prefer))
+                  first=longest_first(todo["targets"], len(gpus), sources, args.prefer), code=code)
     if args.dry_run:
         return subprocess.run([*cmd[:cmd.index("--")], "-n", *cmd[cmd.index("--"):]], cwd=ROOT).returncode
     host = host_facts()
@@ -452,7 +492,7 @@ def main(argv: list[str]) -> int:
     state["host"] = host
     call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd), "hostname": host.get("hostname"),
             "gpu_uuids": [g.get("uuid") for g in host.get("gpus") or []], "batches": args.batches,
-            "held": held}
+            "held": held, "code": None if code == ROOT else {"commit": code.name, "dir": str(code)}}
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
     t0 = time.monotonic()
@@ -472,7 +512,7 @@ def main(argv: list[str]) -> int:
         from ftbench.verdicts import INCONCLUSIVE_BAND
 
         bound = INCONCLUSIVE_BAND if args.bound is None else args.bound
-        repeat_noisy(camp, state, out, workdir, len(gpus), args.repeat_noisy, bound, args.rounds)
+        repeat_noisy(camp, state, out, workdir, len(gpus), args.repeat_noisy, bound, args.rounds, code)
     state_path.write_text(json.dumps(state, indent=2))
     (out / "README.md").write_text(readme(camp, state, out))
     print(f"campaign {args.campaign}: exit {rc}; {out / 'README.md'}")

@@ -14,8 +14,10 @@
 # The campaign runs under $PYTHON (default: python3 on PATH), which needs the project's packages (snakemake, yaml).
 #
 # OUT must lie where the device's copy of the working tree is left alone between calls (an ignored path such as
-# results/campaign/NAME), and no file of the tree may change between the calls while a pass runs: a job starting
-# while the tree is replaced reads half of it (2026-11-26: a record naming no code).
+# results/campaign/NAME). Pass `--code COMMIT` among the campaign's options: its jobs then run that commit's files
+# from a checkout under results/code/, which the tree's sync leaves alone; without it no file of the tree may change
+# between the calls while a pass runs (a job starting while the tree is replaced reads half of it: 2026-11-26, a
+# record naming no code).
 set -u
 cmd=${1:?usage: bash bench/campaign_detached.sh start|poll ...}
 shift

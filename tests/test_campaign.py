@@ -185,3 +185,37 @@ def test_a_detached_campaign_runs_its_second_pass_once_its_package_is_ready(tmp_
 
     with tarfile.open(tmp_path / "camp.tgz") as t:
         assert sum(n.endswith("metrics.json") for n in t.getnames()) == 2
+
+
+def test_a_campaign_runs_the_files_of_the_commit_it_names_not_the_working_trees(tmp_path):
+    """--code COMMIT: the jobs run from a checkout of that commit (a campaign split over leases keeps one source
+    digest whatever the working tree became since). Here a commit made for the test (HEAD with a line added to
+    config/config.yaml; no ref, no working-tree change) is run: its records name that commit and its files' digest,
+    not the working tree's, and the README says which files ran."""
+    from ftbench.source import digest, file_blobs
+
+    ident = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    env = {**os.environ, **ident, "GIT_INDEX_FILE": str(tmp_path / "index")}
+
+    def git(*args, text_in=None):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True, env=env,
+                              input=text_in).stdout.strip()
+
+    changed = git("show", "HEAD:config/config.yaml") + "\n# a commit of its own (tests/test_campaign.py)\n"
+    blob = git("hash-object", "-w", "--stdin", text_in=changed)
+    git("read-tree", "HEAD")
+    git("update-index", "--cacheinfo", f"100644,{blob},config/config.yaml")
+    sha = git("commit-tree", git("write-tree"), "-p", "HEAD", "-m", "a campaign's code, for a test")
+    out, work = tmp_path / "campaign", tmp_path / "work"
+    proc = call("smoke", "--out", str(out), "--workdir", str(work), "--code", sha)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    code = work / "results" / "code" / sha[:12]
+    ran = digest(file_blobs(code))
+    assert ran != digest(file_blobs(ROOT)) and (code / "config" / "config.yaml").read_text() == changed
+    records = [json.loads(r.read_text()) for r in sorted(out.rglob("metrics.json"))]
+    assert len(records) == 2 and all(r["status"] == "ok" for r in records)
+    assert {(r["provenance"]["git_commit"], r["provenance"]["source_digest"], r["provenance"]["source_matches_commit"])
+            for r in records} == {(sha, ran, True)}
+    text = (out / "README.md").read_text()
+    assert f"ran from the files of commit {sha[:12]} (`--code`)" in text and f"--code {sha[:12]}`" in text
+    assert f"source digest {ran} (one version" in text
