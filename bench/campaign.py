@@ -62,6 +62,8 @@ def code_tree(ref: str | None, workdir: Path = ROOT) -> Path:
     the working tree became since, and a job never reads a tree being replaced under it."""
     if not ref:
         return ROOT
+    if (Path(ref) / "Snakefile").is_file():  # a folder holding the files already (where the host has no history)
+        return Path(ref).resolve()
     try:
         sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=ROOT, capture_output=True,
                              text=True, check=True).stdout.strip()
@@ -73,6 +75,14 @@ def code_tree(ref: str | None, workdir: Path = ROOT) -> Path:
         subprocess.run(["git", "clone", "--quiet", "--shared", "--no-checkout", str(ROOT), str(path)], check=True)
         subprocess.run(["git", "checkout", "--quiet", "--detach", sha], cwd=path, check=True)
     return path
+
+
+def code_label(code: Path) -> str | None:
+    """How the README names the code a call's jobs ran: None for the working tree, "commit SHA12" for a checkout
+    code_tree made, else "the files in FOLDER"."""
+    if code == ROOT:
+        return None
+    return f"commit {code.name}" if code.parent.parts[-2:] == ("results", "code") else f"the files in {code}"
 
 
 def config_path(name: str, code: Path) -> Path:
@@ -344,7 +354,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     start, end = calls[0]["start"], calls[-1].get("end") or calls[-1]["start"]
     wall = sum(c.get("wall_s") or 0 for c in calls)
     batches = sorted({c.get("batches") or "" for c in calls})  # one value where every call ran the same batches
-    codes = sorted({c["code"]["commit"] for c in calls if c.get("code")})  # the commits whose files the jobs ran
+    codes = sorted({c["code"] for c in calls if c.get("code")})  # the code the jobs ran, where not the tree's
     digests = sorted({d for _, r in records if (d := (r.get("provenance") or {}).get("source_digest"))}) or ["?"]
     unnamed = sum(not (r.get("provenance") or {}).get("source_digest") for _, r in records)
     gpu_h = sum(((r.get("extra") or {}).get("supervision") or {}).get("elapsed_s", 0) or 0
@@ -371,13 +381,13 @@ def readme(camp: dict, state: dict, out: Path) -> str:
                 " (more than one: the calls ran different code; ratios across them are not comparable).")
              + (f" {unnamed} record(s) name no code (a job stopped by its supervisor before ftbench 2026-11-26's "
                 "sixteenth session wrote no digest)." if unnamed else "")
-             + (f" The jobs of {sum(bool(c.get('code')) for c in calls)} of the {len(calls)} call(s) ran from the "
-                f"files of commit {', '.join(codes)} (`--code`), not the working tree's." if codes else ""),
+             + (f" The jobs of {sum(bool(c.get('code')) for c in calls)} of the {len(calls)} call(s) ran "
+                f"{', '.join(codes)} (`--code`), not the working tree's files." if codes else ""),
              f"- **When:** {start} to {end}, {len(calls)} call(s), {wall / 60:.1f} minutes of wall time; "
              f"{gpu_h:.2f} {'GPU' if gpus else 'CPU job'}-hours in the jobs' own time.",
              f"- **The one command:** `python3 bench/campaign.py {camp['name']} --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
              + (f" --batches {batches[0]}" if len(batches) == 1 and batches[0] else "")
-             + (f" --code {codes[0]}" if len(codes) == 1 else "") + "` (again to resume).", "",
+             + (f" --code {codes[0].split()[-1]}" if len(codes) == 1 else "") + "` (again to resume).", "",
              f"Records: {len(records)} of {sum(t.endswith('metrics.json') for t in camp['targets'])} cells; "
              f"ok {sum(r.get('status') == 'ok' for _, r in records)}.", ""]
     if failed:
@@ -419,7 +429,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workdir", default=str(ROOT), help="Snakemake's working directory (default: the project)")
     ap.add_argument("--code", default=None, metavar="COMMIT",
                     help="run the jobs from this git commit's files (a checkout of it under results/code/), not the "
-                         "working tree's: every call of a campaign split over leases runs one source digest")
+                         "working tree's: every call of a campaign split over leases runs one source digest; or a "
+                         "folder holding its tree (`git archive COMMIT | tar -x -C FOLDER`), where the host has no "
+                         "git history")
     ap.add_argument("--repeat-noisy", type=float, default=0, metavar="S",
                     help="then, for up to S seconds, rerun the cells whose 2 x noise CV is over --bound with more "
                          "repeats")
@@ -492,7 +504,7 @@ def main(argv: list[str]) -> int:
     state["host"] = host
     call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd), "hostname": host.get("hostname"),
             "gpu_uuids": [g.get("uuid") for g in host.get("gpus") or []], "batches": args.batches,
-            "held": held, "code": None if code == ROOT else {"commit": code.name, "dir": str(code)}}
+            "held": held, "code": code_label(code)}
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
     t0 = time.monotonic()

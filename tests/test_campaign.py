@@ -217,5 +217,5 @@ def test_a_campaign_runs_the_files_of_the_commit_it_names_not_the_working_trees(
     assert {(r["provenance"]["git_commit"], r["provenance"]["source_digest"], r["provenance"]["source_matches_commit"])
             for r in records} == {(sha, ran, True)}
     text = (out / "README.md").read_text()
-    assert f"ran from the files of commit {sha[:12]} (`--code`)" in text and f"--code {sha[:12]}`" in text
+    assert f"ran commit {sha[:12]} (`--code`), not the working tree's files" in text and f"--code {sha[:12]}`" in text
     assert f"source digest {ran} (one version" in text
