@@ -123,11 +123,11 @@ def merged_config(camp: dict, code: Path = ROOT) -> dict:
     return config
 
 
-def needed_package(knobs: dict) -> str | None:
-    """The importable package a variant's knobs need beyond the base install (`ftbench.knobs.required_package`)."""
-    from ftbench.knobs import Variant, required_package
+def needed_packages(knobs: dict) -> list[str]:
+    """The importable packages a variant's knobs need beyond the base install (`ftbench.knobs.required_packages`)."""
+    from ftbench.knobs import Variant, required_packages
 
-    return required_package(Variant.from_config("campaign", knobs))
+    return required_packages(Variant.from_config("campaign", knobs))
 
 
 def waiting(camp: dict, targets: list[str], code: Path = ROOT) -> dict[str, str]:
@@ -143,9 +143,9 @@ def waiting(camp: dict, targets: list[str], code: Path = ROOT) -> dict[str, str]
     for t in targets:
         parts = Path(t).parts  # results/{runs,profiles}/STUDY/MODEL/SCALE/DATASET/VARIANT/bsN/FILE
         knobs = study_variants(config, parts[2]).get(parts[-3]) or {}
-        pkg = needed_package(knobs)
-        if pkg and importlib.util.find_spec(pkg) is None:
-            held[t] = pkg
+        missing = [p for p in needed_packages(knobs) if importlib.util.find_spec(p) is None]
+        if missing:
+            held[t] = ", ".join(missing)
     return held
 
 
@@ -409,7 +409,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
         held = calls[-1].get("held") or {}
         lines += ["## Cells with no record yet (the next call runs them)", ""]
         lines += [f"- {Path(t).parent.relative_to('results/runs')}"
-                  + (f" (held back in the last call: {held[t]} is not installed on its host)" if t in held else "")
+                  + (f" (held back in the last call, not installed on its host: {held[t]})" if t in held else "")
                   for t in missing] + [""]
     lines += ["## Calls", "", "| start | end | wall s | exit | GPUs | targets pending | cut |",
               "| --- | --- | --- | --- | --- | --- | --- |"]

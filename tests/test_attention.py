@@ -135,3 +135,51 @@ def test_the_flash_path_calls_the_kernel_with_the_window_and_folds_the_sink(monk
             torch.testing.assert_close(a, b)
     assert calls == [("fwd", 2048, True, None, None), ("bwd", 2048, True, None, None),
                      ("fwd", 2048, False, 2, 0), ("bwd", 2048, False, 2, 0)]
+
+
+def test_flash_attention_through_another_implementation_is_refused_where_it_cannot_run_and_torchs_registry_runs_it(
+        monkeypatch):
+    """Variant knob flash_impl (fa4): PyTorch's flash attention ops through FlashAttention-4. On a CPU the run is
+    refused with its reason before any job; it needs attention varlen and flash-attn-4 (the campaign holds such a
+    target back until it is installed); where it can run, torch's own registry activates it and the record's kernel
+    names it."""
+    from ftbench.config import Variant
+    from ftbench.harness import Unsupported
+    from ftbench.knobs import knob_problems, required_packages
+    from ftbench.variants import check_supported
+
+    v = Variant("fa4", peft="lora", padding_free=True, attention="varlen", flash_impl="fa4")
+    assert knob_problems("causal_lm", v) == [] and "flash_attn" in required_packages(v)
+    masked = Variant("fa4m", peft="lora", flash_impl="fa4")
+    assert any("flash_impl='fa4' without attention='varlen'" in p for p in knob_problems("causal_lm", masked))
+    assert any("flash_impl" in p for p in knob_problems("lmm", Variant("l", flash_impl="fa4")))
+    with pytest.raises(Unsupported, match="FA4 runs on CUDA GPUs of compute capability 9.0 or 10.0; this machine"):
+        check_supported(v, torch.device("cpu"))
+    # on a GPU of another generation, and without the package
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert "this GPU has 8.0" in attention.flash_impl_problem("fa4", torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("flash_attn") else
+                        real(name, *a))
+    assert attention.flash_impl_problem("fa4", torch.device("cuda")) == (
+        "FA4: flash_attn.cute is not installed (flash-attn-4)")
+    # activation goes through torch's registry (here a stand-in registration: the real one imports flash_attn.cute)
+    from torch.nn.attention import _registry
+
+    calls = []
+    monkeypatch.setitem(_registry._FLASH_ATTENTION_IMPLS, "FA4", lambda: calls.append("FA4") or _Handle())
+    try:
+        assert attention.activate_flash("fa4") == "FA4" and calls == ["FA4"]
+        monkeypatch.setattr(attention, "varlen_attn", object())
+        assert attention.kernel(torch.device("cuda")).endswith("(flash, variable length; FA4)")
+    finally:
+        _registry.restore_flash_attention_impl(_raise_warn=False)
+    assert attention._active_flash() is None
+
+
+class _Handle:
+    def remove(self):
+        pass

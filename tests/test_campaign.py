@@ -137,11 +137,15 @@ def test_a_variant_needs_the_package_of_its_knobs():
     spec = importlib.util.spec_from_file_location("campaign", CAMPAIGN)
     campaign = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(campaign)
-    need = campaign.needed_package
-    assert need({"precision": "fp8", "fp8_backend": "te"}) == "transformer_engine"
-    assert need({"precision": "fp8", "fp8_backend": "torchao"}) == "torchao"
-    assert need({"precision": "nf4"}) == "bitsandbytes" and need({"framework": "unsloth", "precision": "nf4"}) == "unsloth"
-    assert need({"liger": True}) == "liger_kernel" and need({"precision": "bf16", "compile": "default"}) is None
+    need = campaign.needed_packages
+    assert need({"precision": "fp8", "fp8_backend": "te"}) == ["transformer_engine"]
+    assert need({"precision": "fp8", "fp8_backend": "torchao"}) == ["torchao"]
+    assert need({"precision": "nf4"}) == ["bitsandbytes"]
+    assert need({"framework": "unsloth", "precision": "nf4"}) == ["unsloth", "bitsandbytes"]
+    assert need({"liger": True}) == ["liger_kernel"] and need({"precision": "bf16", "compile": "default"}) == []
+    # every package a variant needs: FP8 through torchao with FlashAttention-4 needs both
+    assert need({"precision": "fp8", "fp8_backend": "torchao", "attention": "varlen", "flash_impl": "fa4"}) == [
+        "torchao", "flash_attn"]
 
 
 def test_the_repeats_pass_reads_the_noise_without_the_report_library(tmp_path):

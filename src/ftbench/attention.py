@@ -42,6 +42,49 @@ except (AttributeError, RuntimeError):  # pragma: no cover - a build without the
     _FLASH_KW = set()
 
 
+# variant knob flash_impl -> torch's name for it, its module, its PyPI package, the compute capabilities it runs on
+FLASH_IMPLS = {"fa4": ("FA4", "flash_attn.cute", "flash-attn-4", ((9, 0), (10, 0)))}
+
+
+def flash_impl_problem(impl: str, device) -> str | None:
+    """Why this machine cannot run PyTorch's flash attention ops through `impl` (variant knob flash_impl), or None."""
+    name, module, package, caps = FLASH_IMPLS[impl]
+    where = " or ".join(f"{a}.{b}" for a, b in caps)
+    if device.type != "cuda":
+        return f"{name} runs on CUDA GPUs of compute capability {where}; this machine has none"
+    cap = torch.cuda.get_device_capability(device)
+    if tuple(cap) not in caps:
+        return f"{name} runs on compute capability {where}; this GPU has {cap[0]}.{cap[1]}"
+    try:
+        from torch.nn.attention import list_flash_attention_impls
+    except ImportError:
+        return f"torch {torch.__version__} has no registry of flash attention implementations"
+    if name not in list_flash_attention_impls():
+        return f"torch {torch.__version__} registers no {name} implementation"
+    import importlib.util
+
+    if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+        return f"{name}: {module} is not installed ({package})"
+    return None
+
+
+def activate_flash(impl: str) -> str | None:
+    """PyTorch's flash attention ops, which the variable-length attention runs, through `impl` for the rest of this
+    process (variant knob flash_impl), by torch's own registry; returns the implementation now active."""
+    from torch.nn.attention import activate_flash_attention_impl, current_flash_attention_impl
+
+    activate_flash_attention_impl(FLASH_IMPLS[impl][0])
+    return current_flash_attention_impl()
+
+
+def _active_flash() -> str | None:
+    try:
+        from torch.nn.attention import current_flash_attention_impl
+    except ImportError:
+        return None
+    return current_flash_attention_impl()
+
+
 def kernel(device, sinks: bool = False) -> str:
     """What computes the attention on this device, for the record."""
     if sinks:
@@ -50,7 +93,8 @@ def kernel(device, sinks: bool = False) -> str:
                 if device.type == "cuda" and _FLASH_KW else
                 "attention with sinks per sequence in fp32 (ftbench.attention.SinkAttention; no flash kernel here)")
     if device.type == "cuda" and varlen_attn is not None:
-        return "torch.nn.attention.varlen.varlen_attn (flash, variable length)"
+        impl = _active_flash()
+        return f"torch.nn.attention.varlen.varlen_attn (flash, variable length{f'; {impl}' if impl else ''})"
     return "causal SDPA per sequence (no variable-length kernel on this device)"
 
 

@@ -78,6 +78,10 @@ class Variant:
     # ftbench.attention) | causal (LMM: no padding mask, the causal one alone; right padding means no real token
     # sees the pads after it, and pads carry no labels)
     attention: str = "mask"
+    # causal LM, attention varlen: the implementation behind PyTorch's flash attention ops for the job (None:
+    # PyTorch's own, FlashAttention-2) | fa4 (flash-attn-4's CuTe kernels for Hopper and Blackwell, through
+    # torch.nn.attention.activate_flash_attention_impl)
+    flash_impl: str | None = None
     dataloader_workers: int = 0
     pin_memory: bool = False
     cached_latents: bool = False  # diffusion: train from pre-encoded latents
@@ -115,17 +119,19 @@ class Variant:
 FP8_MODULES = {"te": "transformer_engine", "torchao": "torchao"}  # fp8_backend -> the package that provides it
 
 
-def required_package(variant: Variant) -> str | None:
-    """The importable package beyond the base install that a variant's knobs need (Unsloth, the FP8 backend's,
-    bitsandbytes for 4-bit, Liger Kernel), or None: what `variants.check_supported` refuses a run without, and what a
-    campaign holds a target back for."""
-    if variant.framework == "unsloth":
-        return "unsloth"
-    if variant.precision == "fp8":
-        return FP8_MODULES.get(variant.fp8_backend)
-    if variant.precision == "nf4":
-        return "bitsandbytes"
-    return "liger_kernel" if variant.liger else None
+FLASH_MODULES = {"fa4": "flash_attn"}  # flash_impl -> the package that provides it (flash-attn-4: flash_attn.cute)
+
+
+def required_packages(variant: Variant) -> list[str]:
+    """The importable packages beyond the base install that a variant's knobs need (Unsloth, the FP8 backend's,
+    bitsandbytes for 4-bit, Liger Kernel, the flash attention implementation's): what `variants.check_supported`
+    refuses a run without, and what a campaign holds a target back for."""
+    needs = ["unsloth" if variant.framework == "unsloth" else None,
+             FP8_MODULES.get(variant.fp8_backend) if variant.precision == "fp8" else None,
+             "bitsandbytes" if variant.precision == "nf4" else None,
+             "liger_kernel" if variant.liger else None,
+             FLASH_MODULES.get(variant.flash_impl)]
+    return [n for n in needs if n]
 
 
 # the knobs that say how a job spreads over several GPUs: a one-GPU run has them at their defaults, so a several-GPU
@@ -145,6 +151,7 @@ HONOURED = {
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
+                  "flash_impl": {None, "fa4"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
                   "experts": {"loop", "grouped"}, "expert_lora": ANY, "unsloth_compile": ANY},
@@ -228,6 +235,9 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
     if variant.fp8_recipe == "static" and (variant.fp8_backend != "torchao" or variant.parallel == "fsdp2"):
         problems.append("fp8_recipe='static' needs fp8_backend='torchao' and no FSDP2 (each GPU holds the FP8 copy of "
                         "the weights it casts once; FSDP2 shards the weights after)")
+    if variant.flash_impl and variant.attention != "varlen":
+        problems.append(f"flash_impl={variant.flash_impl!r} without attention='varlen' (it replaces the flash kernels "
+                        "the variable-length attention runs)")
     if variant.parallel == "fsdp2" and (variant.fused_projections or variant.experts != "loop" or variant.expert_lora):
         problems.append("parallel='fsdp2' with fused_projections, experts or expert_lora (they rewrite the model "
                         "after it is built; the sharded build is not rewritten)")

@@ -55,6 +55,12 @@ def check_supported(variant: Variant, device: torch.device, manifest: dict | Non
                           "machine has no CUDA GPU")
     if variant.pin_memory and not cuda:
         raise Unsupported("pin_memory pins host memory for copies to a CUDA GPU; this machine has none")
+    if variant.flash_impl:
+        from .attention import flash_impl_problem
+
+        problem = flash_impl_problem(variant.flash_impl, device)
+        if problem:
+            raise Unsupported(problem)
 
 
 def attention_backend(variant: Variant):
