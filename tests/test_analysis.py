@@ -521,6 +521,42 @@ def test_a_rung_that_changes_the_arithmetic_leads_the_frontier_only_with_its_los
     assert "<b>lora-tb-cg</b>" in lead
 
 
+def test_published_peers_stand_beside_the_frontier_with_their_conditions_and_the_fastest_rung_allowed():
+    """frontier_peers (config/published/study_b.yaml): each published peer with its conditions and source, its MFU
+    on its own FLOPs count, and the fastest full-scale rung here on its GPU that stands on the frontier: an FP8 rung
+    whose loss moved is never the one a peer is set beside."""
+    from ftbench.compare import frontier
+
+    def run(variant, losses, tps, precision="bf16"):
+        rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01, scale="full")
+        rec["throughput"]["tokens_per_s"] = tps
+        rec["variant"]["precision"] = precision
+        rec["loss"].update(eval=8.0, trace=",".join(map(str, losses)), trace_tokens=",".join(["8191"] * len(losses)))
+        return rec
+
+    ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
+    peers = yaml.safe_load((ROOT / "config/published/study_b.yaml").read_text())["frontier_peers"]
+    assert {p["model"] for p in peers} == {"Llama3 8B", "Qwen2.5 7B"} and all(p["source"] for p in peers)
+    recs = [run("lora-tb", ref, 12000), run("lora-tb-cg", ref, 13000),
+            run("lora-tb-cg-fp8", [x + 0.5 for x in ref], 16000, precision="fp8")]
+    out = frontier(pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None), {"frontier_peers": peers},
+                   rungs=["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"], same_rows="lora-tb")
+    note, (title, table, kind) = out[-2], out[-1]
+    assert title == "Published peers" and kind == "frontier peers" and "not a verdict" in note
+    nemo = {r["model"]: r for r in table.iter_rows(named=True)}["Llama3 8B"]
+    assert nemo["tokens/s"] == 12472.87 and nemo["MFU % (bf16 peak, its own FLOPs count)"] == pytest.approx(
+        100 * 402 / 989.4)
+    assert "4,096-token sequences" in nemo["conditions"] and nemo["source"].startswith("https://docs.nvidia.com/")
+    # the FP8 rung's loss moved: the peer stands beside the fastest rung that may lead, lora-tb-cg
+    assert nemo["fastest here on this GPU"].startswith("lora-tb-cg (m, batch 2): 13,000")
+    assert nemo["ours / theirs"] == pytest.approx(13000 / 12472.87)
+    # no rung measured on the peer's GPU: nothing set beside it
+    out = frontier(pl.DataFrame([flatten(run("lora-tb", ref, 12000))], infer_schema_length=None),
+                   {"frontier_peers": [{**peers[0], "gpu": "H200"}]}, rungs=["lora-tb"], same_rows="lora-tb")
+    row = out[-1][1].row(0, named=True)
+    assert row["fastest here on this GPU"] is None and row["ours / theirs"] is None
+
+
 def test_scaling_never_divides_a_multi_gpu_run_by_a_one_gpu_run_of_other_code():
     from ftbench.compare import scaling
 

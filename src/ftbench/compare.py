@@ -567,8 +567,39 @@ def scale_order() -> pl.Expr:
 def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=None, **_) -> list:
     """The speed frontier past the ladder's top (one GPU, LoRA): each rung adds one technique (rows of a token
     budget, CUDA graphs, no per-step metric syncs, fused projections and optimizer, activation offloading, FP8),
-    each at its own batch; loss on the evaluation set."""
-    return ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows)
+    each at its own batch; loss on the evaluation set. Then the published figures of other systems on one GPU
+    (`frontier_peers` in the study's published file), each beside the fastest rung measured here on its GPU."""
+    out = ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows)
+    peers = published.get("frontier_peers") or []
+    if peers:
+        out += peer_rows(out[-1][1], peers)
+    return out
+
+
+def peer_rows(table: pl.DataFrame, peers: list[dict]) -> list:
+    """Published peers beside the frontier: each with its conditions and source, its MFU on its own count of model
+    FLOPs, and the fastest full-scale rung measured here on the same GPU kind that may stand on the frontier (the
+    ratio is context: other models and data)."""
+    ours = {}
+    if "tokens/s (real)" in table.columns:
+        ok = table.filter(pl.col("tokens/s (real)").is_not_null() & (pl.col("scale") == "full"))
+        if "on the frontier" in ok.columns:
+            ok = ok.filter(pl.col("on the frontier").str.starts_with("yes"))
+        for r in ok.sort("tokens/s (real)", descending=True).iter_rows(named=True):
+            ours.setdefault(r["gpu"], r)
+    rows = []
+    for p in peers:
+        peak, best = peak_tflops(p["gpu"], "bf16"), ours.get(p["gpu"])
+        rows.append({"system": p["system"], "model": p["model"], "gpu": p["gpu"], "tokens/s": p["tokens_per_s"],
+                     "MFU % (bf16 peak, its own FLOPs count)": 100 * p["model_tflops"] / peak if peak else None,
+                     "conditions": " ".join(p["conditions"].split()), "source": p["source"],
+                     "fastest here on this GPU": (f"{best['variant']} ({best['model']}, batch {best['batch']}): "
+                                                  f"{best['tokens/s (real)']:,.0f} real tokens/s") if best else None,
+                     "ours / theirs": best["tokens/s (real)"] / p["tokens_per_s"] if best else None})
+    note = ("Published peers on one GPU, as their sources give them (other models and data than ours: context, not a "
+            "verdict). 'Fastest here' is the fastest full-scale rung measured on the same GPU kind that stands on the "
+            "frontier (its loss checked where it changes the arithmetic).")
+    return [note, ("Published peers", pl.DataFrame(rows), "frontier peers")]
 
 
 def speedup_over(r: dict, suffix: str = "_1") -> tuple[float | None, str, float | None, float | None]:
