@@ -85,6 +85,14 @@ def code_label(code: Path) -> str | None:
     return f"commit {code.name}" if code.parent.parts[-2:] == ("results", "code") else f"the files in {code}"
 
 
+def job_env(code: Path) -> dict:
+    """The environment Snakemake runs in: the code folder's library first on PYTHONPATH, ahead of the working tree's
+    (a lent host's PYTHONPATH names it) and of an installed copy, so that every job imports the library of the files
+    its record's digest names (the job scripts put their own folder last on their path)."""
+    path = [str(code / "src"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+
 def config_path(name: str, code: Path) -> Path:
     """A campaign's config file: from the code folder where it is one of the files that shape a measurement (under
     config/: part of the source digest), else from the project (bench/: the campaign's windows and limits)."""
@@ -104,6 +112,9 @@ def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_confi
     snakemake = shlex.split(os.environ.get("SNAKEMAKE", f"{sys.executable} -m snakemake"))
     where = [] if workdir == ROOT and code == ROOT else ["-s", str(code / "Snakefile"), "-d", str(workdir)]
     configs = [str(config_path(c, code)) for c in camp["configs"]] + [str(c) for c in extra_configs]
+    if code != ROOT:  # the Snakefile's own config/config.yaml is the working directory's: the code folder's instead
+        where += ["--replace-workflow-config"]
+        configs = [str(code / "config" / "config.yaml"), *configs]
     again = ["--forcerun", *forcerun] if forcerun else []
     early = ["--prioritize", *first] if first else []
     targets = list(forcerun) or camp["targets"]
@@ -294,7 +305,7 @@ def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, b
         cfg = out / f"repeats-x{factor}.yaml"
         cfg.write_text(yaml.safe_dump({"studies": {study: {"training": {"measure": {"repeats": base * factor}}}}}))
         cmd = command(camp, gpus, os.cpu_count() or 1, workdir, extra_configs=[cfg], forcerun=list(todo), code=code)
-        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, env=job_env(code))
         try:
             proc.wait(timeout=left)
         except subprocess.TimeoutExpired:
@@ -496,7 +507,8 @@ def main(argv: list[str]) -> int:
     cmd = command(todo, len(gpus), os.cpu_count() or 1, workdir,
                   first=longest_first(todo["targets"], len(gpus), sources, args.prefer), code=code)
     if args.dry_run:
-        return subprocess.run([*cmd[:cmd.index("--")], "-n", *cmd[cmd.index("--"):]], cwd=ROOT).returncode
+        return subprocess.run([*cmd[:cmd.index("--")], "-n", *cmd[cmd.index("--"):]], cwd=ROOT,
+                              env=job_env(code)).returncode
     host = host_facts()
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "campaign.json"
@@ -511,7 +523,7 @@ def main(argv: list[str]) -> int:
     call["pending"] = len(todo["targets"])
     rc = 0
     if todo["targets"]:
-        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, env=job_env(code))
         try:
             rc = proc.wait(timeout=args.limit_s)
         except subprocess.TimeoutExpired:  # the call's limit: Snakemake stops its jobs; the next call resumes

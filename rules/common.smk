@@ -6,6 +6,11 @@ BASE_DIR = Path(workflow.basedir)
 # The Snakefile imports the library from src/; jobs find it through workflow/scripts/ftbench, a link
 # to it, because Snakemake puts a script's own folder on its path (in any conda env too).
 sys.path.insert(0, str(BASE_DIR / "src"))
+# and first on the jobs' PYTHONPATH: the scripts put their own folder last on their path, behind an installed copy
+# of the library or one a PYTHONPATH names, so a Snakefile run from another checkout would import that copy
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(BASE_DIR / "src"), os.environ.get("PYTHONPATH", "")) if p
+)
 
 from ftbench import config as ftc  # noqa: E402
 from ftbench.gpus import shares_gpu, visible_gpus  # noqa: E402

@@ -206,18 +206,34 @@ def test_a_campaign_runs_the_files_of_the_commit_it_names_not_the_working_trees(
                               input=text_in).stdout.strip()
 
     changed = git("show", "HEAD:config/config.yaml") + "\n# a commit of its own (tests/test_campaign.py)\n"
-    blob = git("hash-object", "-w", "--stdin", text_in=changed)
+    # and its library: the packages a record names one more, so that a record shows which library its job imported
+    harness = git("show", "HEAD:src/ftbench/harness.py").replace('PACKAGES = ["torch", ',
+                                                                 'PACKAGES = ["code_under_test", "torch", ', 1)
+    assert "code_under_test" in harness
     git("read-tree", "HEAD")
-    git("update-index", "--cacheinfo", f"100644,{blob},config/config.yaml")
+    for path, text in (("config/config.yaml", changed), ("src/ftbench/harness.py", harness)):
+        blob = git("hash-object", "-w", "--stdin", text_in=text + "\n")
+        git("update-index", "--cacheinfo", f"100644,{blob},{path}")
     sha = git("commit-tree", git("write-tree"), "-p", "HEAD", "-m", "a campaign's code, for a test")
     out, work = tmp_path / "campaign", tmp_path / "work"
     proc = call("smoke", "--out", str(out), "--workdir", str(work), "--code", sha)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     code = work / "results" / "code" / sha[:12]
     ran = digest(file_blobs(code))
-    assert ran != digest(file_blobs(ROOT)) and (code / "config" / "config.yaml").read_text() == changed
+    assert ran != digest(file_blobs(ROOT)) and (code / "config" / "config.yaml").read_text() == changed + "\n"
     records = [json.loads(r.read_text()) for r in sorted(out.rglob("metrics.json"))]
     assert len(records) == 2 and all(r["status"] == "ok" for r in records)
+    # the jobs imported the commit's library, not the working tree's (nor an installed copy of it)
+    assert all("code_under_test" in r["provenance"]["versions"] for r in records)
+    # so does Snakemake run in the checkout itself, with no campaign to set the jobs' path (rules/common.smk)
+    target = next(p for p in (work / "results" / "runs").rglob("metrics.json")).relative_to(work)
+    env_plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    direct = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--resources", "gpu=1", "--quiet",
+                             "rules", "--", str(target)], capture_output=True, text=True, timeout=900, env=env_plain,
+                            cwd=code)
+    assert direct.returncode == 0, (direct.stdout + direct.stderr)[-3000:]
+    rec = json.loads((code / target).read_text())
+    assert "code_under_test" in rec["provenance"]["versions"] and rec["provenance"]["source_digest"] == ran
     assert {(r["provenance"]["git_commit"], r["provenance"]["source_digest"], r["provenance"]["source_matches_commit"])
             for r in records} == {(sha, ran, True)}
     text = (out / "README.md").read_text()
