@@ -89,8 +89,9 @@ def job_env(code: Path) -> dict:
     """The environment Snakemake runs in: the code folder's library first on PYTHONPATH, ahead of the working tree's
     (a lent host's PYTHONPATH names it) and of an installed copy, so that every job imports the library of the files
     its record's digest names (the job scripts put their own folder last on their path)."""
-    path = [str(code / "src"), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    from ftbench.source import library_first
+
+    return library_first(code / "src", dict(os.environ))
 
 
 def config_path(name: str, code: Path) -> Path:

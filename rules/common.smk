@@ -3,14 +3,13 @@ import sys
 from pathlib import Path
 
 BASE_DIR = Path(workflow.basedir)
-# The Snakefile imports the library from src/; jobs find it through workflow/scripts/ftbench, a link
-# to it, because Snakemake puts a script's own folder on its path (in any conda env too).
+# The Snakefile imports the library from src/, and its jobs find it first on their PYTHONPATH: a job script's own
+# folder (workflow/scripts, where a link to the library lies, for conda envs too) comes last on its path, behind an
+# installed copy of the library or one a PYTHONPATH names, so a Snakefile run from another checkout would import that.
 sys.path.insert(0, str(BASE_DIR / "src"))
-# and first on the jobs' PYTHONPATH: the scripts put their own folder last on their path, behind an installed copy
-# of the library or one a PYTHONPATH names, so a Snakefile run from another checkout would import that copy
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(BASE_DIR / "src"), os.environ.get("PYTHONPATH", "")) if p
-)
+from ftbench.source import library_first  # noqa: E402
+
+library_first(BASE_DIR / "src")
 
 from ftbench import config as ftc  # noqa: E402
 from ftbench.gpus import shares_gpu, visible_gpus  # noqa: E402

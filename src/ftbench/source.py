@@ -22,6 +22,16 @@ SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 LISTED = 8  # changed files named in the note
 
 
+def library_first(src, environ=None) -> dict:
+    """Put the library folder `src` first on the PYTHONPATH of `environ` (default: this process's, which the
+    workflow's jobs inherit), so that the jobs import the library of the files they run and their records' digest
+    names: a job script puts its own folder last on its path, behind an installed copy of the library or one a
+    PYTHONPATH names. Returns `environ`."""
+    environ = os.environ if environ is None else environ
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(src), environ.get("PYTHONPATH", "")) if p)
+    return environ
+
+
 def blob_id(data: bytes) -> str:
     """git's id of a file's content."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
