@@ -54,16 +54,16 @@ def plan(name: str, parts: dict) -> dict:
     return {**camp, "name": name, "targets": list(dict.fromkeys(targets))}
 
 
-def code_tree(ref: str | None, workdir: Path = ROOT) -> Path:
-    """The folder whose Snakefile, library, rules and configs the jobs run: the project itself, or for a git commit
-    `ref` a checkout of it under the working directory's results/code/ (made once, kept; ignored by git, so a lent
-    machine's tree sync leaves it alone; a clone sharing this project's objects, with a git directory of its own, so
-    that the records name the commit). A campaign split over leases runs one commit's files in every call whatever
+def code_tree(ref: str | None, workdir: Path = ROOT) -> tuple[Path, str | None]:
+    """The folder whose Snakefile, library, rules and configs the jobs run, and how the README names it (None: the
+    working tree): the project itself, or for a git commit `ref` a checkout of it under the working directory's
+    results/code/ (made once, kept; ignored by git, so a lent machine's tree sync leaves it alone; a clone sharing
+    this project's objects, with a git directory of its own, so that the records name the commit). A campaign split over leases runs one commit's files in every call whatever
     the working tree became since, and a job never reads a tree being replaced under it."""
     if not ref:
-        return ROOT
+        return ROOT, None
     if (Path(ref) / "Snakefile").is_file():  # a folder holding the files already (where the host has no history)
-        return Path(ref).resolve()
+        return Path(ref).resolve(), f"the files in {Path(ref).resolve()}"
     try:
         sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=ROOT, capture_output=True,
                              text=True, check=True).stdout.strip()
@@ -74,15 +74,7 @@ def code_tree(ref: str | None, workdir: Path = ROOT) -> Path:
         shutil.rmtree(path, ignore_errors=True)
         subprocess.run(["git", "clone", "--quiet", "--shared", "--no-checkout", str(ROOT), str(path)], check=True)
         subprocess.run(["git", "checkout", "--quiet", "--detach", sha], cwd=path, check=True)
-    return path
-
-
-def code_label(code: Path) -> str | None:
-    """How the README names the code a call's jobs ran: None for the working tree, "commit SHA12" for a checkout
-    code_tree made, else "the files in FOLDER"."""
-    if code == ROOT:
-        return None
-    return f"commit {code.name}" if code.parent.parts[-2:] == ("results", "code") else f"the files in {code}"
+    return path, f"commit {sha[:12]}"
 
 
 def job_env(code: Path) -> dict:
@@ -102,6 +94,11 @@ def config_path(name: str, code: Path) -> Path:
     return (code if Path(name).parts[0] in SHAPING else ROOT) / name
 
 
+def config_files(camp: dict, code: Path = ROOT) -> list[Path]:
+    """config/config.yaml and the campaign's config files, in Snakemake's merge order (later files win)."""
+    return list(dict.fromkeys(config_path(c, code) for c in ["config/config.yaml", *camp["configs"]]))
+
+
 def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_configs=(), forcerun=(),
             first=(), code: Path = ROOT) -> list[str]:
     """The Snakemake call: every GPU of the host a `gpu` resource, jobs that fail leave the rest going, an interrupted
@@ -112,16 +109,15 @@ def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_confi
     runs (code_tree)."""
     snakemake = shlex.split(os.environ.get("SNAKEMAKE", f"{sys.executable} -m snakemake"))
     where = [] if workdir == ROOT and code == ROOT else ["-s", str(code / "Snakefile"), "-d", str(workdir)]
-    configs = [str(config_path(c, code)) for c in camp["configs"]] + [str(c) for c in extra_configs]
-    if code != ROOT:  # the Snakefile's own config/config.yaml is the working directory's: the code folder's instead
-        where += ["--replace-workflow-config"]
-        configs = [str(code / "config" / "config.yaml"), *configs]
+    # every config file named, the Snakefile's own too: it reads config/config.yaml from the working directory, which
+    # is the project's, not the code folder's
+    configs = [str(c) for c in [*config_files(camp, code), *extra_configs]]
     again = ["--forcerun", *forcerun] if forcerun else []
     early = ["--prioritize", *first] if first else []
     targets = list(forcerun) or camp["targets"]
     return [*snakemake, *where, "--cores", str(cores), "--resources", f"gpu={max(gpus, 1)}", "--scheduler", "greedy",
-            "--keep-going", "--rerun-incomplete", "--rerun-triggers", "mtime", *again, *early, "--configfile",
-            *configs, "--", *targets]
+            "--keep-going", "--rerun-incomplete", "--rerun-triggers", "mtime", "--replace-workflow-config", *again,
+            *early, "--configfile", *configs, "--", *targets]
 
 
 def merged_config(camp: dict, code: Path = ROOT) -> dict:
@@ -130,8 +126,8 @@ def merged_config(camp: dict, code: Path = ROOT) -> dict:
     from snakemake.utils import update_config
 
     config: dict = {}
-    for c in ["config/config.yaml", *camp["configs"]]:
-        update_config(config, yaml.safe_load(config_path(c, code).read_text()) or {})
+    for c in config_files(camp, code):
+        update_config(config, yaml.safe_load(c.read_text()) or {})
     return config
 
 
@@ -499,7 +495,7 @@ def main(argv: list[str]) -> int:
         for t, where in est["sources"].items():
             print(f"  {t}: {where}")
         return 0
-    code = code_tree(args.code, workdir)
+    code, code_named = code_tree(args.code, workdir)
     held = waiting(camp, todo["targets"], code)
     if held:
         print(f"held back, a package missing on this host: {len(held)} target(s) ("
@@ -517,7 +513,7 @@ def main(argv: list[str]) -> int:
     state["host"] = host
     call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd), "hostname": host.get("hostname"),
             "gpu_uuids": [g.get("uuid") for g in host.get("gpus") or []], "batches": args.batches,
-            "held": held, "code": code_label(code)}
+            "held": held, "code": code_named}
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
     t0 = time.monotonic()

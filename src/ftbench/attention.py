@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from .knobs import FLASH_IMPLS
+
 NAME = "ftbench_varlen"  # the name it is registered under in transformers' AttentionInterface
 
 try:  # torch >= 2.9; its keywords changed between releases, so read them once here, outside any traced code
@@ -40,10 +42,6 @@ try:  # the flash kernel's forward (with its log-sum-exp) and backward, for atte
     _FLASH_KW = {a.name for a in torch.ops.aten._flash_attention_forward.default._schema.arguments}
 except (AttributeError, RuntimeError):  # pragma: no cover - a build without them
     _FLASH_KW = set()
-
-
-# variant knob flash_impl -> torch's name for it, its module, its PyPI package, the compute capabilities it runs on
-FLASH_IMPLS = {"fa4": ("FA4", "flash_attn.cute", "flash-attn-4", ((9, 0), (10, 0)))}
 
 
 def flash_impl_problem(impl: str, device) -> str | None:
@@ -71,10 +69,10 @@ def flash_impl_problem(impl: str, device) -> str | None:
 def activate_flash(impl: str) -> str | None:
     """PyTorch's flash attention ops, which the variable-length attention runs, through `impl` for the rest of this
     process (variant knob flash_impl), by torch's own registry; returns the implementation now active."""
-    from torch.nn.attention import activate_flash_attention_impl, current_flash_attention_impl
+    from torch.nn.attention import activate_flash_attention_impl
 
     activate_flash_attention_impl(FLASH_IMPLS[impl][0])
-    return current_flash_attention_impl()
+    return _active_flash()
 
 
 def _active_flash() -> str | None:

@@ -48,27 +48,26 @@ class FusedProjections(nn.Module):
             bias = torch.cat([b.bias for b in bases]) if all(b.bias is not None for b in bases) else None
             if bias is None and any(b.bias is not None for b in bases):
                 raise ValueError("fused projections: some have a bias and some not")
-        start = 0
-        for b, n in zip(bases, self.sizes):  # each base weight a view of the fused one: no second copy
-            b.weight = nn.Parameter(weight[start:start + n], requires_grad=False)
-            if bias is not None:
-                b.bias = nn.Parameter(bias[start:start + n], requires_grad=False)
-            start += n
-        self.register_buffer("weight", weight, persistent=False)
-        self.register_buffer("bias", bias, persistent=False)
         kinds = {isinstance(b, StaticFP8Linear) for b in bases}
         if len(kinds) > 1:
             raise ValueError("fused projections: some frozen weights in FP8 and some not")
         self.fp8 = kinds == {True}
-        if self.fp8:  # one FP8 weight and scale for the group; each projection's FP8 weight a view of it
+        if self.fp8:  # one FP8 weight and scale for the group
             with torch.no_grad():
                 w_fp8, w_inv = tensorwise_fp8(weight, E4M3)
-            start = 0
-            for b, n in zip(bases, self.sizes):
-                b.w_fp8, b.w_inv = w_fp8[start:start + n], w_inv
-                start += n
             self.register_buffer("w_fp8", w_fp8, persistent=False)
             self.register_buffer("w_inv", w_inv, persistent=False)
+        # each base weight (and FP8 weight) a view of the group's: no second copy
+        rows = zip(bases, weight.split(self.sizes), bias.split(self.sizes) if bias is not None else [None] * len(bases),
+                   w_fp8.split(self.sizes) if self.fp8 else [None] * len(bases))
+        for b, w, bb, w8 in rows:
+            b.weight = nn.Parameter(w, requires_grad=False)
+            if bb is not None:
+                b.bias = nn.Parameter(bb, requires_grad=False)
+            if w8 is not None:
+                b.w_fp8, b.w_inv = w8, w_inv
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
 
     def _frozen(self, x: torch.Tensor) -> torch.Tensor:
         """The group's frozen projections of `x`, concatenated: one GEMM (in FP8 where the weights are)."""

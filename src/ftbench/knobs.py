@@ -119,7 +119,8 @@ class Variant:
 FP8_MODULES = {"te": "transformer_engine", "torchao": "torchao"}  # fp8_backend -> the package that provides it
 
 
-FLASH_MODULES = {"fa4": "flash_attn"}  # flash_impl -> the package that provides it (flash-attn-4: flash_attn.cute)
+# flash_impl -> torch's name for it, its module, its PyPI package, the compute capabilities it runs on
+FLASH_IMPLS = {"fa4": ("FA4", "flash_attn.cute", "flash-attn-4", ((9, 0), (10, 0)))}
 
 
 def required_packages(variant: Variant) -> list[str]:
@@ -130,7 +131,7 @@ def required_packages(variant: Variant) -> list[str]:
              FP8_MODULES.get(variant.fp8_backend) if variant.precision == "fp8" else None,
              "bitsandbytes" if variant.precision == "nf4" else None,
              "liger_kernel" if variant.liger else None,
-             FLASH_MODULES.get(variant.flash_impl)]
+             FLASH_IMPLS[variant.flash_impl][1].split(".")[0] if variant.flash_impl in FLASH_IMPLS else None]
     return [n for n in needs if n]
 
 

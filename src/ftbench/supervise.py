@@ -26,7 +26,7 @@ from . import forkserver
 from .config import run_gpus, run_limits
 from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
-from .source import code_identity
+from .source import code_identity, library_first
 
 POLL_S = 0.5
 
@@ -97,9 +97,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         stack.callback(release_host_memory, Path(tmp))  # runs after the child has ended, killed or not
         job, progress = Path(tmp) / "job.json", Path(tmp) / "progress.json"
         job.write_text(json.dumps({"kind": kind, "params": params, "paths": paths}))
-        env = dict(os.environ, FTBENCH_PROGRESS=str(progress),
-                   PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                               os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        env = library_first(Path(__file__).resolve().parents[1], dict(os.environ, FTBENCH_PROGRESS=str(progress)))
         # a job at tiny scale on a host whose GPUs are shared (tiny_jobs_per_gpu): one slot of one GPU
         scale = (params.get("run") or {}).get("scale") or params.get("scale")
         shared = shares_gpu(gpus, scale)

@@ -234,14 +234,15 @@ def train(ctx, record, device, meter):
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
         attention.use_varlen(model)
+        sinks = attention.has_sinks(model)
         if v.flash_impl:  # its flash kernels from another implementation (FlashAttention-4)
-            if attention.has_sinks(model):
+            if sinks:
                 from ..harness import Unsupported
 
                 raise Unsupported(f"flash_impl={v.flash_impl!r} with attention sinks (gpt-oss): the sinks are folded "
                                   "in through FlashAttention-2's log-sum-exp; not wired for another implementation")
             record["extra"]["flash_impl"] = attention.activate_flash(v.flash_impl)
-        record["extra"]["attention_kernel"] = attention.kernel(device, attention.has_sinks(model))
+        record["extra"]["attention_kernel"] = attention.kernel(device, sinks)
     if v.parallel == "ddp" and v.compile:  # DDP's bucket boundaries cut the compiled graphs only where asked
         torch._dynamo.config.optimize_ddp = bool(v.ddp_graph_split)  # (Dynamo's DDPOptimizer; knob ddp_graph_split)
         record["extra"]["ddp_graph_split"] = v.ddp_graph_split
