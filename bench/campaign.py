@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from measure_check import PARTS, fill  # noqa: E402
 
 KEPT = ("metrics.json", "steps.csv", "memory.csv", "summary.json")
+COLLECT_EVERY_S = 20.0  # how often a running call copies its jobs' finished records into its folder
 
 
 def now() -> str:
@@ -192,6 +193,36 @@ def collect(targets: list[str], out: Path, workdir: Path = ROOT) -> list[Path]:
                 shutil.copy2(f, dst)
                 kept.append(dst)
     return kept
+
+
+def made_since(targets: list[str], since: float, workdir: Path = ROOT) -> list[str]:
+    """The targets whose file was written at or after `since` (a time.time()): what this call's jobs made, never a
+    file an earlier call left in the working directory."""
+    return [t for t in targets if (p := workdir / t).is_file() and p.stat().st_mtime >= since]
+
+
+def wait_collecting(proc: subprocess.Popen, targets: list[str], out: Path, workdir: Path, since: float,
+                    limit_s: float | None = None, every_s: float = COLLECT_EVERY_S, on_collect=None) -> int:
+    """Wait for Snakemake, copying each job's record into OUT as soon as the job has written it (a record is written
+    whole, last of its files), so that a call whose machine is lost mid-pass (given back between two device calls,
+    or its budget spent) leaves every finished job in OUT for the next poll to pack: on 2026-11-27 a pass lost 8
+    finished jobs so. `on_collect(new_targets)` runs after each copy. Raises TimeoutExpired after `limit_s`."""
+    deadline = None if limit_s is None else time.monotonic() + limit_s
+    kept: set[str] = set()
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, limit_s)
+        try:
+            return proc.wait(timeout=every_s if left is None else min(every_s, left))
+        except subprocess.TimeoutExpired:
+            pass
+        new = [t for t in made_since(targets, since, workdir) if t not in kept]
+        if new:
+            collect(new, out, workdir)
+            kept.update(new)
+            if on_collect:
+                on_collect(new)
 
 
 def noisy(camp: dict, out: Path, bound: float) -> dict[str, float]:
@@ -516,13 +547,19 @@ def main(argv: list[str]) -> int:
             "held": held, "code": code_named}
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
-    t0 = time.monotonic()
+    t0, since = time.monotonic(), time.time()
     call["pending"] = len(todo["targets"])
     rc = 0
+
+    def kept_so_far(new: list[str]) -> None:  # the folder says what it holds while the call runs
+        call["kept_while_running"] = call.get("kept_while_running", 0) + len(new)
+        state_path.write_text(json.dumps(state, indent=2))
+        (out / "README.md").write_text(readme(camp, state, out))
+
     if todo["targets"]:
         proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, env=job_env(code))
         try:
-            rc = proc.wait(timeout=args.limit_s)
+            rc = wait_collecting(proc, todo["targets"], out, workdir, since, args.limit_s, on_collect=kept_so_far)
         except subprocess.TimeoutExpired:  # the call's limit: Snakemake stops its jobs; the next call resumes
             os.killpg(proc.pid, signal.SIGINT)
             rc = proc.wait()

@@ -9,7 +9,9 @@
 #   bash bench/campaign_detached.sh poll OUT [SECONDS] [PACK]
 #       Wait up to SECONDS (default 0) for both passes to end (or the first to end while the second waits for its
 #       READY_FILE), print where they stand and the records so far, and,
-#       given PACK (a .tgz path, e.g. $OUT/camp.tgz), pack OUT into it to bring back.
+#       given PACK (a .tgz path, e.g. $OUT/camp.tgz), pack OUT into it to bring back. OUT holds each finished
+#       job's record as soon as it ends (campaign.py copies them while Snakemake runs). Exit 3 at once where no
+#       campaign was started on this machine.
 #
 # The campaign runs under $PYTHON (default: python3 on PATH), which needs the project's packages (snakemake, yaml).
 #
@@ -48,6 +50,12 @@ passes)  # (internal) the first pass, then the second once READY_FILE exists
     ;;
 poll)
     out=${1:?OUT}; wait_s=${2:-0}; pack=${3:-}
+    # no campaign was started here: a fresh machine (a lent one goes back when a call does not follow the last
+    # within its idle time), whose poll must not spend its wait on nothing (2026-11-27: 520 s of four GPUs)
+    if [ ! -e "$out.passes" ]; then
+        echo "no campaign on this machine: $out.passes is missing (not the machine that ran 'start'; start it again)"
+        exit 3
+    fi
     end=$((SECONDS + wait_s))
     # until both passes end, or the first has ended and the second waits for a READY_FILE that does not exist yet
     settled() {

@@ -16,15 +16,21 @@ from ftbench.records import SCHEMA_VERSION
 CAMPAIGN = ROOT / "bench" / "campaign.py"
 
 
+def load_campaign():
+    """bench/campaign.py as a module (it is a script, not part of the library)."""
+    spec = importlib.util.spec_from_file_location("campaign", CAMPAIGN)
+    campaign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(campaign)
+    return campaign
+
+
 def call(*args, env=None, timeout=900):
     return subprocess.run([sys.executable, str(CAMPAIGN), *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, cwd=ROOT)
 
 
 def test_the_study_a_campaign_on_four_gpus_runs_four_one_gpu_jobs_at_once():
-    spec = importlib.util.spec_from_file_location("campaign", CAMPAIGN)
-    campaign = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(campaign)
+    campaign = load_campaign()
     import yaml
 
     camp = campaign.plan("study_a", yaml.safe_load((ROOT / "bench" / "parts.yaml").read_text()))
@@ -101,9 +107,7 @@ def test_a_campaign_is_costed_from_the_jobs_own_times_in_earlier_leases(tmp_path
     """--estimate: each pending job at the wall time its run took before (the preferred GPU's record first), the
     median where none ran, a profile at its assumed time; the longest job first to the least loaded GPU; calls hold
     whole jobs; a job longer than a call is named."""
-    spec = importlib.util.spec_from_file_location("campaign", CAMPAIGN)
-    campaign = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(campaign)
+    campaign = load_campaign()
     run = "results/runs/lmm/m/full/beans/{}/bs{}/metrics.json"
 
     def lease(name, variant, batch, elapsed, gpu, status="ok"):
@@ -134,9 +138,7 @@ def test_a_campaign_is_costed_from_the_jobs_own_times_in_earlier_leases(tmp_path
 
 
 def test_a_variant_needs_the_package_of_its_knobs():
-    spec = importlib.util.spec_from_file_location("campaign", CAMPAIGN)
-    campaign = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(campaign)
+    campaign = load_campaign()
     need = campaign.needed_packages
     assert need({"precision": "fp8", "fp8_backend": "te"}) == ["transformer_engine"]
     assert need({"precision": "fp8", "fp8_backend": "torchao"}) == ["torchao"]
@@ -189,6 +191,55 @@ def test_a_detached_campaign_runs_its_second_pass_once_its_package_is_ready(tmp_
 
     with tarfile.open(tmp_path / "camp.tgz") as t:
         assert sum(n.endswith("metrics.json") for n in t.getnames()) == 2
+
+
+def test_a_running_call_keeps_each_finished_record_at_once_and_never_an_earlier_calls(tmp_path):
+    """A pass copies a job's record into its folder as soon as the job has written it, not when Snakemake ends: a
+    machine lost mid-pass (2026-11-27) then loses only the jobs it was running. A record an earlier call left in the
+    working directory is not taken for this call's."""
+    import time
+
+    campaign = load_campaign()
+    work, out = tmp_path / "work", tmp_path / "camp"
+    done, running, stale = (f"results/runs/llm/tiny/tiny/d/{v}/bs1/metrics.json" for v in ("done", "running", "old"))
+    (work / stale).parent.mkdir(parents=True)
+    (work / stale).write_text("{}")
+    os.utime(work / stale, (time.time() - 3600,) * 2)
+    since = time.time()
+    # a "Snakemake" whose first job ends at once and whose second runs on
+    script = (f"import pathlib, time; p = pathlib.Path({str(work / done)!r}); p.parent.mkdir(parents=True); "
+              f"p.with_name('steps.csv').write_text('step'); p.write_text('{{}}'); time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    seen = []
+
+    def kept(new):
+        seen.append((new, proc.poll()))
+        proc.kill()
+
+    campaign.wait_collecting(proc, [done, running, stale], out, work, since, every_s=0.2, on_collect=kept)
+    assert seen == [([done], None)]  # kept while its "Snakemake" still ran
+    assert (campaign.kept_path(done, out)).is_file() and campaign.kept_path(done, out).with_name("steps.csv").is_file()
+    assert not campaign.kept_path(stale, out).exists() and not campaign.kept_path(running, out).exists()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        campaign.wait_collecting(proc, [running], out, work, since, limit_s=0.5, every_s=0.2)
+        raise AssertionError("no timeout")
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        proc.kill()
+
+
+def test_polling_a_machine_that_started_no_campaign_fails_at_once(tmp_path):
+    """A poll on a fresh machine (the one that ran `start` went back between calls) says so and exits 3 at once,
+    instead of waiting its whole time on nothing."""
+    import time
+
+    t = time.monotonic()
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "campaign_detached.sh"), "poll", str(tmp_path / "camp"), "600",
+                           str(tmp_path / "camp.tgz")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3 and "no campaign on this machine" in proc.stdout and time.monotonic() - t < 30
+    assert not (tmp_path / "camp.tgz").exists()
 
 
 def test_a_campaign_runs_the_files_of_the_commit_it_names_not_the_working_trees(tmp_path):
