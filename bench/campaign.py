@@ -450,10 +450,11 @@ def readme(camp: dict, state: dict, out: Path) -> str:
         lines += [f"- {Path(t).parent.relative_to('results/runs')}"
                   + (f" (held back in the last call, not installed on its host: {held[t]})" if t in held else "")
                   for t in missing] + [""]
-    lines += ["## Calls", "", "| start | end | wall s | exit | GPUs | targets pending | cut |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {c['start']} | {c.get('end', '(killed, or crashed before its end)')} | {c.get('wall_s', '')} | {c.get('exit', '')} | "
-              f"{c.get('gpus')} | {c.get('pending', '')} | {c.get('cut', '')} |" for c in calls]
+    lines += ["## Calls", "", "| start | end | wall s | exit | GPUs | targets pending | records kept while it ran | cut |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {c['start']} | {c.get('end', '(none: still running, or killed with its machine)')} | {c.get('wall_s', '')} | {c.get('exit', '')} | "
+              f"{c.get('gpus')} | {c.get('pending', '')} | {c.get('kept_while_running', '')} | {c.get('cut', '')} |"
+              for c in calls]
     return "\n".join(lines) + "\n"
 
 
