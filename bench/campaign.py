@@ -225,6 +225,20 @@ def wait_collecting(proc: subprocess.Popen, targets: list[str], out: Path, workd
                 on_collect(new)
 
 
+def run_snakemake(cmd: list[str], code: Path, targets: list[str], out: Path, workdir: Path,
+                  limit_s: float | None = None, on_collect=None) -> tuple[int, bool]:
+    """Run one Snakemake call of the campaign (the jobs' library first, `job_env`), copying each target's record
+    into OUT as its job ends (`wait_collecting`); at `limit_s` Snakemake is stopped (its running jobs are lost, the
+    next call resumes). Returns its exit status and whether it was cut."""
+    since = time.time()
+    proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, env=job_env(code))
+    try:
+        return wait_collecting(proc, targets, out, workdir, since, limit_s, on_collect=on_collect), False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        return proc.wait(), True
+
+
 def noisy(camp: dict, out: Path, bound: float) -> dict[str, float]:
     """The campaign's ok records whose noise band (NOISE_SIGMAS x the noise of the number a verdict reads: real
     tokens/s for packed rows, else the median step's) is wider than `bound`: target -> that noise. Read from the
@@ -333,12 +347,7 @@ def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, b
         cfg = out / f"repeats-x{factor}.yaml"
         cfg.write_text(yaml.safe_dump({"studies": {study: {"training": {"measure": {"repeats": base * factor}}}}}))
         cmd = command(camp, gpus, os.cpu_count() or 1, workdir, extra_configs=[cfg], forcerun=list(todo), code=code)
-        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, env=job_env(code))
-        try:
-            proc.wait(timeout=left)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait()
+        run_snakemake(cmd, code, list(todo), out, workdir, left)
         collect(list(todo), out, workdir)
         after = noisy(camp, out, -1.0)  # every record's noise, read once a round
         for t in todo:
@@ -548,22 +557,21 @@ def main(argv: list[str]) -> int:
             "held": held, "code": code_named}
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
-    t0, since = time.monotonic(), time.time()
+    t0 = time.monotonic()
     call["pending"] = len(todo["targets"])
     rc = 0
 
-    def kept_so_far(new: list[str]) -> None:  # the folder says what it holds while the call runs
-        call["kept_while_running"] = call.get("kept_while_running", 0) + len(new)
+    def save() -> None:  # the state and the README, also while the call runs: the folder says what it holds
         state_path.write_text(json.dumps(state, indent=2))
         (out / "README.md").write_text(readme(camp, state, out))
 
+    def kept_so_far(new: list[str]) -> None:
+        call["kept_while_running"] = call.get("kept_while_running", 0) + len(new)
+        save()
+
     if todo["targets"]:
-        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True, env=job_env(code))
-        try:
-            rc = wait_collecting(proc, todo["targets"], out, workdir, since, args.limit_s, on_collect=kept_so_far)
-        except subprocess.TimeoutExpired:  # the call's limit: Snakemake stops its jobs; the next call resumes
-            os.killpg(proc.pid, signal.SIGINT)
-            rc = proc.wait()
+        rc, cut = run_snakemake(cmd, code, todo["targets"], out, workdir, args.limit_s, on_collect=kept_so_far)
+        if cut:
             call["cut"] = f"after {args.limit_s:g} s (--limit-s)"
     call.update(end=now(), wall_s=round(time.monotonic() - t0, 1), exit=rc)
     collect(todo["targets"], out, workdir)
@@ -572,8 +580,7 @@ def main(argv: list[str]) -> int:
 
         bound = INCONCLUSIVE_BAND if args.bound is None else args.bound
         repeat_noisy(camp, state, out, workdir, len(gpus), args.repeat_noisy, bound, args.rounds, code)
-    state_path.write_text(json.dumps(state, indent=2))
-    (out / "README.md").write_text(readme(camp, state, out))
+    save()
     print(f"campaign {args.campaign}: exit {rc}; {out / 'README.md'}")
     return rc
 

@@ -218,7 +218,7 @@ def test_a_running_call_keeps_each_finished_record_at_once_and_never_an_earlier_
 
     campaign.wait_collecting(proc, [done, running, stale], out, work, since, every_s=0.2, on_collect=kept)
     assert seen == [([done], None)]  # kept while its "Snakemake" still ran
-    assert (campaign.kept_path(done, out)).is_file() and campaign.kept_path(done, out).with_name("steps.csv").is_file()
+    assert campaign.kept_path(done, out).is_file() and campaign.kept_path(done, out).with_name("steps.csv").is_file()
     assert not campaign.kept_path(stale, out).exists() and not campaign.kept_path(running, out).exists()
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
