@@ -388,6 +388,51 @@ def host_facts() -> dict:
     return facts
 
 
+def host_line(host: dict) -> str:
+    """"vm, 64 CPUs (its model), 503.8 GiB of memory; 4 GPUs: 0 NVIDIA H200 (GPU-..., 143771 MiB); ...; driver D"."""
+    gpus = host.get("gpus") or []
+    return (f"{host.get('hostname')}, {host.get('cpus')} CPUs" + (f" ({host['cpu_model']})" if host.get("cpu_model")
+                                                                  else "")
+            + f", {host.get('memory_gib')} GiB of memory; {len(gpus)} GPUs: "
+            + ("; ".join(f"{g['index']} {g['name']} ({g['uuid']}, {g['memory']})" for g in gpus) or "none (a CPU "
+                                                                                                   "machine)")
+            + (f"; driver {gpus[0]['driver']}" if gpus else ""))
+
+
+def machines_lines(state: dict, records: list, out: Path) -> list[str]:
+    """The README's machine lines: one host, or each machine of a campaign split over leases (`machine_of` its
+    calls' host and GPUs) with its calls, batches and records, and the batches whose records ran on more than one
+    machine (a ratio across them is not comparable on the front page: ftbench.coverage)."""
+    from ftbench.gpus import calls_machines, machine_of
+
+    calls = state["calls"]
+    order = list(dict.fromkeys(machine_of(c.get("hostname"), c.get("gpu_uuids")) for c in calls))
+    facts = state.get("machines") or {}
+    if len(order) <= 1:
+        return [f"- **Host:** {host_line(state['host'])}."]
+    named = calls_machines(calls)
+    ran = {}  # machine -> batch -> records
+    for _, r in records:
+        prov = r.get("provenance") or {}
+        m = prov.get("machine") or named.get(str((prov.get("device") or {}).get("uuid")).removeprefix("GPU-"))
+        ran.setdefault(m, {}).setdefault((r.get("run") or {}).get("batch_size"), 0)
+        ran[m][(r.get("run") or {}).get("batch_size")] += 1
+    lines = [f"- **Machines:** {len(order)} (the campaign's calls ran on {len(order)} leases; a ratio divides runs of "
+             "one machine):"]
+    for i, m in enumerate(order, 1):
+        mine = [c for c in calls if machine_of(c.get("hostname"), c.get("gpu_uuids")) == m]
+        batches = sorted(ran.get(m, {}), key=lambda b: (b is None, b))
+        lines.append(f"  {i}. `{m}`: " + (host_line(facts[m]) if m in facts else
+                                           f"{mine[0].get('hostname')}, GPUs {', '.join(mine[0].get('gpu_uuids') or [])}")
+                     + f"; {len(mine)} call(s), {mine[0]['start']} to {mine[-1].get('end') or mine[-1]['start']}; "
+                     f"{sum(ran.get(m, {}).values())} records, at batch {', '.join(str(b) for b in batches) or '-'}.")
+    both = sorted(b for b in {b for m in ran for b in ran[m]} if sum(b in ran[m] for m in ran) > 1)
+    if both:
+        lines.append(f"- **Batches measured on more than one machine:** {', '.join(map(str, both))}: a cell there "
+                     "whose baseline ran on the other machine is not comparable on the front page.")
+    return lines
+
+
 def readme(camp: dict, state: dict, out: Path) -> str:
     """The campaign's README, from its state and the records it holds."""
     from ftbench.records import read_record
@@ -413,16 +458,10 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     failed = [(f, r) for f, r in records if r.get("status") != "ok"]
     missing = [t for t in pending(camp["targets"], out) if t.endswith("metrics.json")]
     gpus = host.get("gpus") or []
-    hosts = {c["hostname"] for c in calls if c.get("hostname")}
     lines = [f"# Campaign `{camp['name']}`: {camp.get('about', '')}", "",
-             "Written by `bench/campaign.py` after each call; do not edit by hand.", "",
-             f"- **Host:** {host.get('hostname')}, {host.get('cpus')} CPUs"
-             + (f" ({host['cpu_model']})" if host.get("cpu_model") else "") + f", {host.get('memory_gib')} GiB of memory"
-             + (f" (the last call's; the calls ran on {len(hosts)} machines: {', '.join(sorted(hosts))}; each cell "
-                "and its baseline at the same batch should share one)" if len(hosts) > 1 else "") + ".",
-             f"- **GPUs:** {len(gpus)}: " + ("; ".join(f"{g['index']} {g['name']} ({g['uuid']}, {g['memory']})"
-                                                      for g in gpus) or "none (a CPU machine)")
-             + (f"; driver {gpus[0]['driver']}" if gpus else "") + ".",
+             "Written by `bench/campaign.py` after each call; do not edit by hand.", ""]
+    lines += machines_lines(state, records, out)
+    lines += [
              "- **Packages:** " + (", ".join(f"{k} {v}" for k, v in versions.items() if v) or "no record yet") + ".",
              f"- **Code:** source digest{'s' if len(digests) > 1 else ''} {', '.join(digests)}"
              + (" (one version: every ratio in it divides runs of the same code)." if len(digests) == 1 else
@@ -468,7 +507,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from ftbench.gpus import visible_gpus
+    from ftbench.gpus import machine_of, visible_gpus
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("campaign", nargs="?")
@@ -513,13 +552,14 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else ROOT / "measurements" / (
         f"{args.campaign}-{platform.node()}-{datetime.date.today().isoformat()}")
     out = out if out.is_absolute() else ROOT / out
+    whole = camp  # the README counts every cell of the campaign, whatever batches this call runs
     if args.batches:
         camp = {**camp, "targets": only_batches(camp["targets"], args.batches)}
     todo = {**camp, "targets": pending(camp["targets"], out)}  # what the folder holds already never runs again
     sources = sorted(p for p in (ROOT / "measurements").glob("*") if p.is_dir() and p.resolve() != out.resolve())
     if args.readme:
         state = json.loads((out / "campaign.json").read_text())
-        (out / "README.md").write_text(readme(camp, state, out))
+        (out / "README.md").write_text(readme(whole, state, out))
         print(out / "README.md")
         return 0
     if args.estimate:
@@ -552,8 +592,10 @@ def main(argv: list[str]) -> int:
     state_path = out / "campaign.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"campaign": args.campaign, "calls": []}
     state["host"] = host
+    uuids = [g.get("uuid") for g in host.get("gpus") or []]
+    state.setdefault("machines", {})[machine_of(host.get("hostname"), uuids)] = host  # each machine's facts
     call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd), "hostname": host.get("hostname"),
-            "gpu_uuids": [g.get("uuid") for g in host.get("gpus") or []], "batches": args.batches,
+            "gpu_uuids": uuids, "batches": args.batches,
             "held": held, "code": code_named}
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
@@ -563,7 +605,7 @@ def main(argv: list[str]) -> int:
 
     def save() -> None:  # the state and the README, also while the call runs: the folder says what it holds
         state_path.write_text(json.dumps(state, indent=2))
-        (out / "README.md").write_text(readme(camp, state, out))
+        (out / "README.md").write_text(readme(whole, state, out))
 
     def kept_so_far(new: list[str]) -> None:
         call["kept_while_running"] = call.get("kept_while_running", 0) + len(new)

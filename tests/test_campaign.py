@@ -290,3 +290,39 @@ def test_a_campaign_runs_the_files_of_the_commit_it_names_not_the_working_trees(
     text = (out / "README.md").read_text()
     assert f"ran commit {sha[:12]} (`--code`), not the working tree's files" in text and f"--code {sha[:12]}`" in text
     assert f"source digest {ran} (one version" in text
+
+
+def test_a_campaign_split_over_two_leases_names_each_machine_and_counts_every_cell(tmp_path):
+    """A campaign whose calls ran on two lent machines of one kind (2026-11-26 and -27, both named "vm") names each
+    with its calls, batches and records, and the batch measured on both; its record count is of every cell of the
+    campaign, not of the last call's `--batches`."""
+    from test_analysis import record
+
+    from ftbench.gpus import machine_of
+
+    campaign = load_campaign()
+    out = tmp_path / "camp"
+    hosts = [{"hostname": "vm", "cpus": 64, "memory_gib": 503.8,
+              "gpus": [{"index": str(i), "name": "NVIDIA H200", "uuid": f"GPU-{m}{i}", "driver": "580",
+                        "memory": "143771 MiB"} for i in range(2)]} for m in "ab"]
+    calls = [{"start": f"2026-11-2{6 + i}T00:00:00Z", "end": f"2026-11-2{6 + i}T00:10:00Z", "gpus": 2,
+              "hostname": "vm", "gpu_uuids": [g["uuid"] for g in h["gpus"]], "batches": b}
+             for i, (h, b) in enumerate(zip(hosts, ("1,2", "1,8")))]
+    ran = [("bf16-gc", 1, "GPU-a0"), ("bf16-gc", 2, "GPU-a1"), ("qlora-gc", 1, "GPU-b1"), ("bf16-gc", 8, "GPU-b0")]
+    for variant, bs, uuid in ran:
+        f = out / "lmm" / variant / f"bs{bs}" / "metrics.json"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        rec = record("lmm", variant, 1.0, gpu="NVIDIA H200", batch=bs, scale="full")
+        rec["provenance"]["device"]["uuid"], rec["provenance"]["source_digest"] = uuid, "d1"
+        f.write_text(json.dumps(rec))
+    state = {"calls": calls, "host": hosts[1],
+             "machines": {machine_of("vm", [g["uuid"] for g in h["gpus"]]): h for h in hosts}}
+    targets = [f"results/runs/lmm/{v}/bs{b}/metrics.json" for v in ("bf16-gc", "qlora-gc") for b in (1, 2, 8)]
+    text = campaign.readme({"name": "study_a", "targets": targets}, state, out)
+    a, b = (machine_of("vm", [f"GPU-{m}0", f"GPU-{m}1"]) for m in "ab")
+    assert "**Machines:** 2" in text and f"1. `{a}`" in text and f"2. `{b}`" in text, text
+    assert "2 records, at batch 1, 2." in text and "2 records, at batch 1, 8." in text
+    assert "**Batches measured on more than one machine:** 1:" in text
+    assert "Records: 4 of 6 cells" in text
+    one = campaign.readme({"name": "study_a", "targets": targets}, {**state, "calls": calls[:1]}, out)
+    assert "**Host:** vm, 64 CPUs" in one and "Machines" not in one

@@ -240,6 +240,71 @@ def test_a_ratio_across_two_source_digests_is_not_judged_silently():
     assert "One commit" in coverage_html(coverage_rows(one, studies), provenance_line(one))
 
 
+def test_a_ratio_across_two_machines_of_one_code_is_not_judged_silently(tmp_path):
+    """One code on two machines of one GPU kind: a cell whose baseline ran on the other machine is "not comparable:
+    baseline from another machine", both named; merged on purpose it is judged and says so. The machine comes from
+    the record (provenance.machine, since 2026-11-27), else from the campaign call that ran the record's GPU
+    (campaign.json), else from the lease folder; two GPUs of one campaign call are one machine."""
+    import json
+
+    from ftbench.analysis import read_runs
+    from ftbench.coverage import provenance_line
+    from test_analysis import write
+
+    from ftbench.gpus import machine_of
+
+    studies = [{"table": "study_a", "published": STUDY_A, "measured_by": MEASURED_BY}]
+
+    def rec(variant, batch, step, uuid):
+        r = record("lmm", variant, step, gpu=H200, batch=batch, scale="full", model="llava-v1.6-mistral-7b", mem=20)
+        r["run"]["dataset"] = "beans"
+        r["provenance"]["device"].update(uuid=uuid, total_memory_gib=139.8)
+        r["provenance"]["source_digest"] = "aaaaaaaaaaaaaaaa"
+        return r
+
+    camp = tmp_path / "campaign"
+    for r in (rec("bf16-gc", 1, 1.0, "GPU-a0"), rec("bf16-gc", 4, 2.0, "GPU-a1"),  # machine a: batches 1, 4
+              rec("fixed-compile-gc", 4, 1.0, "GPU-a0"),  # beside its baseline on another GPU of machine a
+              rec("fixed-compile-gc", 1, 0.5, "GPU-b3")):  # machine b, a later lease: its baseline is on a
+        write(camp, r)
+    calls = [{"hostname": "vm", "gpu_uuids": ["GPU-a0", "GPU-a1"]}, {"hostname": "vm", "gpu_uuids": ["GPU-b2", "GPU-b3"]}]
+    (camp / "campaign.json").write_text(json.dumps({"calls": calls}))
+    df = read_runs(camp)
+    a, b = machine_of("vm", ["GPU-a1", "GPU-a0"]), machine_of("vm", ["GPU-b2", "GPU-b3"])
+    assert a != b and a.startswith("vm/") and machine_of("vm", []) == "vm"
+    assert sorted(set(df["machine"])) == sorted({a, b})
+    by = {(r["variant"], r["batch"]): r for r in coverage_rows(df, studies).to_dicts()}
+    assert by[("fixed-compile", 4)]["verdict"] != "not comparable"  # two GPUs of one host: one machine
+    one = by[("fixed-compile", 1)]
+    assert one["verdict"] == "not comparable" and "baseline from another machine" in one["how"], one["how"]
+    assert a in one["how"] and b in one["how"] and "merge_across_code" in one["how"]
+    merged = {(r["variant"], r["batch"]): r for r in coverage_rows(df, studies, across_code=True).to_dicts()}
+    assert merged[("fixed-compile", 1)]["verdict"] == "holds"
+    assert "the baseline ran on another machine" in merged[("fixed-compile", 1)]["how"]
+    assert "of 2 machines" in provenance_line(df) and "one machine" in provenance_line(df)
+    # a record that names its machine keeps it; a lease folder without campaign.json is one machine
+    lease = tmp_path / "lease"
+    named = rec("bf16-gc", 2, 1.0, "GPU-c0")
+    named["provenance"]["machine"] = "node7/12345678"
+    write(lease, named)
+    write(lease, rec("qlora-gc", 2, 1.2, "GPU-c1"))
+    assert sorted(read_runs(lease)["machine"]) == ["lease lease", "node7/12345678"]
+
+
+def test_a_record_names_the_machine_that_ran_it(monkeypatch):
+    """Every GPU of the host, not only the job's (nvidia-smi lists them all), in one name: two jobs on two GPUs of
+    one host name one machine."""
+    import subprocess
+
+    from ftbench import gpus
+
+    listed = "GPU-b\nGPU-a\n"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=listed))
+    monkeypatch.setattr(gpus.platform, "node", lambda: "host1")
+    assert gpus.host_gpu_uuids() == ["GPU-b", "GPU-a"]
+    assert gpus.this_machine() == gpus.machine_of("host1", ["GPU-a", "GPU-b"]) != gpus.machine_of("host1", ["GPU-a"])
+
+
 def test_the_front_page_leads_with_the_shipped_verdicts_while_the_users_runs_measure_none(tmp_path, monkeypatch):
     """The default pipeline's tiny runs fill no published cell: the front page then opens with what ships in
     measurements/ (judged on its own, labelled with its GPUs, commits and dates, and how to replace it), the user's

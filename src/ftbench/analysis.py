@@ -28,6 +28,7 @@ def flatten(record: dict) -> dict:
     row.update(status=record["status"], reason=record["reason"],
                gpu=gpu_name(dev.get("name")) if dev.get("type") == "cuda" else "cpu",
                device_type=dev.get("type"), gpu_uuid=dev.get("uuid"), driver=dev.get("driver"), cuda=dev.get("cuda"),
+               machine=prov.get("machine"),
                weights_source=prov.get("weights_source"), data_source=prov.get("data_source"),
                git_commit=prov.get("git_commit"), code=short_code(prov), config_hash=prov.get("config_hash"),
                source_digest=prov.get("source_digest") or prov.get("git_commit"),
@@ -125,7 +126,14 @@ def read_runs(path) -> pl.DataFrame:
     if path.suffix == ".parquet":
         return pl.read_parquet(path)
     files = sorted(path.rglob("metrics.json")) if path.is_dir() else [path]
-    return typed(pl.DataFrame([flatten(read_record(f)) for f in files], infer_schema_length=None))
+    rows = [flatten(read_record(f)) for f in files]
+    if path.is_dir():
+        from .gpus import folder_machines
+
+        named = folder_machines(path)
+        for row in rows:
+            row["machine"] = row["machine"] or named.get(str(row["gpu_uuid"]).removeprefix("GPU-")) or named.get("")
+    return typed(pl.DataFrame(rows, infer_schema_length=None))
 
 
 PROFILE_COLUMNS = ("profile.busy_pct", "profile.cpu_bound", "profile.idle_cause", "profile.data_loading_share",

@@ -157,14 +157,39 @@ def probe_evidence(full: pl.DataFrame, r: dict, probes: list[dict], cell: str, b
     return "; ".join(said) or None
 
 
+def _other_machine(r: dict, b: dict, suffix: str = "") -> bool:
+    """Two runs of two machines (column `machine`: `ftbench.gpus.machine_of`, or the lease or campaign call that
+    ran a record older than it); unknown on either side is not told apart. `suffix`: b is r's joined other side."""
+    m, n = r.get("machine"), (r if suffix else b).get(f"machine{suffix}")
+    return bool(m and n and m != n)
+
+
 def _other_code(r: dict, b: dict, across_code: bool) -> dict | None:
-    """A ratio of two runs of different code is not judged unless the user merged across code on purpose
-    (`merge_across_code`): "not comparable: baseline from other code", both named."""
-    if across_code or code_of(r) == code_of(b):
+    """A ratio of two runs of different code, or of two machines, is not judged unless the user merged across them
+    on purpose (`merge_across_code`): "not comparable: baseline from other code" (or "from another machine"), both
+    named."""
+    if across_code:
         return None
-    return _not_comparable(f"baseline from other code (this cell's files {(code_of(r) or '?')[:10]} at commit "
-                           f"{_commit(r)}, the baseline's {(code_of(b) or '?')[:10]} at commit {_commit(b)}); "
-                           "merge_across_code: true divides them on purpose")
+    if code_of(r) != code_of(b):
+        return _not_comparable(f"baseline from other code (this cell's files {(code_of(r) or '?')[:10]} at commit "
+                               f"{_commit(r)}, the baseline's {(code_of(b) or '?')[:10]} at commit {_commit(b)}); "
+                               "merge_across_code: true divides them on purpose")
+    if _other_machine(r, b):
+        return _not_comparable(f"baseline from another machine (this cell on {r['machine']}, the baseline on "
+                               f"{b['machine']}, two {r['gpu']} machines); merge_across_code: true divides them on "
+                               "purpose")
+    return None
+
+
+def _merged_note(r: dict, b: dict) -> str:
+    """What a ratio merged across code or machines on purpose divides: "; the baseline ran other code (...)", "; the
+    baseline ran on another machine (...)", or ""."""
+    note = ""
+    if code_of(r) != code_of(b):
+        note += f"; the baseline ran other code (commit {_commit(b)}, this cell {_commit(r)})"
+    if _other_machine(r, b):
+        note += f"; the baseline ran on another machine ({b['machine']}, this cell {r['machine']})"
+    return note
 
 
 def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None,
@@ -216,8 +241,8 @@ def study_a(df: pl.DataFrame, published: dict, measured_by: dict | None = None,
                             f"{r['peak_gib'] / b['peak_gib']:.2f}x")
                     judged = (_other_code(r, b, across_code)
                               or (judge(ratio, rng, noise) if rng else _not_comparable("no published figure as data")))
-                    if judged["verdict"] != "not comparable" and code_of(r) != code_of(b):  # merged on purpose: say so
-                        judged["how"] += f"; the baseline ran other code (commit {_commit(b)}, this cell {_commit(r)})"
+                    if judged["verdict"] != "not comparable":  # merged across code or machines on purpose: say so
+                        judged["how"] += _merged_note(r, b)
             elif r["status"] == "timeout":  # a limit we chose ran out: no number, never a result
                 ours = f"timeout: {(r['reason'] or '')[:110]}"
                 judged = {"verdict": "not measured", "how": "a timeout is not a measurement"}
@@ -407,6 +432,8 @@ def study_c(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
         else:
             judged = _other_code(r, b, across_code) or judge(ratio, published_range(ms / stock), combined_noise(
                 r["timing.noise_cv"], b["timing.noise_cv"]))
+            if judged["verdict"] != "not comparable":  # merged across code or machines on purpose: say so
+                judged["how"] += _merged_note(r, b)
         row = {**base, "GPU": r["gpu"], "measured by": variant, "status": "ok", "measured": True,
                "ours": f"{step * 1000:.0f} ms" + (f" ({_verdict(ratio, r['timing.noise_cv'], b['timing.noise_cv'])})"
                                                   if ratio else ""), "ratio": ratio,
@@ -448,8 +475,9 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
     pairs = (pl.concat(joined, how="diagonal_relaxed")
              .with_columns((pl.col("dataset") != CLAIM_DATA).alias("_other_data"))
              .sort("_other_data", "model", "dataset", "batch_size", "gpu").drop("_other_data"))
-    if not across_code and not pairs.is_empty():  # a pair divides runs of one code (merge_across_code: on purpose)
-        pairs = pairs.filter([code_of(r) == code_of(r, "_hf") for r in pairs.iter_rows(named=True)])
+    if not across_code and not pairs.is_empty():  # a pair divides runs of one code on one machine (merge_across_code:
+        pairs = pairs.filter([code_of(r) == code_of(r, "_hf") and not _other_machine(r, r, "_hf")  # on purpose)
+                              for r in pairs.iter_rows(named=True)])
     memory = 1 - claim["memory_mb_unsloth"] / claim["memory_mb_hf"]
     every = list(pairs.iter_rows(named=True))
     # among GPU-bound pairs: the claim's data first (another dataset's carries the verdict only where none of the
@@ -493,6 +521,8 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
         if code_of(r) != code_of(r, "_hf"):  # only where merged across code on purpose: the note stays
             judged["how"] += (f"; the two runs ran other code (Unsloth's files {(code_of(r) or '?')[:10]}, PEFT's "
                               f"{(code_of(r, '_hf') or '?')[:10]}): merged across code")
+        if _other_machine(r, r, "_hf"):  # likewise
+            judged["how"] += f"; the two runs ran on two machines ({r['machine']}, {r['machine_hf']}): merged across them"
         out.append({**base, "model": r["model"], "batch": r["batch_size"], "GPU": r["gpu"],
                     "measured by": f"{r['variant']}, {r['variant_hf']}", "status": "ok", "ours": ours, "ratio": ratio,
                     "measured": True, "why": why, **_judged(judged, r)})
@@ -521,8 +551,8 @@ def _pair_busy(p: dict) -> float | None:
 
 
 def _twins(full: pl.DataFrame) -> list[tuple[dict, dict]]:
-    """(multi-GPU run, its one-GPU twin): the same model, dataset, per-GPU batch, GPU kind and code (source digest),
-    and every variant knob the same but `gpus` and `parallel`; both ok."""
+    """(multi-GPU run, its one-GPU twin): the same model, dataset, per-GPU batch, GPU kind, code (source digest) and
+    machine (where both name one), and every variant knob the same but `gpus` and `parallel`; both ok."""
     from .knobs import PARALLEL_KNOBS
 
     knobs = [c for c in full.columns if c.startswith("variant.") and c.removeprefix("variant.") not in PARALLEL_KNOBS]
@@ -532,7 +562,8 @@ def _twins(full: pl.DataFrame) -> list[tuple[dict, dict]]:
     out = []
     for r in multi.iter_rows(named=True):
         for b in single.iter_rows(named=True):
-            same = code_of(r) == code_of(b) and all(r[k] == b[k] for k in ("model", "dataset", "batch_size", "gpu"))
+            same = (code_of(r) == code_of(b) and not _other_machine(r, b)
+                    and all(r[k] == b[k] for k in ("model", "dataset", "batch_size", "gpu")))
             if same and all(r.get(k) == b.get(k) or {r.get(k), b.get(k)} <= {None, False} for k in knobs):
                 out.append((r, b))
                 break
@@ -679,12 +710,17 @@ def provenance_line(df: pl.DataFrame, across_code: bool = False, dates: bool = F
         commits = commits[:5] + [f"and {len(commits) - 5} more"]
     gpus = sorted({g for g in full["gpu"].to_list() if g})
     cards = full["gpu_uuid"].drop_nulls().n_unique() if "gpu_uuid" in full.columns else 0
-    where = f"{', '.join(gpus)} ({cards} card{'s' if cards != 1 else ''})"
+    machines = full["machine"].drop_nulls().n_unique() if "machine" in full.columns else 0
+    where = (f"{', '.join(gpus)} ({cards} card{'s' if cards != 1 else ''}"
+             + (f" of {machines} machines" if machines > 1 else "") + ")")
     if len(codes) <= 1:
         return (f"One commit: every full-scale record ran the same files ({(codes or ['?'])[0][:10]}, commit "
-                f"{', '.join(commits)}) on {where}{when}.")
-    rule = ("ratios divide runs of different code only because merge_across_code is on: each such cell says so"
-            if across_code else "a ratio divides only runs of the same code; other pairs are not comparable")
+                f"{', '.join(commits)}) on {where}{when}"
+                + ("; a ratio divides only runs of one machine, other pairs are not comparable"
+                   if machines > 1 and not across_code else "") + ".")
+    rule = ("ratios divide runs of different code or machines only because merge_across_code is on: each such cell "
+            "says so" if across_code else
+            "a ratio divides only runs of the same code on one machine; other pairs are not comparable")
     return (f"Merged: {len(full)} full-scale records of {len(codes)} versions of the code (commits "
             f"{', '.join(commits)}) on {where}{when}; {rule}.")
 

@@ -6,7 +6,10 @@ released when the job's process ends, however it ends (flock)."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
+import platform
 import subprocess
 import tempfile
 import time
@@ -14,6 +17,51 @@ from contextlib import contextmanager
 from pathlib import Path
 
 HOST_MEMORY = Path("/dev/shm")  # a tmpfs: files there live in the host's memory
+
+
+def host_gpu_uuids() -> list[str]:
+    """The UUID of every GPU of this host, whatever CUDA_VISIBLE_DEVICES hides from this process (nvidia-smi lists
+    them all); [] on a machine without."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip().startswith("GPU-")]
+
+
+def machine_of(hostname: str | None, gpu_uuids) -> str | None:
+    """A machine's name in the records: its host name and a digest of its GPUs' UUIDs, so that two lent machines
+    of one kind (both named "vm", four H200s each) differ by their cards and the GPUs of one host share it; the host
+    name alone on a machine without GPUs. A ratio divides runs of one machine (ftbench.coverage)."""
+    cards = sorted(str(u).removeprefix("GPU-") for u in gpu_uuids or [] if u)
+    if not cards:
+        return hostname or None
+    return f"{hostname or '?'}/{hashlib.sha256(','.join(cards).encode()).hexdigest()[:8]}"
+
+
+def folder_machines(folder: Path) -> dict[str, str]:
+    """The machine (`ftbench.gpus.machine_of`) of a folder's records that name none (records before 2026-11-27):
+    GPU UUID -> machine from a campaign's calls (campaign.json: each call names its host and GPUs; a campaign split
+    over leases ran on several machines), and under "" the folder itself, one lease of measurements/ being one
+    machine."""
+    try:
+        calls = json.loads((folder / "campaign.json").read_text()).get("calls") or []
+    except (OSError, ValueError):
+        calls = []
+    return {"": f"lease {folder.resolve().name}", **calls_machines(calls)}
+
+
+def calls_machines(calls: list[dict]) -> dict[str, str]:
+    """GPU UUID (without "GPU-") -> the machine of the campaign call that listed it (each call names its host and
+    GPUs)."""
+    return {str(u).removeprefix("GPU-"): machine_of(c.get("hostname"), c.get("gpu_uuids"))
+            for c in calls for u in c.get("gpu_uuids") or [] if u}
+
+
+def this_machine() -> str | None:
+    """This machine's name (`machine_of`), as its records give it (provenance.machine)."""
+    return machine_of(platform.node(), host_gpu_uuids())
 
 
 def visible_gpus() -> list[str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .config import MeasureSettings
-from .gpus import HOST_MEMORY, cpu_name, host_cpu
+from .gpus import HOST_MEMORY, cpu_name, host_cpu, this_machine
 from .ranks import rank
 from .source import code_identity
 from .records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_record_from_template,  # noqa: F401  (the record's
@@ -138,7 +138,8 @@ def provenance(device: torch.device, base_dir, config_hash: str, weights_source:
                scale: str) -> dict:
     return {"versions": _versions(), "device": device_info(device), **code_identity(base_dir),
             "config_hash": config_hash, "weights_source": weights_source, "data_source": data_source,
-            "scale": scale, "host": platform.node(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "scale": scale, "host": platform.node(), "machine": this_machine(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             # the CUDA caching allocator's settings (expandable segments, ...): where an oom's fragmentation goes
             "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

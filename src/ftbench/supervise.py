@@ -13,6 +13,7 @@ import contextlib
 import gzip
 import json
 import os
+import platform
 import signal
 import statistics
 import subprocess
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from . import forkserver
 from .config import run_gpus, run_limits
-from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu
+from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu, this_machine
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
 from .source import code_identity, library_first
 
@@ -230,6 +231,7 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
     rec["provenance"] = {"config_hash": params["config_hash"], "scale": params["run"]["scale"],
                          "data_source": params["dataset"].get("source"),
                          "device": describe(supervision.get("gpu_slots") or []),
+                         "host": platform.node(), "machine": this_machine(),
                          # the code that timed out or failed, as a finished run names it (a campaign's README and
                          # the front page compare runs by it)
                          **(code_identity(paths["base_dir"]) if paths.get("base_dir") else {})}
