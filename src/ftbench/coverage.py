@@ -676,8 +676,8 @@ NOTE = ("Every published cell of the four studies, computed from the records and
         "Unsloth with a setting changed (named in \"why\") or, where Unsloth has no record of its own, the PEFT "
         "stand-in (never judged). Ratios: Study A against bf16 of the same "
         "GPU and batch, Study C against 0 workers of the same GPU, Study B against the published figure itself, Study "
-        "D's several GPUs against the same variant on one GPU; a ratio divides runs of the same code unless "
-        "merge_across_code is on.")
+        "D's several GPUs against the same variant on one GPU; a ratio divides runs of the same code on one machine "
+        "unless merge_across_code is on.")
 
 
 # Snakemake's report (9.27) shows its front page in a flex container that centres its content vertically
