@@ -8,6 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from .config import merged_profile_summaries
+from .gpus import folder_machines
 from .records import new_record_from_template, read_record, short_host_changes
 from .source import short_code
 
@@ -128,8 +129,6 @@ def read_runs(path) -> pl.DataFrame:
     files = sorted(path.rglob("metrics.json")) if path.is_dir() else [path]
     rows = [flatten(read_record(f)) for f in files]
     if path.is_dir():
-        from .gpus import folder_machines
-
         named = folder_machines(path)
         for row in rows:
             row["machine"] = row["machine"] or named.get(str(row["gpu_uuid"]).removeprefix("GPU-")) or named.get("")
