@@ -435,6 +435,7 @@ def machines_lines(state: dict, records: list, out: Path) -> list[str]:
 
 def readme(camp: dict, state: dict, out: Path) -> str:
     """The campaign's README, from its state and the records it holds."""
+    from ftbench.gpus import machine_of
     from ftbench.records import read_record
 
     records = []
@@ -498,11 +499,12 @@ def readme(camp: dict, state: dict, out: Path) -> str:
         lines += [f"- {Path(t).parent.relative_to('results/runs')}"
                   + (f" (held back in the last call, not installed on its host: {held[t]})" if t in held else "")
                   for t in missing] + [""]
-    lines += ["## Calls", "", "| start | end | wall s | exit | GPUs | targets pending | records kept while it ran | cut |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {c['start']} | {c.get('end', '(none: still running, or killed with its machine)')} | {c.get('wall_s', '')} | {c.get('exit', '')} | "
-              f"{c.get('gpus')} | {c.get('pending', '')} | {c.get('kept_while_running', '')} | {c.get('cut', '')} |"
-              for c in calls]
+    lines += ["## Calls", "", "| start | end | wall s | exit | machine | GPUs | batches | targets pending | "
+              "records kept while it ran | cut |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {c['start']} | {c.get('end', '(none: still running, or killed with its machine)')} | "
+              f"{c.get('wall_s', '')} | {c.get('exit', '')} | {machine_of(c.get('hostname'), c.get('gpu_uuids'))} | "
+              f"{c.get('gpus')} | {c.get('batches') or 'all'} | {c.get('pending', '')} | "
+              f"{c.get('kept_while_running', '')} | {c.get('cut', '')} |" for c in calls]
     return "\n".join(lines) + "\n"
 
 

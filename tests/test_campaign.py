@@ -324,5 +324,6 @@ def test_a_campaign_split_over_two_leases_names_each_machine_and_counts_every_ce
     assert "2 records, at batch 1, 2." in text and "2 records, at batch 1, 8." in text
     assert "**Batches measured on more than one machine:** 1:" in text
     assert "Records: 4 of 6 cells" in text
+    assert f"| {a} | 2 | 1,2 |" in text and f"| {b} | 2 | 1,8 |" in text  # each call's machine and batches
     one = campaign.readme({"name": "study_a", "targets": targets}, {**state, "calls": calls[:1]}, out)
     assert "**Host:** vm, 64 CPUs" in one and "Machines" not in one
