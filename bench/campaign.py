@@ -266,6 +266,7 @@ def noisy(camp: dict, out: Path, bound: float) -> dict[str, float]:
 
 
 PROFILE_S = 90.0  # a profile job's own time, where no record says (README: ~1.5 min)
+START_S = 150.0  # a lent machine's start and its carries before the first job (2026-11-27: 140 s to TE ready)
 JOB_OVERHEAD_S = 15.0  # Snakemake's start of a job, beyond the training process's own wall time
 
 
@@ -322,6 +323,37 @@ def estimate(targets: list[str], gpus: int, limit_s: float, sources: list[Path],
     return {"jobs": len(targets), "gpu_s": sum(times.values()), "wall_s": max(load), "calls": len(calls),
             "limit_s": limit_s, "gpus": gpus, "assumed": sorted(t for t, (s, _) in jobs.items() if s is None),
             "assumed_s": fill, "too_long": too_long, "sources": {t: w for t, (_, w) in jobs.items()}}
+
+
+def batch_of(target: str) -> int | None:
+    """The batch size in a target's path (its bsN folder)."""
+    part = next((p for p in Path(target).parts if p.startswith("bs") and p[2:].isdigit()), None)
+    return int(part[2:]) if part else None
+
+
+def split_by_batch(targets: list[str], gpus: int, lease_s: float, sources: list[Path], prefer: str | None = None,
+                   start_s: float = START_S) -> list[dict]:
+    """A campaign too long for one lease, cut into consecutive groups of whole batch sizes (each cell beside its
+    baseline on one machine) whose estimated wall time on `gpus` GPUs, plus a machine's start and carries
+    (`start_s`), fits `lease_s`: [{"batches": "1,2,4", "jobs": n, "wall_s": s, "fits": bool}, ...]. A batch that
+    alone does not fit is a group of its own, marked."""
+    by_batch: dict[int | None, list[str]] = {}
+    for t in targets:
+        by_batch.setdefault(batch_of(t), []).append(t)
+    groups: list[list] = []
+    for b in sorted(by_batch, key=lambda b: (b is None, b)):
+        trial = (groups[-1] if groups else []) + [b]
+        wall = estimate([t for x in trial for t in by_batch[x]], gpus, float("inf"), sources, prefer)["wall_s"]
+        if groups and wall + start_s <= lease_s:
+            groups[-1] = trial
+        else:
+            groups.append([b])
+    out = []
+    for g in groups:
+        est = estimate([t for x in g for t in by_batch[x]], gpus, float("inf"), sources, prefer)
+        out.append({"batches": ",".join(str(b) for b in g if b is not None), "jobs": est["jobs"],
+                    "wall_s": est["wall_s"], "fits": est["wall_s"] + start_s <= lease_s})
+    return out
 
 
 def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, budget_s: float, bound: float,
@@ -535,6 +567,8 @@ def main(argv: list[str]) -> int:
                     help="print what the pending targets cost, from the jobs' own times in measurements/ (no run)")
     ap.add_argument("--gpus", type=int, default=None, help="with --estimate: the host's GPUs (default: this one's)")
     ap.add_argument("--prefer", default="H200", help="with --estimate: the GPU whose records to read first")
+    ap.add_argument("--lease-min", type=float, default=30.0,
+                    help="with --estimate: one lease's device minutes; a longer campaign is split by batch to fit")
     ap.add_argument("--readme", action="store_true",
                     help="only rewrite OUT/README.md from OUT/campaign.json and the records (after moving the folder)")
     ap.add_argument("--list", action="store_true")
@@ -575,6 +609,12 @@ def main(argv: list[str]) -> int:
             print(f"  no earlier record, counted at {est['assumed_s']:.0f} s: " + ", ".join(est["assumed"]))
         if est["too_long"]:
             print("  longer than a call: " + ", ".join(est["too_long"]))
+        if est["wall_s"] + START_S > args.lease_min * 60:
+            groups = split_by_batch(todo["targets"], n, args.lease_min * 60, sources, args.prefer)
+            print(f"  more than one lease of {args.lease_min:g} minutes (with {START_S:.0f} s of start and carries); "
+                  "split by batch, each cell beside its baseline on one machine: "
+                  + ", then ".join(f"--batches {g['batches']} ({g['jobs']} jobs, >= {g['wall_s'] / 60:.1f} min"
+                                   + ("" if g["fits"] else ", alone longer than a lease") + ")" for g in groups))
         for t, where in est["sources"].items():
             print(f"  {t}: {where}")
         return 0

@@ -327,3 +327,28 @@ def test_a_campaign_split_over_two_leases_names_each_machine_and_counts_every_ce
     assert f"| {a} | 2 | 1,2 |" in text and f"| {b} | 2 | 1,8 |" in text  # each call's machine and batches
     one = campaign.readme({"name": "study_a", "targets": targets}, {**state, "calls": calls[:1]}, out)
     assert "**Host:** vm, 64 CPUs" in one and "Machines" not in one
+
+
+def test_a_campaign_longer_than_a_lease_is_split_into_whole_batches_that_each_fit(tmp_path):
+    """--estimate splits a campaign longer than one lease into consecutive groups of whole batch sizes, so that each
+    cell runs beside its baseline on one machine, each group's wall time plus a machine's start within the lease; a
+    batch that alone does not fit is a group of its own, marked."""
+    campaign = load_campaign()
+    run = "results/runs/lmm/m/full/beans/{}/bs{}/metrics.json"
+    times = {1: 100.0, 2: 200.0, 4: 400.0, 8: 800.0, 24: 3000.0}
+    targets = []
+    for b, t in times.items():
+        for v in ("bf16", "fp8"):
+            f = tmp_path / "a" / "lmm" / "m" / "full" / "beans" / v / f"bs{b}" / "metrics.json"
+            f.parent.mkdir(parents=True)
+            f.write_text(json.dumps({"status": "ok", "extra": {"supervision": {"elapsed_s": t}},
+                                     "provenance": {"device": {"name": "NVIDIA H200"}}}))
+            targets.append(run.format(v, b))
+    o = campaign.JOB_OVERHEAD_S
+    groups = campaign.split_by_batch(targets, 2, 1200.0, [tmp_path / "a"], start_s=100.0)
+    # on 2 GPUs each batch's two jobs run side by side: 1+2+4 = 700 s + 3 overheads + 100 s start fits 1,200 s;
+    # adding 8 would not; 8 alone fits; 24 alone does not
+    assert [g["batches"] for g in groups] == ["1,2,4", "8", "24"], groups
+    assert groups[0]["wall_s"] == 700 + 3 * o and groups[0]["jobs"] == 6
+    assert [g["fits"] for g in groups] == [True, True, False]
+    assert campaign.batch_of(run.format("bf16", 24)) == 24 and campaign.batch_of("results/x/metrics.json") is None
