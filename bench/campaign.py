@@ -331,6 +331,25 @@ def batch_of(target: str) -> int | None:
     return int(part[2:]) if part else None
 
 
+def split_batches(targets: list[str], out: Path, calls: list[dict], machine: str | None) -> dict[int, list[str]]:
+    """The batches this call would finish on `machine` while the folder holds records of the same batch from another
+    machine (a campaign resumed on a fresh lease): batch -> those machines. A cell run here against a baseline kept
+    from there is not comparable on the front page; run such a batch whole on one machine."""
+    from ftbench.gpus import calls_machines
+
+    named = calls_machines(calls)
+    todo = {batch_of(t) for t in pending(targets, out) if t.endswith("metrics.json")}
+    found: dict[int, set] = {}
+    for t in targets:
+        f = kept_path(t, out)
+        if batch_of(t) in todo and t.endswith("metrics.json") and f.exists():
+            prov = json.loads(f.read_text()).get("provenance") or {}
+            m = prov.get("machine") or named.get(str((prov.get("device") or {}).get("uuid")).removeprefix("GPU-"))
+            if m and m != machine:
+                found.setdefault(batch_of(t), set()).add(m)
+    return {b: sorted(ms) for b, ms in sorted(found.items(), key=lambda x: (x[0] is None, x[0]))}
+
+
 def split_by_batch(targets: list[str], gpus: int, lease_s: float, sources: list[Path], prefer: str | None = None,
                    start_s: float = START_S) -> list[dict]:
     """A campaign too long for one lease, cut into consecutive groups of whole batch sizes (each cell beside its
@@ -633,9 +652,14 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "campaign.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"campaign": args.campaign, "calls": []}
-    state["host"] = host
     uuids = [g.get("uuid") for g in host.get("gpus") or []]
-    state.setdefault("machines", {})[machine_of(host.get("hostname"), uuids)] = host  # each machine's facts
+    here = machine_of(host.get("hostname"), uuids)
+    for b, there in split_batches(camp["targets"], out, state["calls"], here).items():
+        print(f"batch {b}: its other records ran on {', '.join(there)}, this call's on {here}: a cell finished here "
+              "is not comparable with a baseline kept from there (move that batch's records aside to run it whole "
+              "here)", file=sys.stderr)
+    state["host"] = host
+    state.setdefault("machines", {})[here] = host  # each machine's facts
     call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd), "hostname": host.get("hostname"),
             "gpu_uuids": uuids, "batches": args.batches,
             "held": held, "code": code_named}

@@ -352,3 +352,27 @@ def test_a_campaign_longer_than_a_lease_is_split_into_whole_batches_that_each_fi
     assert groups[0]["wall_s"] == 700 + 3 * o and groups[0]["jobs"] == 6
     assert [g["fits"] for g in groups] == [True, True, False]
     assert campaign.batch_of(run.format("bf16", 24)) == 24 and campaign.batch_of("results/x/metrics.json") is None
+
+
+def test_a_batch_split_over_two_machines_is_named_before_the_call_runs(tmp_path):
+    """A campaign resumed on a fresh lease names each batch it would finish here while the folder holds records of
+    the same batch from another machine (2026-11-27: fixed-compile-gc at 1 ran on the second machine, its baseline
+    on the first); a batch wholly pending, or wholly done, is not named."""
+    from test_analysis import record
+
+    from ftbench.gpus import machine_of
+
+    campaign = load_campaign()
+    out = tmp_path / "camp"
+    run = "results/runs/lmm/m/full/beans/{}/bs{}/metrics.json"
+    targets = [run.format(v, b) for v in ("bf16-gc", "fixed-compile-gc") for b in (1, 2, 4)]
+    calls = [{"hostname": "vm", "gpu_uuids": ["GPU-a0", "GPU-a1"]}]
+    for v, b in (("bf16-gc", 1), ("bf16-gc", 2), ("fixed-compile-gc", 2)):  # batch 1 half done, 2 done, 4 pending
+        rec = record("lmm", v, 1.0, gpu="NVIDIA H200", batch=b, scale="full")
+        rec["provenance"]["device"]["uuid"] = "GPU-a1"
+        f = campaign.kept_path(run.format(v, b), out)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(rec))
+    first, second = machine_of("vm", ["GPU-a0", "GPU-a1"]), machine_of("vm", ["GPU-b0", "GPU-b1"])
+    assert campaign.split_batches(targets, out, calls, second) == {1: [first]}
+    assert campaign.split_batches(targets, out, calls, first) == {}
