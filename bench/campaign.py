@@ -335,7 +335,7 @@ def split_batches(targets: list[str], out: Path, calls: list[dict], machine: str
     """The batches this call would finish on `machine` while the folder holds records of the same batch from another
     machine (a campaign resumed on a fresh lease): batch -> those machines. A cell run here against a baseline kept
     from there is not comparable on the front page; run such a batch whole on one machine."""
-    from ftbench.gpus import calls_machines
+    from ftbench.gpus import calls_machines, machine_named
 
     named = calls_machines(calls)
     todo = {batch_of(t) for t in pending(targets, out) if t.endswith("metrics.json")}
@@ -344,7 +344,7 @@ def split_batches(targets: list[str], out: Path, calls: list[dict], machine: str
         f = kept_path(t, out)
         if batch_of(t) in todo and t.endswith("metrics.json") and f.exists():
             prov = json.loads(f.read_text()).get("provenance") or {}
-            m = prov.get("machine") or named.get(str((prov.get("device") or {}).get("uuid")).removeprefix("GPU-"))
+            m = machine_named(prov.get("machine"), (prov.get("device") or {}).get("uuid"), named)
             if m and m != machine:
                 found.setdefault(batch_of(t), set()).add(m)
     return {b: sorted(ms) for b, ms in sorted(found.items(), key=lambda x: (x[0] is None, x[0]))}
@@ -359,20 +359,17 @@ def split_by_batch(targets: list[str], gpus: int, lease_s: float, sources: list[
     by_batch: dict[int | None, list[str]] = {}
     for t in targets:
         by_batch.setdefault(batch_of(t), []).append(t)
-    groups: list[list] = []
+    def cost(batches: list) -> dict:
+        return estimate([t for b in batches for t in by_batch[b]], gpus, float("inf"), sources, prefer)
+
+    groups: list[tuple[list, dict]] = []  # (batches, their estimate)
     for b in sorted(by_batch, key=lambda b: (b is None, b)):
-        trial = (groups[-1] if groups else []) + [b]
-        wall = estimate([t for x in trial for t in by_batch[x]], gpus, float("inf"), sources, prefer)["wall_s"]
-        if groups and wall + start_s <= lease_s:
-            groups[-1] = trial
+        if groups and (est := cost(trial := groups[-1][0] + [b]))["wall_s"] + start_s <= lease_s:
+            groups[-1] = (trial, est)
         else:
-            groups.append([b])
-    out = []
-    for g in groups:
-        est = estimate([t for x in g for t in by_batch[x]], gpus, float("inf"), sources, prefer)
-        out.append({"batches": ",".join(str(b) for b in g if b is not None), "jobs": est["jobs"],
-                    "wall_s": est["wall_s"], "fits": est["wall_s"] + start_s <= lease_s})
-    return out
+            groups.append(([b], cost([b])))
+    return [{"batches": ",".join(str(b) for b in g if b is not None), "jobs": est["jobs"], "wall_s": est["wall_s"],
+             "fits": est["wall_s"] + start_s <= lease_s} for g, est in groups]
 
 
 def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, budget_s: float, bound: float,
@@ -450,14 +447,15 @@ def host_line(host: dict) -> str:
             + (f"; driver {gpus[0]['driver']}" if gpus else ""))
 
 
-def machines_lines(state: dict, records: list, out: Path) -> list[str]:
+def machines_lines(state: dict, records: list) -> list[str]:
     """The README's machine lines: one host, or each machine of a campaign split over leases (`machine_of` its
     calls' host and GPUs) with its calls, batches and records, and the batches whose records ran on more than one
     machine (a ratio across them is not comparable on the front page: ftbench.coverage)."""
-    from ftbench.gpus import calls_machines, machine_of
+    from ftbench.gpus import calls_machines, machine_named, machine_of
 
     calls = state["calls"]
-    order = list(dict.fromkeys(machine_of(c.get("hostname"), c.get("gpu_uuids")) for c in calls))
+    per_call = [machine_of(c.get("hostname"), c.get("gpu_uuids")) for c in calls]
+    order = list(dict.fromkeys(per_call))
     facts = state.get("machines") or {}
     if len(order) <= 1:
         return [f"- **Host:** {host_line(state['host'])}."]
@@ -465,16 +463,17 @@ def machines_lines(state: dict, records: list, out: Path) -> list[str]:
     ran = {}  # machine -> batch -> records
     for _, r in records:
         prov = r.get("provenance") or {}
-        m = prov.get("machine") or named.get(str((prov.get("device") or {}).get("uuid")).removeprefix("GPU-"))
-        ran.setdefault(m, {}).setdefault((r.get("run") or {}).get("batch_size"), 0)
-        ran[m][(r.get("run") or {}).get("batch_size")] += 1
+        m = machine_named(prov.get("machine"), (prov.get("device") or {}).get("uuid"), named)
+        batch = (r.get("run") or {}).get("batch_size")
+        ran.setdefault(m, {})[batch] = ran.get(m, {}).get(batch, 0) + 1
     lines = [f"- **Machines:** {len(order)} (the campaign's calls ran on {len(order)} leases; a ratio divides runs of "
              "one machine):"]
     for i, m in enumerate(order, 1):
-        mine = [c for c in calls if machine_of(c.get("hostname"), c.get("gpu_uuids")) == m]
+        mine = [c for c, at in zip(calls, per_call) if at == m]
         batches = sorted(ran.get(m, {}), key=lambda b: (b is None, b))
-        lines.append(f"  {i}. `{m}`: " + (host_line(facts[m]) if m in facts else
-                                           f"{mine[0].get('hostname')}, GPUs {', '.join(mine[0].get('gpu_uuids') or [])}")
+        where = (host_line(facts[m]) if m in facts
+                 else f"{mine[0].get('hostname')}, GPUs {', '.join(mine[0].get('gpu_uuids') or [])}")
+        lines.append(f"  {i}. `{m}`: {where}"
                      + f"; {len(mine)} call(s), {mine[0]['start']} to {mine[-1].get('end') or mine[-1]['start']}; "
                      f"{sum(ran.get(m, {}).values())} records, at batch {', '.join(str(b) for b in batches) or '-'}.")
     both = sorted(b for b in {b for m in ran for b in ran[m]} if sum(b in ran[m] for m in ran) > 1)
@@ -512,7 +511,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
     gpus = host.get("gpus") or []
     lines = [f"# Campaign `{camp['name']}`: {camp.get('about', '')}", "",
              "Written by `bench/campaign.py` after each call; do not edit by hand.", ""]
-    lines += machines_lines(state, records, out)
+    lines += machines_lines(state, records)
     lines += [
              "- **Packages:** " + (", ".join(f"{k} {v}" for k, v in versions.items() if v) or "no record yet") + ".",
              f"- **Code:** source digest{'s' if len(digests) > 1 else ''} {', '.join(digests)}"

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from .config import merged_profile_summaries
-from .gpus import folder_machines
+from .gpus import folder_machines, machine_named
 from .records import new_record_from_template, read_record, short_host_changes
 from .source import short_code
 
@@ -131,7 +131,7 @@ def read_runs(path) -> pl.DataFrame:
     if path.is_dir():
         named = folder_machines(path)
         for row in rows:
-            row["machine"] = row["machine"] or named.get(str(row["gpu_uuid"]).removeprefix("GPU-")) or named.get("")
+            row["machine"] = machine_named(row["machine"], row["gpu_uuid"], named) or named[""]
     return typed(pl.DataFrame(rows, infer_schema_length=None))
 
 

@@ -157,10 +157,9 @@ def probe_evidence(full: pl.DataFrame, r: dict, probes: list[dict], cell: str, b
     return "; ".join(said) or None
 
 
-def _other_machine(r: dict, b: dict, suffix: str = "") -> bool:
-    """Two runs of two machines (column `machine`: `ftbench.gpus.machine_of`, or the lease or campaign call that
-    ran a record older than it); unknown on either side is not told apart. `suffix`: b is r's joined other side."""
-    m, n = r.get("machine"), (r if suffix else b).get(f"machine{suffix}")
+def _two_machines(m: str | None, n: str | None) -> bool:
+    """Two runs' machines (column `machine`: `ftbench.gpus.machine_of`, or the lease or campaign call that ran a
+    record older than it) differ; unknown on either side is not told apart."""
     return bool(m and n and m != n)
 
 
@@ -174,7 +173,7 @@ def _other_code(r: dict, b: dict, across_code: bool) -> dict | None:
         return _not_comparable(f"baseline from other code (this cell's files {(code_of(r) or '?')[:10]} at commit "
                                f"{_commit(r)}, the baseline's {(code_of(b) or '?')[:10]} at commit {_commit(b)}); "
                                "merge_across_code: true divides them on purpose")
-    if _other_machine(r, b):
+    if _two_machines(r.get("machine"), b.get("machine")):
         return _not_comparable(f"baseline from another machine (this cell on {r['machine']}, the baseline on "
                                f"{b['machine']}, two {r['gpu']} machines); merge_across_code: true divides them on "
                                "purpose")
@@ -187,7 +186,7 @@ def _merged_note(r: dict, b: dict) -> str:
     note = ""
     if code_of(r) != code_of(b):
         note += f"; the baseline ran other code (commit {_commit(b)}, this cell {_commit(r)})"
-    if _other_machine(r, b):
+    if _two_machines(r.get("machine"), b.get("machine")):
         note += f"; the baseline ran on another machine ({b['machine']}, this cell {r['machine']})"
     return note
 
@@ -475,8 +474,9 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
     pairs = (pl.concat(joined, how="diagonal_relaxed")
              .with_columns((pl.col("dataset") != CLAIM_DATA).alias("_other_data"))
              .sort("_other_data", "model", "dataset", "batch_size", "gpu").drop("_other_data"))
-    if not across_code and not pairs.is_empty():  # a pair divides runs of one code on one machine (merge_across_code:
-        pairs = pairs.filter([code_of(r) == code_of(r, "_hf") and not _other_machine(r, r, "_hf")  # on purpose)
+    if not across_code and not pairs.is_empty():  # a pair divides runs of one code on one machine
+        pairs = pairs.filter([code_of(r) == code_of(r, "_hf")  # (merge_across_code: on purpose)
+                              and not _two_machines(r.get("machine"), r.get("machine_hf"))
                               for r in pairs.iter_rows(named=True)])
     memory = 1 - claim["memory_mb_unsloth"] / claim["memory_mb_hf"]
     every = list(pairs.iter_rows(named=True))
@@ -521,8 +521,9 @@ def study_d(df: pl.DataFrame, published: dict, measured_by: dict | None = None, 
         if code_of(r) != code_of(r, "_hf"):  # only where merged across code on purpose: the note stays
             judged["how"] += (f"; the two runs ran other code (Unsloth's files {(code_of(r) or '?')[:10]}, PEFT's "
                               f"{(code_of(r, '_hf') or '?')[:10]}): merged across code")
-        if _other_machine(r, r, "_hf"):  # likewise
-            judged["how"] += f"; the two runs ran on two machines ({r['machine']}, {r['machine_hf']}): merged across them"
+        if _two_machines(r.get("machine"), r.get("machine_hf")):  # likewise
+            judged["how"] += (f"; the two runs ran on two machines ({r['machine']}, {r['machine_hf']}): merged "
+                              "across them")
         out.append({**base, "model": r["model"], "batch": r["batch_size"], "GPU": r["gpu"],
                     "measured by": f"{r['variant']}, {r['variant_hf']}", "status": "ok", "ours": ours, "ratio": ratio,
                     "measured": True, "why": why, **_judged(judged, r)})
@@ -562,7 +563,7 @@ def _twins(full: pl.DataFrame) -> list[tuple[dict, dict]]:
     out = []
     for r in multi.iter_rows(named=True):
         for b in single.iter_rows(named=True):
-            same = (code_of(r) == code_of(b) and not _other_machine(r, b)
+            same = (code_of(r) == code_of(b) and not _two_machines(r.get("machine"), b.get("machine"))
                     and all(r[k] == b[k] for k in ("model", "dataset", "batch_size", "gpu")))
             if same and all(r.get(k) == b.get(k) or {r.get(k), b.get(k)} <= {None, False} for k in knobs):
                 out.append((r, b))

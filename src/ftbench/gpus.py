@@ -59,6 +59,12 @@ def calls_machines(calls: list[dict]) -> dict[str, str]:
             for c in calls for u in c.get("gpu_uuids") or [] if u}
 
 
+def machine_named(machine: str | None, gpu_uuid, named: dict[str, str]) -> str | None:
+    """A record's machine: the one it names (provenance.machine), else the one `named` (`calls_machines`,
+    `folder_machines`) gives its GPU."""
+    return machine or named.get(str(gpu_uuid).removeprefix("GPU-"))
+
+
 def this_machine() -> str | None:
     """This machine's name (`machine_of`), as its records give it (provenance.machine)."""
     return machine_of(platform.node(), host_gpu_uuids())
