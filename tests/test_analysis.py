@@ -521,6 +521,38 @@ def test_a_rung_that_changes_the_arithmetic_leads_the_frontier_only_with_its_los
     assert "<b>lora-tb-cg</b>" in lead
 
 
+def test_a_peer_beside_the_frontier_is_read_against_the_top_rung_of_its_own_machine():
+    """'x top rung, same machine': each row against the fastest rung standing on the frontier measured on the same
+    machine (an FP8 rung without its loss check never counts as the top), its noise carried or not; a peer from a
+    machine where no rung stood gets no ratio."""
+    from ftbench.compare import frontier
+
+    def run(variant, tps, machine, precision="bf16", noise=0.01, trace=True):
+        rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=noise, scale="full")
+        rec["throughput"]["tokens_per_s"] = tps
+        rec["timing"]["noise_cv_tokens"] = noise
+        rec["variant"]["precision"] = precision
+        rec["provenance"]["machine"] = machine
+        ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
+        rec["loss"].update(eval=8.0, trace=",".join(map(str, ref)) if trace else None,
+                           trace_tokens=",".join(["8191"] * 40) if trace else None)
+        return rec
+
+    recs = [run("lora-tb", 12000, "vm/a"), run("lora-tb-cg", 16000, "vm/a"),
+            run("lora-tb-cg-fp8", 20000, "vm/a", precision="fp8", trace=False),  # no loss check: not the top
+            run("unsloth-lora-tb", 4000, "vm/a"), run("lora-tb-liger", 15900, "vm/a"),
+            run("unsloth-qlora-tb", 3000, "vm/b", precision="nf4", trace=False)]
+    _, note, (_, table, _) = frontier(pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None), {},
+                                      rungs=["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"],
+                                      beside=["unsloth-lora-tb", "lora-tb-liger", "unsloth-qlora-tb"],
+                                      same_rows="lora-tb")
+    col = {r["variant"]: r["x top rung, same machine"] for r in table.iter_rows(named=True)}
+    assert col["lora-tb-cg"] == "top" and col["unsloth-lora-tb"] == "0.25x (lora-tb-cg)"
+    assert col["lora-tb"] == "0.75x (lora-tb-cg)" and col["lora-tb-liger"] == "0.99x, within noise (lora-tb-cg)"
+    assert col["lora-tb-cg-fp8"] == "1.25x (lora-tb-cg)" and col["unsloth-qlora-tb"] is None
+    assert "same machine" in note
+
+
 def test_published_peers_stand_beside_the_frontier_with_their_conditions_and_the_fastest_rung_allowed():
     """frontier_peers (config/published/study_b.yaml): each published peer with its conditions and source, its MFU
     on its own FLOPs count, and the fastest full-scale rung here on its GPU that stands on the frontier: an FP8 rung

@@ -106,6 +106,48 @@ def test_token_budget_needs_padding_free():
     assert "fused_projections" in knob_problems("causal_lm", Variant("x", precision="nf4", fused_projections=True))[0]
 
 
+def test_unsloth_trains_the_rows_of_a_token_budget_unpadded_through_its_own_loop():
+    """framework unsloth takes the frontier's rows (padding-free, a token budget): no row padding (its packed
+    attention takes the rows' sequence lengths; a padded tail would be a sequence it is not told of), and not the
+    knobs wired for PEFT's loop (TRL's fused head without metrics, host-side boundaries)."""
+    from ftbench.config import TrainSettings, Variant
+    from ftbench.knobs import knob_problems
+    from ftbench.runners.causal_lm import pad_multiple
+
+    rows = dict(framework="unsloth", padding_free=True, token_budget=4096)
+    assert knob_problems("causal_lm", Variant("x", **rows)) == []
+    assert knob_problems("causal_lm", Variant("x", precision="nf4", **rows)) == []
+    assert "framework='unsloth'" in knob_problems("causal_lm", Variant("x", trainer_metrics=False, **rows))[0]
+    assert "framework='unsloth'" in knob_problems("causal_lm", Variant("x", sync_free=True, **rows))[0]
+    settings = TrainSettings()
+    assert pad_multiple(Variant("x", **rows), settings, 2) is None
+    assert pad_multiple(Variant("x", padding_free=True, attention="varlen", token_budget=4096), settings, 2) == 8192
+
+
+def test_the_rows_reach_unsloth_only_with_each_sequences_length():
+    """packing.lengths_passed: the collator must pass the packed rows' sequence lengths (what Unsloth's padding-free
+    collator adds, packed_seq_lengths); TRL's collator alone passes none, a wrong one other lengths: both raise."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from ftbench.packing import lengths_passed, pack_rows
+
+    rows = pack_rows(_tokenized([30, 20, 12, 9, 5]), 32)
+    trl = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
+    with pytest.raises(RuntimeError, match="no sequence lengths"):
+        lengths_passed(trl, rows, 2)
+
+    def unsloth_like(examples, shift=0):
+        batch = trl(examples)
+        batch["packed_seq_lengths"] = torch.tensor([n + shift for e in examples for n in e["seq_lengths"]])
+        return batch
+
+    got = lengths_passed(unsloth_like, rows, 2)
+    want = [n for r in [rows[0], rows[1]] for n in r["seq_lengths"]]
+    assert got == {"rows": 2, "sequences": len(want), "tokens": sum(want)} and sum(want) <= 64
+    with pytest.raises(RuntimeError, match="passes sequence lengths"):
+        lengths_passed(lambda e: unsloth_like(e, shift=1), rows, 2)
+
+
 def test_the_padded_and_packed_rows_of_one_batch_hold_the_same_real_tokens():
     """Study B's batch shape (padded batches, as the study's SFTTrainer made them) and ours packed (one row, no
     padding): the same sequences, the same real tokens and labels; only the padding differs, and the record counts

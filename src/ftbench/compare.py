@@ -439,6 +439,28 @@ def frontier_place(r: dict, base: dict | None, cmp: dict | None) -> str:
     return f"yes: {mine}, loss within noise on the same rows"
 
 
+def against_top(rows: list[dict], runs: list[dict]) -> None:
+    """Each row's real tokens/s against the fastest rung standing on the frontier measured on the same machine
+    (same model, scale and data): a peer's ratio to the top rung of its own lease, never across machines, with
+    whether the two runs' noise carries it (column "x top rung, same machine")."""
+    tops = {}
+    for row, r in zip(rows, runs):
+        key = (row["model"], row["scale"], row["dataset"], row["gpu"], r.get("machine"))
+        if row["tokens/s (real)"] and str(row.get("on the frontier") or "").startswith("yes") and (
+                key not in tops or row["tokens/s (real)"] > tops[key][0]["tokens/s (real)"]):
+            tops[key] = (row, r)
+    for row, r in zip(rows, runs):
+        row_top = tops.get((row["model"], row["scale"], row["dataset"], row["gpu"], r.get("machine")))
+        if row_top is None or not row["tokens/s (real)"]:
+            row["x top rung, same machine"] = None
+            continue
+        top, top_run = row_top
+        ratio = row["tokens/s (real)"] / top["tokens/s (real)"]
+        carried = _verdict(ratio, tokens_noise(r), tokens_noise(top_run)) != "no measurable difference"
+        row["x top rung, same machine"] = ("top" if top_run is r else
+                                           f"{ratio:.2f}x{'' if carried else ', within noise'} ({top['variant']})")
+
+
 def mfu_against(r: dict, precision: str) -> float | None:
     """A run's model FLOPs per second as a percentage of its GPU's dense peak in `precision` (None where the GPU's
     peak is unknown: a CPU, or a card without that precision)."""
@@ -461,7 +483,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
         for r in df.filter((pl.col("variant") == same_rows) & (pl.col("status") == "ok")).iter_rows(named=True)}
     df = df.filter(pl.col("variant").is_in(names)).with_columns(memory_gib=peak_memory())
     keys = ["model", "scale", "dataset", "gpu"] + (["batch_size"] if by_batch else [])
-    rows = []
+    rows, runs = [], []
     for group in df.partition_by(keys, maintain_order=True):
         by = {r["variant"]: r for r in group.iter_rows(named=True)}
         base, prev = by.get(rungs[0]) if rungs else None, None
@@ -508,6 +530,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                          "x previous": times(prev, same_batch=True) if name in rungs else None,
                          "x baseline": times(base) if r is not base else None,
                          "reason": r["reason"] if not ok else None})
+            runs.append(r)
             if same_rows:
                 cmp = same_rows_loss(r, refs.get((r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"])))
                 rows[-1]["loss vs rung 0's step, same rows"] = (
@@ -517,6 +540,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                 rows[-1]["on the frontier"] = frontier_place(r, base, cmp) if ok else None
             if name in rungs and ok:
                 prev = r
+    if same_rows:
+        against_top(rows, runs)
     same = ("same model, data and batch size" if by_batch else
             "same model and data; each rung at its own batch, its fastest measured; 'x previous' against the rung "
             "before at the same batch where that rung ran it with the same batch unit (samples, or rows of the same "
@@ -535,7 +560,9 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                  "same tokens in the same order), mean difference over the steps both ran; within noise when it is "
                  "no larger than the step-to-step scatter of that run's loss (the standard deviation of its "
                  "successive differences over sqrt 2). Runs of the same arithmetic drift apart by a few hundredths "
-                 "over ~100 steps (non-deterministic GPU kernels).")
+                 "over ~100 steps (non-deterministic GPU kernels). 'x top rung, same machine': each row against the "
+                 "fastest rung on the frontier measured on the same machine (its lease), named; peers (Unsloth, "
+                 "Liger) are read there.")
     kind = title.lower()
     if not rows:
         return [note, (title, pl.DataFrame({"result": ["no rung ran"]}), kind)]

@@ -47,7 +47,8 @@ class Variant:
     padding_free: bool = False  # causal LM: a batch is one row of concatenated sequences (position ids restart)
     liger: bool = False  # causal LM: Liger Kernel's fused RMSNorm, SwiGLU and RoPE (Triton, CUDA only)
     # causal LM, padding-free: rows of exactly this many tokens (sequences packed whole, best fit decreasing; the
-    # tail padded, not counted as real tokens): one shape for every step (ftbench.packing)
+    # tail padded, not counted as real tokens): one shape for every step (ftbench.packing); with framework unsloth
+    # the same rows, unpadded, reach Unsloth's own packed attention (each sequence's length from the row)
     token_budget: int | None = None
     # causal LM: TRL's per-step entropy/accuracy metrics (two host syncs a step); false also lists the model's
     # parameters once for the Trainer's per-step FLOP total and gradient clipping, where the Trainer walks every
@@ -212,8 +213,9 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("checkpoint_policy with framework='unsloth' (Unsloth checkpoints its own way)")
     if variant.token_budget and not variant.padding_free:
         problems.append("token_budget without padding_free (its rows are packed rows)")
-    if variant.token_budget and variant.framework == "unsloth":
-        problems.append("token_budget with framework='unsloth' (Unsloth packs its own way)")
+    if variant.framework == "unsloth" and (not variant.trainer_metrics or variant.sync_free):
+        problems.append("trainer_metrics: false or sync_free with framework='unsloth' (Unsloth computes its own loss "
+                        "and runs its own loop; TRL's fused LM head and the host-side boundaries are wired for PEFT)")
     if variant.fused_projections and (variant.framework == "unsloth" or variant.precision == "nf4" or (
             variant.precision == "fp8" and variant.fp8_recipe != "static")):
         problems.append("fused_projections with Unsloth, nf4, or fp8 other than fp8_recipe='static' (the fused "

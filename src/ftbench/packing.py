@@ -10,6 +10,8 @@ which are computed but not counted as samples or real tokens (ftbench.runners.ca
 variable-length attention passes a fixed number of sequence slots (ftbench.attention.sequence_bounds).
 Packing reorders the sequences (longest first within the packer's bins), so a packed rung's first steps hold other
 samples than rung 0's; its loss is compared on the evaluation set, which every rung sees whole.
+Unsloth (framework unsloth) trains the same rows unpadded through its own packed attention: its SFTTrainer wraps the
+padding-free collator to pass each sequence's length from the rows' `seq_lengths` (`lengths_passed` checks it did).
 """
 
 from __future__ import annotations
@@ -50,3 +52,20 @@ def bound_slots(batch_size: int, budget: int, max_length: int) -> int:
     slots than that where rows are short) plus its padding, in pieces of at most `max_length` tokens."""
     tokens = row_tokens(batch_size, budget)
     return tokens // MIN_SEQUENCE + -(-tokens // max_length) + 1
+
+
+def lengths_passed(collator, rows, batch_size: int) -> dict:
+    """The sequence lengths a collator passes on for the first batch of packed rows (`packed_seq_lengths`: what
+    Unsloth's padding-free collator adds, and its attention keeps the sequences of a row apart by), checked against
+    the rows' own (`seq_lengths`). Raises where it passes none or others: the attention would run across the
+    sequences of a row, or the trainer turned padding-free off and pads rows it does not know are packed."""
+    batch = [rows[i] for i in range(min(batch_size, len(rows)))]
+    passed = collator(batch).get("packed_seq_lengths")
+    want = [int(n) for row in batch for n in row["seq_lengths"]]
+    if passed is None:
+        raise RuntimeError("the collator passes no sequence lengths (packed_seq_lengths) with the packed rows: "
+                           "Unsloth did not take them as padding-free rows")
+    if [int(n) for n in passed] != want:
+        raise RuntimeError(f"the collator passes sequence lengths {[int(n) for n in passed][:8]}... for rows of "
+                           f"{want[:8]}...")
+    return {"rows": len(batch), "sequences": len(want), "tokens": sum(want)}

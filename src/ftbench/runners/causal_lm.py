@@ -74,6 +74,9 @@ def load_model(ctx, device):
             model, r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
             target_modules=targets, bias="none", random_state=3407,
             use_gradient_checkpointing="unsloth" if v.gradient_checkpointing else False)
+        # LoRA's A from the same per-name seeded draws as PEFT's rungs (B zero): Unsloth starts where they start, so
+        # its loss on the same rows compares step by step
+        build["adapters_seeded"] = parallel.seed_adapters(model, ctx.settings.seed)
         return model, tokenizer, {"build": build}
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -161,10 +164,11 @@ def truncate(ds, length: int):
 def pad_multiple(variant, settings, batch_size: int = 1) -> int | None:
     """What each batch's length is padded up to a multiple of: nothing (dynamic padding), a bucket size
     (bucketed: few distinct shapes, for compilers and per-shape kernel plans), the fixed length, or a token
-    budget's whole row (B rows of `token_budget` tokens: one shape); with FP8 GEMMs also a multiple of 16 (their
+    budget's whole row (B rows of `token_budget` tokens: one shape; not for Unsloth, whose packed attention takes the
+    rows unpadded: a padded tail would be a sequence it is not told of); with FP8 GEMMs also a multiple of 16 (their
     shape rule; a padding-free row gets trailing pad tokens)."""
     multiple = {"bucketed": settings.bucket_multiple, "fixed": settings.fixed_length}.get(variant.shape_policy)
-    if variant.token_budget:
+    if variant.token_budget and variant.framework != "unsloth":
         multiple = packing.row_tokens(batch_size, variant.token_budget)
     if variant.precision == "fp8":
         multiple = math.lcm(multiple or 1, fp8.ALIGN)
@@ -206,6 +210,16 @@ def import_unsloth(variant):
     import unsloth
 
     return unsloth
+
+
+def unsloth_flash_impl() -> dict | None:
+    """The flash attention implementation Unsloth activated while it trained (its UNSLOTH_FLASH_ATTENTION_IMPL, by
+    default FA3 or FA4 on a Hopper GPU where installed), and why; None from a release without that choice."""
+    try:
+        from unsloth.utils.flash_impl import FLASH_IMPL_STATE
+    except ImportError:
+        return None
+    return {"active": FLASH_IMPL_STATE.get("active"), "reason": FLASH_IMPL_STATE.get("reason")}
 
 
 def train(ctx, record, device, meter):
@@ -336,8 +350,8 @@ def train(ctx, record, device, meter):
                 # accelerate's loader has moved the batch to the device: reading the position ids syncs the host
                 inputs = attention.row_kwargs(inputs, s.max_seq_length, pad_id, slots)
             inputs = super()._prepare_inputs(inputs)
-            if (v.padding_free and v.attention == "mask" and inputs.get("position_ids") is not None
-                    and inputs.get("attention_mask") is None):
+            if (v.padding_free and v.attention == "mask" and v.framework != "unsloth"  # (Unsloth: its own packing)
+                    and inputs.get("position_ids") is not None and inputs.get("attention_mask") is None):
                 inputs = {**inputs, "attention_mask": document_mask(inputs["position_ids"])}
             return inputs
 
@@ -395,11 +409,16 @@ def train(ctx, record, device, meter):
     if v.token_budget:  # sequences packed whole into rows of the budget (ftbench.packing)
         trainer.train_dataset, trainer.eval_dataset = (packing.pack_rows(ds, v.token_budget)
                                                        for ds in (trainer.train_dataset, trainer.eval_dataset))
+        if v.framework == "unsloth":  # the rows reach Unsloth's packed attention with their sequences' lengths
+            record["extra"]["unsloth_rows"] = {"padding_free": trainer.args.padding_free, **packing.lengths_passed(
+                trainer.data_collator, trainer.train_dataset, ctx.spec.batch_size)}
     syncs = SyncWatch(device)
     with syncs:
         trainer.train()
     meter.finish()
     record["extra"]["host_syncs"] = syncs.summary(meter.steps_taken)
+    if v.framework == "unsloth":  # which flash kernels Unsloth ran its attention through (it may swap in FA3/FA4)
+        record["extra"]["unsloth_flash_impl"] = unsloth_flash_impl()
     record["extra"]["gradient_checkpointing_active"] = bool(getattr(trainer.model, "is_gradient_checkpointing", False)
                                                             or getattr(model, "is_gradient_checkpointing", False))
     if v.parallel:  # what the trainer wrapped the model in: DistributedDataParallel, or FSDP2's FSDP<class>
