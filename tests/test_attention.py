@@ -166,13 +166,14 @@ def test_flash_attention_through_another_implementation_is_refused_where_it_cann
                         real(name, *a))
     assert attention.flash_impl_problem("fa4", torch.device("cuda")) == (
         "FA4: flash_attn.cute is not installed (flash-attn-4)")
-    # activation goes through torch's registry (here a stand-in registration: the real one imports flash_attn.cute)
-    from torch.nn.attention import _registry
+    # activation goes through torch's registry: its own FA4 registration, pointed at ftbench.attention's forward and
+    # backward (flash-attn-4's in the form torch unpacks)
+    from torch.nn.attention import _fa4, _registry
 
-    calls = []
-    monkeypatch.setitem(_registry._FLASH_ATTENTION_IMPLS, "FA4", lambda: calls.append("FA4") or _Handle())
+    monkeypatch.setitem(_registry._FLASH_ATTENTION_IMPLS, "FA4", _registry._FLASH_ATTENTION_IMPLS["FA4"])
+    monkeypatch.setattr(_fa4, "_FA4_MODULE_PATH", _fa4._FA4_MODULE_PATH)
     try:
-        assert attention.activate_flash("fa4") == "FA4" and calls == ["FA4"]
+        assert attention.activate_flash("fa4") == "FA4" and _fa4._FA4_MODULE_PATH == "ftbench.attention"
         monkeypatch.setattr(attention, "varlen_attn", object())
         assert attention.kernel(torch.device("cuda")).endswith("(flash, variable length; FA4)")
     finally:
@@ -180,6 +181,29 @@ def test_flash_attention_through_another_implementation_is_refused_where_it_cann
     assert attention._active_flash() is None
 
 
-class _Handle:
-    def remove(self):
-        pass
+def test_flash_attention_4s_forward_and_backward_reach_torch_in_the_form_it_unpacks(monkeypatch):
+    """flash-attn-4 4.0.0b36's forward returns (out, lse, p, row_max, o_lo), its backward (dq, dk, dv): torch's FA4
+    registration unpacks two and three (it failed with "too many values to unpack" on an H100, 2026-11-27). The
+    shim passes every argument through and returns those."""
+    import sys
+    import types
+
+    seen = {}
+
+    def forward(*args, **kwargs):
+        seen["fwd"] = (args, kwargs)
+        return "out", "lse", "p", "row_max", "o_lo"
+
+    def backward(*args, **kwargs):
+        seen["bwd"] = (args, kwargs)
+        return "dq", "dk", "dv"
+
+    fake = types.ModuleType("flash_attn.cute.interface")
+    fake._flash_attn_fwd, fake._flash_attn_bwd = forward, backward
+    for name in ("flash_attn", "flash_attn.cute"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", fake)
+    assert attention._flash_attn_fwd("q", "k", "v", causal=True, return_lse=True) == ("out", "lse")
+    assert seen["fwd"] == (("q", "k", "v"), {"causal": True, "return_lse": True})
+    assert attention._flash_attn_bwd("q", "k", "v", "o", "do", "lse", causal=True) == ("dq", "dk", "dv")
+    assert seen["bwd"][0] == ("q", "k", "v", "o", "do", "lse")

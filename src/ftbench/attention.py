@@ -68,11 +68,40 @@ def flash_impl_problem(impl: str, device) -> str | None:
 
 def activate_flash(impl: str) -> str | None:
     """PyTorch's flash attention ops, which the variable-length attention runs, through `impl` for the rest of this
-    process (variant knob flash_impl), by torch's own registry; returns the implementation now active."""
+    process (variant knob flash_impl), by torch's own registry; returns the implementation now active. FA4 is
+    registered against this module's `_flash_attn_fwd` and `_flash_attn_bwd` (flash-attn-4's, in the form torch's
+    registration unpacks) where torch lets the module be named."""
     from torch.nn.attention import activate_flash_attention_impl
 
-    activate_flash_attention_impl(FLASH_IMPLS[impl][0])
+    name = FLASH_IMPLS[impl][0]
+    if name == "FA4":
+        try:  # torch's own FA4 registration (torch.nn.attention._fa4), pointed at this module
+            from torch.nn.attention import _fa4, register_flash_attention_impl
+
+            if "module_path" in inspect.signature(_fa4.register_flash_attention_fa4).parameters:
+                register_flash_attention_impl(name, register_fn=lambda: _fa4.register_flash_attention_fa4(
+                    module_path=__name__))
+        except ImportError:  # pragma: no cover - a torch without it: its own registration, as it stands
+            pass
+    activate_flash_attention_impl(name)
     return _active_flash()
+
+
+def _flash_attn_fwd(*args, **kwargs):
+    """flash-attn-4's forward (flash_attn.cute.interface) as torch's FA4 registration calls it: (out, lse). Its
+    4.0.0b36 returns three more values (p, row_max, o_lo), which torch 2.11 to 2.13 cannot unpack ("too many values
+    to unpack (expected 2)" at the first step on an H100, measurements/h100-2026-11-27-c)."""
+    from flash_attn.cute.interface import _flash_attn_fwd as forward
+
+    out = forward(*args, **kwargs)
+    return tuple(out[:2])
+
+
+def _flash_attn_bwd(*args, **kwargs):
+    """flash-attn-4's backward as torch's FA4 registration calls it: (dq, dk, dv) (no learnable sinks here)."""
+    from flash_attn.cute.interface import _flash_attn_bwd as backward
+
+    return tuple(backward(*args, **kwargs)[:3])
 
 
 def _active_flash() -> str | None:
