@@ -181,6 +181,18 @@ def test_flash_attention_through_another_implementation_is_refused_where_it_cann
     assert attention._active_flash() is None
 
 
+def test_torchs_fa4_backward_check_lets_causal_attentions_own_window_through_and_refuses_a_sliding_one():
+    """torch 2.11's FA4 backward check refuses any window; the variable-length backward passes causal's (-1, 0)."""
+    def check(grad, q, dropout_p, cum_seq_q, window_size_left, window_size_right):
+        return None if window_size_left is None and window_size_right is None else "windowed attention not supported"
+
+    allowing = attention.causal_windows(check)
+    assert allowing("g", "q", 0.0, None, -1, 0) is None and allowing("g", "q", 0.0, None, -1, -1) is None
+    assert allowing("g", "q", 0.0, None, None, None) is None
+    assert allowing("g", "q", 0.0, None, 127, 0) == "windowed attention not supported"
+    assert allowing.causal_windows
+
+
 def test_flash_attention_4s_forward_and_backward_reach_torch_in_the_form_it_unpacks(monkeypatch):
     """flash-attn-4 4.0.0b36's forward returns (out, lse, p, row_max, o_lo), its backward (dq, dk, dv): torch's FA4
     registration unpacks two and three (it failed with "too many values to unpack" on an H100, 2026-11-27). The

@@ -81,10 +81,30 @@ def activate_flash(impl: str) -> str | None:
             if "module_path" in inspect.signature(_fa4.register_flash_attention_fa4).parameters:
                 register_flash_attention_impl(name, register_fn=lambda: _fa4.register_flash_attention_fa4(
                     module_path=__name__))
+            check = getattr(_fa4, "_fa4_backward_support_error", None)
+            if check is not None and list(inspect.signature(check).parameters)[-2:] == [
+                    "window_size_left", "window_size_right"] and not getattr(check, "causal_windows", False):
+                _fa4._fa4_backward_support_error = causal_windows(check)
         except ImportError:  # pragma: no cover - a torch without it: its own registration, as it stands
             pass
     activate_flash_attention_impl(name)
     return _active_flash()
+
+
+def causal_windows(check):
+    """torch 2.11's FA4 backward check (torch.nn.attention._fa4) refuses every window it is passed, and the
+    variable-length attention's backward always passes one: causal attention's own (-1, 0), which torch's FA4
+    backward already runs as `is_causal` ("windowed attention not supported" at the first backward on an H100,
+    measurements/h100-2026-11-27-d). The check with those windows (and none, -1) read as none; a real sliding window
+    is still refused."""
+    def allowing_causal(*args):
+        *rest, left, right = args
+        if left in (None, -1) and right in (None, -1, 0):
+            left = right = None
+        return check(*rest, left, right)
+
+    allowing_causal.causal_windows = True
+    return allowing_causal
 
 
 def _flash_attn_fwd(*args, **kwargs):

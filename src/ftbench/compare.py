@@ -439,26 +439,44 @@ def frontier_place(r: dict, base: dict | None, cmp: dict | None) -> str:
     return f"yes: {mine}, loss within noise on the same rows"
 
 
-def against_top(rows: list[dict], runs: list[dict]) -> None:
-    """Each row's real tokens/s against the fastest rung standing on the frontier measured on the same machine
-    (same model, scale and data): a peer's ratio to the top rung of its own lease, never across machines, with
-    whether the two runs' noise carries it (column "x top rung, same machine")."""
+def machine_key(r: dict) -> tuple:
+    return r["model"], r["scale"], r["dataset"], r["gpu"], r.get("machine")
+
+
+def frontier_tops(runs, base: dict | None, refs: dict) -> dict:
+    """Per machine (and model, scale, data, GPU), the fastest ok run that may stand on the frontier
+    (`frontier_place`: its loss checked on the same rows where it changes the arithmetic), among every run given:
+    a faster run of the same variant on another machine does not hide this machine's."""
     tops = {}
+    for r in runs:
+        if r["status"] != "ok" or not r["throughput.tokens_per_s"]:
+            continue
+        cmp = same_rows_loss(r, refs.get((r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"])))
+        if not frontier_place(r, base, cmp).startswith("yes"):
+            continue
+        key = machine_key(r)
+        if key not in tops or r["throughput.tokens_per_s"] > tops[key]["throughput.tokens_per_s"]:
+            tops[key] = r
+    return tops
+
+
+def against_top(rows: list[dict], runs: list[dict], tops: dict) -> None:
+    """Each row's real tokens/s against the fastest run standing on the frontier measured on the same machine
+    (`frontier_tops`): a peer's ratio to the top rung of its own lease, never across machines, with whether the two
+    runs' noise carries it (column "x top rung, same machine")."""
     for row, r in zip(rows, runs):
-        key = (row["model"], row["scale"], row["dataset"], row["gpu"], r.get("machine"))
-        if row["tokens/s (real)"] and str(row.get("on the frontier") or "").startswith("yes") and (
-                key not in tops or row["tokens/s (real)"] > tops[key][0]["tokens/s (real)"]):
-            tops[key] = (row, r)
-    for row, r in zip(rows, runs):
-        row_top = tops.get((row["model"], row["scale"], row["dataset"], row["gpu"], r.get("machine")))
-        if row_top is None or not row["tokens/s (real)"]:
+        top = tops.get(machine_key(r))
+        if top is None or not row["tokens/s (real)"]:
             row["x top rung, same machine"] = None
             continue
-        top, top_run = row_top
-        ratio = row["tokens/s (real)"] / top["tokens/s (real)"]
-        carried = _verdict(ratio, tokens_noise(r), tokens_noise(top_run)) != "no measurable difference"
-        row["x top rung, same machine"] = ("top" if top_run is r else
-                                           f"{ratio:.2f}x{'' if carried else ', within noise'} ({top['variant']})")
+        if (top["variant"], top["batch_size"], top["throughput.tokens_per_s"]) == (
+                r["variant"], r["batch_size"], r["throughput.tokens_per_s"]):
+            row["x top rung, same machine"] = "top"
+            continue
+        ratio = row["tokens/s (real)"] / top["throughput.tokens_per_s"]
+        carried = _verdict(ratio, tokens_noise(r), tokens_noise(top)) != "no measurable difference"
+        row["x top rung, same machine"] = (f"{ratio:.2f}x{'' if carried else ', within noise'} ({top['variant']}, "
+                                           f"{top['throughput.tokens_per_s']:,.0f})")
 
 
 def mfu_against(r: dict, precision: str) -> float | None:
@@ -483,7 +501,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
         for r in df.filter((pl.col("variant") == same_rows) & (pl.col("status") == "ok")).iter_rows(named=True)}
     df = df.filter(pl.col("variant").is_in(names)).with_columns(memory_gib=peak_memory())
     keys = ["model", "scale", "dataset", "gpu"] + (["batch_size"] if by_batch else [])
-    rows, runs = [], []
+    rows, runs, tops = [], [], {}
     for group in df.partition_by(keys, maintain_order=True):
         by = {r["variant"]: r for r in group.iter_rows(named=True)}
         base, prev = by.get(rungs[0]) if rungs else None, None
@@ -494,6 +512,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                             key=lambda r: (r["status"] == "ok", r["throughput.tokens_per_s"] or 0)):
                 by[r["variant"]] = r
             base = by.get(rungs[0]) if rungs else None
+        if same_rows:  # every machine's fastest run that may stand on the frontier, from all the group's runs
+            tops.update(frontier_tops(group.iter_rows(named=True), base, refs))
         for i, name in enumerate(names):
             r = by.get(name)
             if r is None:
@@ -541,7 +561,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             if name in rungs and ok:
                 prev = r
     if same_rows:
-        against_top(rows, runs)
+        against_top(rows, runs, tops)
     same = ("same model, data and batch size" if by_batch else
             "same model and data; each rung at its own batch, its fastest measured; 'x previous' against the rung "
             "before at the same batch where that rung ran it with the same batch unit (samples, or rows of the same "
