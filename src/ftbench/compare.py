@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import polars as pl
@@ -420,23 +421,43 @@ def same_rows_loss(run: dict, ref: dict | None) -> dict | None:
     diffs = [x - y for x, y in zip(a[:n], b[:n])]
     steps = [y - x for x, y in zip(b[:n], b[1:n])]
     scatter = statistics.stdev(steps) / 2 ** 0.5
+    bad = [i + 1 for i, x in enumerate(a[:n]) if not math.isfinite(x)]
+    if bad:  # a loss that is NaN or infinite from some step on: never within any noise
+        return {"steps": n, "non_finite": len(bad), "first_non_finite": bad[0], "mean_difference": math.nan,
+                "max_difference": math.nan, "scatter": scatter, "within_noise": False}
     mean = statistics.fmean(diffs)
     return {"steps": n, "mean_difference": mean, "max_difference": max(diffs, key=abs), "scatter": scatter,
             "within_noise": abs(mean) <= scatter}
 
 
 def frontier_place(r: dict, base: dict | None, cmp: dict | None) -> str:
-    """Whether a rung may stand on the frontier (and lead it): one that computes what rung 0 computes (the same
-    precision) may; one that changes the arithmetic (FP8, NF4) only where its training loss on the same rows stays
-    within the noise of rung 0's step; refused otherwise, saying why."""
+    """Whether a rung may stand on the frontier (and lead it): never one whose training loss on the same rows left
+    the noise of rung 0's step or is not finite; one that computes what rung 0 computes (the same precision, the same
+    attention kernels) without that check; one that changes the arithmetic (FP8, NF4, another flash attention
+    implementation) only with its loss within the noise on the same rows; refused otherwise, saying why."""
     mine, theirs = r.get("variant.precision") or "bf16", (base or {}).get("variant.precision") or "bf16"
-    if mine == theirs:
+    what = mine if mine != theirs else f"flash attention through {r['variant.flash_impl']}" if r.get(
+        "variant.flash_impl") else None
+    if cmp is not None and cmp.get("non_finite"):
+        return (f"no: its loss on the same rows is not finite from step {cmp['first_non_finite']} "
+                f"({cmp['non_finite']} of {cmp['steps']} steps)")
+    if cmp is not None and not cmp["within_noise"]:
+        return f"no: its loss on the same rows differs ({cmp['mean_difference']:+.3f})"
+    if what is None:
         return "yes"
     if cmp is None:
-        return f"no: {mine} changes the arithmetic and has no loss check on the same rows"
-    if not cmp["within_noise"]:
-        return f"no: {mine} changes the arithmetic and its loss on the same rows differs ({cmp['mean_difference']:+.3f})"
-    return f"yes: {mine}, loss within noise on the same rows"
+        return f"no: {what} changes the arithmetic and has no loss check on the same rows"
+    return f"yes: {what}, loss within noise on the same rows"
+
+
+def same_rows_text(cmp: dict) -> str:
+    """`same_rows_loss` as the frontier table's cell."""
+    if cmp.get("non_finite"):
+        return (f"not finite from step {cmp['first_non_finite']} ({cmp['non_finite']} of {cmp['steps']} steps): "
+                "differs")
+    return (f"{cmp['mean_difference']:+.3f} over {cmp['steps']} steps: "
+            + ("within noise" if cmp["within_noise"] else "differs")
+            + f" (scatter {cmp['scatter']:.3f}; largest {cmp['max_difference']:+.3f})")
 
 
 def machine_key(r: dict) -> tuple:
@@ -553,10 +574,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             runs.append(r)
             if same_rows:
                 cmp = same_rows_loss(r, refs.get((r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"])))
-                rows[-1]["loss vs rung 0's step, same rows"] = (
-                    f"{cmp['mean_difference']:+.3f} over {cmp['steps']} steps: "
-                    + ("within noise" if cmp["within_noise"] else "differs")
-                    + f" (scatter {cmp['scatter']:.3f}; largest {cmp['max_difference']:+.3f})") if ok and cmp else None
+                rows[-1]["loss vs rung 0's step, same rows"] = same_rows_text(cmp) if ok and cmp else None
                 rows[-1]["on the frontier"] = frontier_place(r, base, cmp) if ok else None
             if name in rungs and ok:
                 prev = r
