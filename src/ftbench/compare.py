@@ -600,7 +600,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                  "successive differences over sqrt 2). Runs of the same arithmetic drift apart by a few hundredths "
                  "over ~100 steps (non-deterministic GPU kernels). 'x top rung, same machine': each row against the "
                  "fastest rung on the frontier measured on the same machine (its lease), named; peers (Unsloth, "
-                 "Liger) are read there.")
+                 "Liger) are read there. A merged report keeps each run's latest measurement, so a lease's own top "
+                 "rung may have been replaced by a later lease's, and the machine's top shown is a lower rung.")
     kind = title.lower()
     if not rows:
         return [note, (title, pl.DataFrame({"result": ["no rung ran"]}), kind)]
