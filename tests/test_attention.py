@@ -219,3 +219,17 @@ def test_flash_attention_4s_forward_and_backward_reach_torch_in_the_form_it_unpa
     assert seen["fwd"] == (("q", "k", "v"), {"causal": True, "return_lse": True})
     assert attention._flash_attn_bwd("q", "k", "v", "o", "do", "lse", causal=True) == ("dq", "dk", "dv")
     assert seen["bwd"][0] == ("q", "k", "v", "o", "do", "lse")
+
+
+def test_the_fa4_check_says_why_it_cannot_run_on_a_machine_without_a_cuda_gpu():
+    """bench/fa4_check.py (FA4 against FA2 on the frontier's rows, for a lent GPU) exits 2 with its reason here."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the check itself")
+    done = subprocess.run([sys.executable, str(ROOT / "bench/fa4_check.py")], capture_output=True, text=True,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT / "src")})
+    assert done.returncode == 2 and "FA4 cannot run here: no CUDA GPU" in done.stdout
