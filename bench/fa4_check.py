@@ -22,19 +22,20 @@ HEADS, KV_HEADS, DIM, T, MAX_LEN = 32, 8, 128, 8192, 2048  # Qwen3-8B's attentio
 TOL = 0.05  # bf16 attention of two kernels: |a - b| over the largest |b|, per tensor
 
 
-def bounds_of(lengths: list[int], slots: int | None = None) -> torch.Tensor:
-    b = torch.tensor([0] + lengths).cumsum(0).to(torch.int32)
-    if slots:
-        b = torch.cat([b, b.new_full((slots + 1 - b.numel(),), int(b[-1]))])
-    return b.cuda()
+def bounds_of(lengths: list[int], pads: int = 0, slots: int | None = None) -> torch.Tensor:
+    """The bounds the rung passes for a row of these sequences and `pads` trailing pad tokens (each at position 0,
+    as TRL's collator pads), through the project's own `attention.sequence_bounds`."""
+    pos = torch.cat([torch.arange(n) for n in lengths] + [torch.zeros(pads, dtype=torch.long)])
+    return attention.sequence_bounds(pos[None], pads, MAX_LEN, slots).cuda()
 
 
 def cases() -> dict:
     """Name -> a row's cumulative sequence bounds (every sequence at most MAX_LEN tokens, as the loader truncates)."""
+    packed = [2048, 2048, 1500, 1300, 900, 396]
     return {"whole sequences": bounds_of([MAX_LEN] * (T // MAX_LEN)),
-            "sequences of a packed row": bounds_of([2048, 2048, 1500, 1300, 900, 396]),
-            "and empty slots (repeated bounds)": bounds_of([2048, 2048, 1500, 1300, 900, 396], slots=133),
-            "and a padded tail in pieces": bounds_of([2048, 2048, 1500, 1300, 900, 200, 196], slots=133)}
+            "sequences of a packed row": bounds_of(packed),
+            "and empty slots (repeated bounds)": bounds_of(packed, slots=133),
+            "and a padded tail in pieces": bounds_of(packed[1:4], pads=T - sum(packed[1:4]), slots=133)}
 
 
 def run(bounds: torch.Tensor, seed: int = 0) -> dict:

@@ -436,8 +436,11 @@ def frontier_place(r: dict, base: dict | None, cmp: dict | None) -> str:
     attention kernels) without that check; one that changes the arithmetic (FP8, NF4, another flash attention
     implementation) only with its loss within the noise on the same rows; refused otherwise, saying why."""
     mine, theirs = r.get("variant.precision") or "bf16", (base or {}).get("variant.precision") or "bf16"
-    what = mine if mine != theirs else f"flash attention through {r['variant.flash_impl']}" if r.get(
-        "variant.flash_impl") else None
+    what = None  # what changes the arithmetic
+    if mine != theirs:
+        what = mine
+    elif r.get("variant.flash_impl"):
+        what = f"flash attention through {r['variant.flash_impl']}"
     if cmp is not None and cmp.get("non_finite"):
         return (f"no: its loss on the same rows is not finite from step {cmp['first_non_finite']} "
                 f"({cmp['non_finite']} of {cmp['steps']} steps)")
@@ -460,6 +463,16 @@ def same_rows_text(cmp: dict) -> str:
             + f" (scatter {cmp['scatter']:.3f}; largest {cmp['max_difference']:+.3f})")
 
 
+def rows_key(r: dict) -> tuple:
+    """What two runs share when they trained the same rows: everything but the variant."""
+    return r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"]
+
+
+def same_rows_check(r: dict, refs: dict) -> dict | None:
+    """`same_rows_loss` of `r` against the reference run of its rows (`refs`: by `rows_key`)."""
+    return same_rows_loss(r, refs.get(rows_key(r)))
+
+
 def machine_key(r: dict) -> tuple:
     return r["model"], r["scale"], r["dataset"], r["gpu"], r.get("machine")
 
@@ -472,8 +485,7 @@ def frontier_tops(runs, base: dict | None, refs: dict) -> dict:
     for r in runs:
         if r["status"] != "ok" or not r["throughput.tokens_per_s"]:
             continue
-        cmp = same_rows_loss(r, refs.get((r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"])))
-        if not frontier_place(r, base, cmp).startswith("yes"):
+        if not frontier_place(r, base, same_rows_check(r, refs)).startswith("yes"):
             continue
         key = machine_key(r)
         if key not in tops or r["throughput.tokens_per_s"] > tops[key]["throughput.tokens_per_s"]:
@@ -518,7 +530,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     `eval_loss`: the loss compared is the evaluation set's (rungs that reorder the training samples)."""
     names = list(rungs) + [b for b in beside if b not in rungs]
     refs = {} if not same_rows else {  # the same_rows variant's runs, by everything but the variant
-        (r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"]): r
+        rows_key(r): r
         for r in df.filter((pl.col("variant") == same_rows) & (pl.col("status") == "ok")).iter_rows(named=True)}
     df = df.filter(pl.col("variant").is_in(names)).with_columns(memory_gib=peak_memory())
     keys = ["model", "scale", "dataset", "gpu"] + (["batch_size"] if by_batch else [])
@@ -573,7 +585,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                          "reason": r["reason"] if not ok else None})
             runs.append(r)
             if same_rows:
-                cmp = same_rows_loss(r, refs.get((r["model"], r["scale"], r["dataset"], r["gpu"], r["batch_size"])))
+                cmp = same_rows_check(r, refs)
                 rows[-1]["loss vs rung 0's step, same rows"] = same_rows_text(cmp) if ok and cmp else None
                 rows[-1]["on the frontier"] = frontier_place(r, base, cmp) if ok else None
             if name in rungs and ok:
