@@ -137,7 +137,7 @@ def test_the_flash_path_calls_the_kernel_with_the_window_and_folds_the_sink(monk
                      ("fwd", 2048, False, 2, 0), ("bwd", 2048, False, 2, 0)]
 
 
-def test_flash_attention_through_another_implementation_is_refused_where_it_cannot_run_and_torchs_registry_runs_it(
+def test_flash_attention_through_another_implementation_is_refused_where_it_cannot_run_and_runs_where_it_can(
         monkeypatch):
     """Variant knob flash_impl (fa4): PyTorch's flash attention ops through FlashAttention-4. On a CPU the run is
     refused with its reason before any job; it needs attention varlen and flash-attn-4 (the campaign holds such a
@@ -166,59 +166,76 @@ def test_flash_attention_through_another_implementation_is_refused_where_it_cann
                         real(name, *a))
     assert attention.flash_impl_problem("fa4", torch.device("cuda")) == (
         "FA4: flash_attn.cute is not installed (flash-attn-4)")
-    # activation goes through torch's registry: its own FA4 registration, pointed at ftbench.attention's forward and
-    # backward (flash-attn-4's in the form torch unpacks)
-    from torch.nn.attention import _fa4, _registry
-
-    monkeypatch.setitem(_registry._FLASH_ATTENTION_IMPLS, "FA4", _registry._FLASH_ATTENTION_IMPLS["FA4"])
-    monkeypatch.setattr(_fa4, "_FA4_MODULE_PATH", _fa4._FA4_MODULE_PATH)
-    try:
-        assert attention.activate_flash("fa4") == "FA4" and _fa4._FA4_MODULE_PATH == "ftbench.attention"
-        monkeypatch.setattr(attention, "varlen_attn", object())
-        assert attention.kernel(torch.device("cuda")).endswith("(flash, variable length; FA4)")
-    finally:
-        _registry.restore_flash_attention_impl(_raise_warn=False)
-    assert attention._active_flash() is None
+    # activation imports flash-attn-4 and routes the variable-length attention through it; the record names it
+    monkeypatch.setattr(attention, "_IMPL", None)
+    _fake_flash_attn_4(monkeypatch)
+    assert attention.activate_flash("fa4") == "FA4"
+    assert attention.kernel(torch.device("cuda")).startswith("flash-attn-4's varlen forward and backward")
 
 
-def test_torchs_fa4_backward_check_lets_causal_attentions_own_window_through_and_refuses_a_sliding_one():
-    """torch 2.11's FA4 backward check refuses any window; the variable-length backward passes causal's (-1, 0)."""
-    def check(grad, q, dropout_p, cum_seq_q, window_size_left, window_size_right):
-        return None if window_size_left is None and window_size_right is None else "windowed attention not supported"
-
-    allowing = attention.causal_windows(check)
-    assert allowing("g", "q", 0.0, None, -1, 0) is None and allowing("g", "q", 0.0, None, -1, -1) is None
-    assert allowing("g", "q", 0.0, None, None, None) is None
-    assert allowing("g", "q", 0.0, None, 127, 0) == "windowed attention not supported"
-    assert allowing.causal_windows
-
-
-def test_flash_attention_4s_forward_and_backward_reach_torch_in_the_form_it_unpacks(monkeypatch):
-    """flash-attn-4 4.0.0b36's forward returns (out, lse, p, row_max, o_lo), its backward (dq, dk, dv): torch's FA4
-    registration unpacks two and three (it failed with "too many values to unpack" on an H100, 2026-11-27). The
-    shim passes every argument through and returns those."""
+def _fake_flash_attn_4(monkeypatch, seen=None):
+    """flash_attn.cute.interface with flash-attn-4 4.0.0b36's two functions (five forward outputs), computing what
+    its kernels compute one sequence at a time in fp32 (attention._math_forward/_backward); each refuses a call
+    that is not causal attention over the sequences `cu_seqlens` bound, with the longest sequence's length given."""
     import sys
     import types
 
-    seen = {}
+    def common(kwargs):
+        assert kwargs["causal"] is True and kwargs.get("window_size_left") is None
+        assert kwargs["cu_seqlens_q"] is kwargs["cu_seqlens_k"] and kwargs["max_seqlen_q"] == kwargs["max_seqlen_k"]
+        edges = kwargs["cu_seqlens_q"].tolist()
+        assert max(b - a for a, b in zip(edges, edges[1:])) <= kwargs["max_seqlen_q"]
+        return edges, kwargs["softmax_scale"]
 
-    def forward(*args, **kwargs):
-        seen["fwd"] = (args, kwargs)
-        return "out", "lse", "p", "row_max", "o_lo"
+    def forward(q, k, v, **kwargs):
+        edges, scale = common(kwargs)
+        assert kwargs["return_lse"] is True
+        if seen is not None:
+            seen["forward"] = seen.get("forward", 0) + 1
+        return (*attention._math_forward(q, k, v, edges, scale, -1), None, None, None)
 
-    def backward(*args, **kwargs):
-        seen["bwd"] = (args, kwargs)
-        return "dq", "dk", "dv"
+    def backward(q, k, v, out, dout, lse, **kwargs):
+        edges, scale = common(kwargs)
+        if seen is not None:
+            seen["backward"] = seen.get("backward", 0) + 1
+        return attention._math_backward(dout, q, k, v, out, lse, edges, scale, -1)
 
     fake = types.ModuleType("flash_attn.cute.interface")
     fake._flash_attn_fwd, fake._flash_attn_bwd = forward, backward
     for name in ("flash_attn", "flash_attn.cute"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["flash_attn.cute"].interface = fake
     monkeypatch.setitem(sys.modules, "flash_attn.cute.interface", fake)
-    assert attention._flash_attn_fwd("q", "k", "v", causal=True, return_lse=True) == ("out", "lse")
-    assert seen["fwd"] == (("q", "k", "v"), {"causal": True, "return_lse": True})
-    assert attention._flash_attn_bwd("q", "k", "v", "o", "do", "lse", causal=True) == ("dq", "dk", "dv")
-    assert seen["bwd"][0] == ("q", "k", "v", "o", "do", "lse")
+
+
+def test_fa4_varlen_is_causal_attention_per_sequence_with_its_gradients_and_an_operator_torch_can_trace(monkeypatch):
+    """ftbench.attention.fa4_varlen (flash_impl fa4): flash-attn-4's varlen forward and backward as one operator
+    with its own autograd. On a packed row of grouped-query heads, with the empty slots of a fixed-shape row, its
+    output and gradients are those of causal attention over each sequence alone (SDPA per sequence); torch's operator
+    check passes (its fake shapes, its autograd registration), and the layer's attention calls it once activated."""
+    seen = {}
+    _fake_flash_attn_4(monkeypatch, seen)
+    torch.manual_seed(0)
+    lengths, heads, kv_heads, dim = [5, 9, 3], 4, 2, 8
+    t = sum(lengths)
+    pos = torch.cat([torch.arange(n) for n in lengths])[None]
+    bounds = attention.sequence_bounds(pos, slots=6)
+    assert bounds.tolist() == [0, 5, 14, 17, 17, 17, 17]
+    q = torch.randn(t, heads, dim, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(t, kv_heads, dim, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    grad = torch.randn(t, heads, dim, dtype=torch.float64)
+    scale = 0.3
+    out, lse = attention.fa4_varlen(q, k, v, bounds, 9, scale)
+    got = (out, *torch.autograd.grad(out, (q, k, v), grad))
+    want_out = attention._per_sequence(q, k, v, bounds, scale)
+    want = (want_out, *torch.autograd.grad(want_out, (q, k, v), grad))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert lse.shape == (heads, t) and seen == {"forward": 1, "backward": 1}
+    torch.library.opcheck(attention.fa4_varlen, (q, k, v, bounds, 9, scale),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    monkeypatch.setattr(attention, "_IMPL", "FA4")
+    torch.testing.assert_close(attention._flash(q, k, v, bounds, 9, scale), want_out)
 
 
 def test_the_fa4_check_says_why_it_cannot_run_on_a_machine_without_a_cuda_gpu():

@@ -24,6 +24,8 @@ the kernel's left window (sliding_window - 1 earlier tokens and the token itself
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import math
 
@@ -45,7 +47,7 @@ except (AttributeError, RuntimeError):  # pragma: no cover - a build without the
 
 
 def flash_impl_problem(impl: str, device) -> str | None:
-    """Why this machine cannot run PyTorch's flash attention ops through `impl` (variant knob flash_impl), or None."""
+    """Why this machine cannot run the variable-length attention through `impl` (variant knob flash_impl), or None."""
     name, module, package, caps = FLASH_IMPLS[impl]
     where = " or ".join(f"{a}.{b}" for a, b in caps)
     if device.type != "cuda":
@@ -53,83 +55,85 @@ def flash_impl_problem(impl: str, device) -> str | None:
     cap = torch.cuda.get_device_capability(device)
     if tuple(cap) not in caps:
         return f"{name} runs on compute capability {where}; this GPU has {cap[0]}.{cap[1]}"
-    try:
-        from torch.nn.attention import list_flash_attention_impls
-    except ImportError:
-        return f"torch {torch.__version__} has no registry of flash attention implementations"
-    if name not in list_flash_attention_impls():
-        return f"torch {torch.__version__} registers no {name} implementation"
-    import importlib.util
-
     if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
         return f"{name}: {module} is not installed ({package})"
     return None
 
 
+_IMPL: str | None = None  # the flash implementation `_flash` runs (variant knob flash_impl), once activated
+
+
 def activate_flash(impl: str) -> str | None:
-    """PyTorch's flash attention ops, which the variable-length attention runs, through `impl` for the rest of this
-    process (variant knob flash_impl), by torch's own registry; returns the implementation now active. FA4 is
-    registered against this module's `_flash_attn_fwd` and `_flash_attn_bwd` (flash-attn-4's, in the form torch's
-    registration unpacks) where torch lets the module be named."""
-    from torch.nn.attention import activate_flash_attention_impl
-
-    name = FLASH_IMPLS[impl][0]
-    if name == "FA4":
-        try:  # torch's own FA4 registration (torch.nn.attention._fa4), pointed at this module
-            from torch.nn.attention import _fa4, register_flash_attention_impl
-
-            if "module_path" in inspect.signature(_fa4.register_flash_attention_fa4).parameters:
-                register_flash_attention_impl(name, register_fn=lambda: _fa4.register_flash_attention_fa4(
-                    module_path=__name__))
-            check = getattr(_fa4, "_fa4_backward_support_error", None)
-            if check is not None and list(inspect.signature(check).parameters)[-2:] == [
-                    "window_size_left", "window_size_right"] and not getattr(check, "causal_windows", False):
-                _fa4._fa4_backward_support_error = causal_windows(check)
-        except ImportError:  # pragma: no cover - a torch without it: its own registration, as it stands
-            pass
-    activate_flash_attention_impl(name)
-    return _active_flash()
+    """The variable-length attention of this process through `impl` (variant knob flash_impl): FA4 runs
+    flash-attn-4's own varlen forward and backward (`fa4_varlen`); returns the implementation now active."""
+    global _IMPL
+    name, module = FLASH_IMPLS[impl][:2]
+    importlib.import_module(module)
+    _IMPL = name
+    return _IMPL
 
 
-def causal_windows(check):
-    """torch 2.11's FA4 backward check (torch.nn.attention._fa4) refuses every window it is passed, and the
-    variable-length attention's backward always passes one: causal attention's own (-1, 0), which torch's FA4
-    backward already runs as `is_causal` ("windowed attention not supported" at the first backward on an H100,
-    measurements/h100-2026-11-27-d). The check with those windows (and none, -1) read as none; a real sliding window
-    is still refused."""
-    def allowing_causal(*args):
-        *rest, left, right = args
-        if left in (None, -1) and right in (None, -1, 0):
-            left = right = None
-        return check(*rest, left, right)
+def _fa4_interface():
+    from flash_attn.cute import interface
 
-    allowing_causal.causal_windows = True
-    return allowing_causal
+    return interface
 
 
-def _flash_attn_fwd(*args, **kwargs):
-    """flash-attn-4's forward (flash_attn.cute.interface) as torch's FA4 registration calls it: (out, lse). Its
-    4.0.0b36 returns three more values (p, row_max, o_lo), which torch 2.11 to 2.13 cannot unpack ("too many values
-    to unpack (expected 2)" at the first step on an H100, measurements/h100-2026-11-27-c)."""
-    from flash_attn.cute.interface import _flash_attn_fwd as forward
+@torch.library.custom_op("ftbench::fa4_varlen", mutates_args=())
+def fa4_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor, max_length: int,
+               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention over a packed row through flash-attn-4 (flash_attn.cute), as its own
+    `flash_attn_varlen_func` calls it: q (T, Hq, D), k and v (T, Hkv, D), grouped-query heads native; returns the
+    output (T, Hq, D) and the log-sum-exp (Hq, T). An operator of its own, opaque to torch.compile and captured
+    whole in CUDA graphs. Why not torch's FA4 registration (torch.nn.attention.activate_flash_attention_impl): torch
+    2.11's calls flash-attn-4 4.0.0b36's functions with arguments that have drifted from them (five forward outputs
+    unpacked as two; every window refused in the backward, measurements/h100-2026-11-27-c, -d) and without the
+    longest sequence's length, and the rung it ran trained NaN from its second step (measurements/h100-2026-11-27-e);
+    here every argument is named, as flash-attn-4's own varlen function names it."""
+    out, lse = _fa4_interface()._flash_attn_fwd(
+        q, k, v, cu_seqlens_q=bounds, cu_seqlens_k=bounds, max_seqlen_q=max_length, max_seqlen_k=max_length,
+        softmax_scale=scale, causal=True, return_lse=True)[:2]
+    return out, lse
 
-    out = forward(*args, **kwargs)
-    return tuple(out[:2])
+
+@fa4_varlen.register_fake
+def _(q, k, v, bounds, max_length, scale):
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty((q.shape[1], q.shape[0]), dtype=_acc(q.dtype))
 
 
-def _flash_attn_bwd(*args, **kwargs):
-    """flash-attn-4's backward as torch's FA4 registration calls it: (dq, dk, dv) (no learnable sinks here)."""
-    from flash_attn.cute.interface import _flash_attn_bwd as backward
+@torch.library.custom_op("ftbench::fa4_varlen_backward", mutates_args=())
+def fa4_varlen_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        lse: torch.Tensor, bounds: torch.Tensor, max_length: int,
+                        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`fa4_varlen`'s backward: flash-attn-4's, with the arguments its varlen function's backward passes."""
+    dq, dk, dv = _fa4_interface()._flash_attn_bwd(
+        q, k, v, out, grad.contiguous(), lse, softmax_scale=scale, causal=True, cu_seqlens_q=bounds,
+        cu_seqlens_k=bounds, max_seqlen_q=max_length, max_seqlen_k=max_length)[:3]
+    return dq, dk, dv
 
-    return tuple(backward(*args, **kwargs)[:3])
+
+@fa4_varlen_backward.register_fake
+def _(grad, q, k, v, out, lse, bounds, max_length, scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fa4_setup(ctx, inputs, output):
+    q, k, v, bounds, max_length, scale = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], bounds)
+    ctx.max_length, ctx.scale = max_length, scale
+
+
+def _fa4_backward(ctx, grad, grad_lse):
+    q, k, v, out, lse, bounds = ctx.saved_tensors
+    dq, dk, dv = fa4_varlen_backward(grad, q, k, v, out, lse, bounds, ctx.max_length, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+fa4_varlen.register_autograd(_fa4_backward, setup_context=_fa4_setup)
 
 
 def _active_flash() -> str | None:
-    try:
-        from torch.nn.attention import current_flash_attention_impl
-    except ImportError:
-        return None
-    return current_flash_attention_impl()
+    return _IMPL
 
 
 def kernel(device, sinks: bool = False) -> str:
@@ -139,9 +143,10 @@ def kernel(device, sinks: bool = False) -> str:
                 "sink logits folded in through its log-sum-exp (ftbench.attention.SinkAttention)"
                 if device.type == "cuda" and _FLASH_KW else
                 "attention with sinks per sequence in fp32 (ftbench.attention.SinkAttention; no flash kernel here)")
+    if device.type == "cuda" and _active_flash() == "FA4":
+        return "flash-attn-4's varlen forward and backward (ftbench.attention.fa4_varlen; variable length)"
     if device.type == "cuda" and varlen_attn is not None:
-        impl = _active_flash()
-        return f"torch.nn.attention.varlen.varlen_attn (flash, variable length{f'; {impl}' if impl else ''})"
+        return "torch.nn.attention.varlen.varlen_attn (flash, variable length)"
     return "causal SDPA per sequence (no variable-length kernel on this device)"
 
 
@@ -210,6 +215,8 @@ class HostBoundsCollator:
 
 
 def _flash(q, k, v, bounds, max_length: int, scale: float):
+    if _IMPL == "FA4":
+        return fa4_varlen(q, k, v, bounds, max_length, scale)[0]
     kw = {}
     if "scale" in _PARAMS:
         kw["scale"] = scale

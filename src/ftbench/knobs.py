@@ -79,9 +79,9 @@ class Variant:
     # ftbench.attention) | causal (LMM: no padding mask, the causal one alone; right padding means no real token
     # sees the pads after it, and pads carry no labels)
     attention: str = "mask"
-    # causal LM, attention varlen: the implementation behind PyTorch's flash attention ops for the job (None:
-    # PyTorch's own, FlashAttention-2) | fa4 (flash-attn-4's CuTe kernels for Hopper and Blackwell, through
-    # torch.nn.attention.activate_flash_attention_impl)
+    # causal LM, attention varlen: the flash attention implementation of the job (None:
+    # PyTorch's own, FlashAttention-2) | fa4 (flash-attn-4's CuTe kernels for Hopper and Blackwell, its own varlen
+    # forward and backward: ftbench.attention.fa4_varlen)
     flash_impl: str | None = None
     dataloader_workers: int = 0
     pin_memory: bool = False
@@ -120,7 +120,7 @@ class Variant:
 FP8_MODULES = {"te": "transformer_engine", "torchao": "torchao"}  # fp8_backend -> the package that provides it
 
 
-# flash_impl -> torch's name for it, its module, its PyPI package, the compute capabilities it runs on
+# flash_impl -> its name, its module, its PyPI package, the compute capabilities it runs on
 FLASH_IMPLS = {"fa4": ("FA4", "flash_attn.cute", "flash-attn-4", ((9, 0), (10, 0)))}
 
 
