@@ -97,22 +97,20 @@ def _brief(x):
     return f"tensor{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else x
 
 
-def _flash_attn_fwd(*args, **kwargs):
-    """flash-attn-4's forward as torch's FA4 registration unpacks it (out, lse), its arguments recorded."""
-    from flash_attn.cute.interface import _flash_attn_fwd as forward
+def _recording(name: str, keep: int):
+    """flash-attn-4's function `name` as torch's FA4 registration unpacks it (its first `keep` outputs), the
+    arguments of its last call recorded in SEEN."""
+    def call(*args, **kwargs):
+        from flash_attn.cute import interface
 
-    SEEN["_flash_attn_fwd"] = {**{f"arg{i}": _brief(a) for i, a in enumerate(args)},
-                               **{k: _brief(v) for k, v in kwargs.items()}}
-    return tuple(forward(*args, **kwargs)[:2])
+        SEEN[name] = {**{f"arg{i}": _brief(a) for i, a in enumerate(args)}, **{k: _brief(v) for k, v in kwargs.items()}}
+        return tuple(getattr(interface, name)(*args, **kwargs)[:keep])
+
+    return call
 
 
-def _flash_attn_bwd(*args, **kwargs):
-    """flash-attn-4's backward as torch's FA4 registration unpacks it (dq, dk, dv), its arguments recorded."""
-    from flash_attn.cute.interface import _flash_attn_bwd as backward
-
-    SEEN["_flash_attn_bwd"] = {**{f"arg{i}": _brief(a) for i, a in enumerate(args)},
-                               **{k: _brief(v) for k, v in kwargs.items()}}
-    return tuple(backward(*args, **kwargs)[:3])
+_flash_attn_fwd = _recording("_flash_attn_fwd", 2)  # (out, lse)
+_flash_attn_bwd = _recording("_flash_attn_bwd", 3)  # (dq, dk, dv)
 
 
 def torch_registration() -> str | None:

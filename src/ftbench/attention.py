@@ -24,7 +24,6 @@ the kernel's left window (sliding_window - 1 earlier tokens and the token itself
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import inspect
 import math
@@ -132,10 +131,6 @@ def _fa4_backward(ctx, grad, grad_lse):
 fa4_varlen.register_autograd(_fa4_backward, setup_context=_fa4_setup)
 
 
-def _active_flash() -> str | None:
-    return _IMPL
-
-
 def kernel(device, sinks: bool = False) -> str:
     """What computes the attention on this device, for the record."""
     if sinks:
@@ -143,7 +138,7 @@ def kernel(device, sinks: bool = False) -> str:
                 "sink logits folded in through its log-sum-exp (ftbench.attention.SinkAttention)"
                 if device.type == "cuda" and _FLASH_KW else
                 "attention with sinks per sequence in fp32 (ftbench.attention.SinkAttention; no flash kernel here)")
-    if device.type == "cuda" and _active_flash() == "FA4":
+    if device.type == "cuda" and _IMPL == "FA4":
         return "flash-attn-4's varlen forward and backward (ftbench.attention.fa4_varlen; variable length)"
     if device.type == "cuda" and varlen_attn is not None:
         return "torch.nn.attention.varlen.varlen_attn (flash, variable length)"
