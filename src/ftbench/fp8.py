@@ -122,21 +122,22 @@ def tensorwise_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, t
 
 class _StaticFP8Matmul(torch.autograd.Function):
     """y = x W^T with W already in FP8: x cast per step (e4m3), the output's gradient in e5m2, the input's gradient
-    from W^T (the FP8 weight transposed in the backward: cuBLAS's FP8 GEMM takes its second operand column-major);
-    no gradient for the frozen weight, and none computed."""
+    from W^T (cuBLAS's FP8 GEMM takes its second operand column-major: the FP8 weight transposed in every backward,
+    or `w_t`, that transpose kept from the start); no gradient for the frozen weight, and none computed."""
 
     @staticmethod
-    def forward(ctx, x, w_fp8, w_inv):
+    def forward(ctx, x, w_fp8, w_inv, w_t=None):
         x_fp8, x_inv = tensorwise_fp8(x, E4M3)
-        ctx.save_for_backward(w_fp8, w_inv)
+        ctx.save_for_backward(w_fp8 if w_t is None else w_t, w_inv)
+        ctx.transposed = w_t is not None
         return torch._scaled_mm(x_fp8, w_fp8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        w_fp8, w_inv = ctx.saved_tensors
+        w, w_inv = ctx.saved_tensors
         g_fp8, g_inv = tensorwise_fp8(grad, E5M2)
-        w_t = w_fp8.t().contiguous()  # [in, out] row-major: W column-major for the GEMM
-        return torch._scaled_mm(g_fp8, w_t.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=grad.dtype), None, None
+        w_t = w if ctx.transposed else w.t().contiguous()  # [in, out] row-major: W column-major for the GEMM
+        return torch._scaled_mm(g_fp8, w_t.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=grad.dtype), None, None, None
 
 
 class StaticFP8Linear(nn.Linear):
@@ -145,10 +146,12 @@ class StaticFP8Linear(nn.Linear):
     and casts its transpose in every backward, three passes over the 15 GB of Qwen3-8B's decoder weights a step
     that a frozen weight does not need (fp8_recipe: static). Activations and gradients are cast per step as in
     torchao's tensorwise recipe, so the arithmetic is the same. The bf16 weight stays (PEFT, parameter counts, the
-    state dict); the FP8 copy is a non-persistent buffer (+1 byte a weight)."""
+    state dict); the FP8 copy is a non-persistent buffer (+1 byte a weight). `transpose_once`: the FP8 weight's
+    transpose, the backward's operand, kept too (+1 byte a weight more) rather than made in every backward (a read
+    and a write of every FP8 weight a step; knob fp8_transpose_once): the same numbers, bit for bit."""
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "StaticFP8Linear":
+    def from_linear(cls, linear: nn.Linear, transpose_once: bool = False) -> "StaticFP8Linear":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
@@ -158,28 +161,33 @@ class StaticFP8Linear(nn.Linear):
             w_fp8, w_inv = tensorwise_fp8(linear.weight.detach(), E4M3)
         new.register_buffer("w_fp8", w_fp8, persistent=False)
         new.register_buffer("w_inv", w_inv, persistent=False)
+        new.register_buffer("w_t_fp8", w_fp8.t().contiguous() if transpose_once else None, persistent=False)
         return new
 
     def forward(self, x):
-        return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias)
+        return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias, self.w_t_fp8)
 
 
-def static_fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_inv: torch.Tensor, bias=None) -> torch.Tensor:
-    """x W^T (+ bias) with W already in FP8 (`w_inv`: its inverse scale), for inputs of any leading shape: the one
-    form StaticFP8Linear and a fused group of them (ftbench.fused) compute."""
+def static_fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_inv: torch.Tensor, bias=None,
+                      w_t: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T (+ bias) with W already in FP8 (`w_inv`: its inverse scale; `w_t`: its transpose, contiguous, if kept),
+    for inputs of any leading shape: the one form StaticFP8Linear and a fused group of them (ftbench.fused)
+    compute."""
     lead = x.shape[:-1]
-    y = _StaticFP8Matmul.apply(x.reshape(-1, x.shape[-1]), w_fp8, w_inv).reshape(*lead, w_fp8.shape[0])
+    y = _StaticFP8Matmul.apply(x.reshape(-1, x.shape[-1]), w_fp8, w_inv, w_t).reshape(*lead, w_fp8.shape[0])
     return y + bias if bias is not None else y
 
 
-def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN) -> dict:
-    """The frozen projections `pattern` selects onto StaticFP8Linear (weights cast to FP8 once), before LoRA."""
+def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN, transpose_once: bool = False) -> dict:
+    """The frozen projections `pattern` selects onto StaticFP8Linear (weights cast to FP8 once, and with
+    `transpose_once` their transposes too), before LoRA."""
     names = select_linears(model, False, pattern)
-    swap_linears(model, names, StaticFP8Linear.from_linear)
-    fp8_bytes = sum(model.get_submodule(n).w_fp8.numel() for n in names)
+    swap_linears(model, names, lambda linear: StaticFP8Linear.from_linear(linear, transpose_once))
+    fp8_bytes = sum(model.get_submodule(n).w_fp8.numel() for n in names) * (2 if transpose_once else 1)
     return {"converted": len(names), "vision_converted": 0,
             "recipe": "static: weights cast to FP8 once (tensorwise e4m3), activations e4m3 and gradients e5m2 "
-                      "tensorwise per step", "fp8_weight_gib": fp8_bytes / 2**30}
+                      "tensorwise per step", "fp8_weight_gib": fp8_bytes / 2**30,
+            "weight_transpose": "kept from the start" if transpose_once else "made in every backward"}
 
 
 def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN,
@@ -198,12 +206,12 @@ def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern 
             "recipe": recipe if named else "tensorwise (torchao's default config)"}
 
 
-def convert_decoder(model: nn.Module, recipe: str | None) -> dict:
+def convert_decoder(model: nn.Module, recipe: str | None, transpose_once: bool = False) -> dict:
     """A causal LM's decoder projections in FP8, before LoRA wraps them: cast once (`recipe` static,
-    StaticFP8Linear) or by torchao's float8 linears in `recipe`'s scaling; the one entry for every way a causal LM
-    is built (one process, or sharded on the meta device)."""
+    StaticFP8Linear, with `transpose_once` their transposes too) or by torchao's float8 linears in `recipe`'s
+    scaling; the one entry for every way a causal LM is built (one process, or sharded on the meta device)."""
     if recipe == "static":
-        return convert_static(model, pattern=DECODER_PATTERN)
+        return convert_static(model, pattern=DECODER_PATTERN, transpose_once=transpose_once)
     return convert_torchao(model, include_vision=False, pattern=DECODER_PATTERN, recipe=recipe)
 
 

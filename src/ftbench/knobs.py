@@ -33,6 +33,15 @@ class Variant:
     # static: the frozen weights cast to FP8 once, activations and gradients tensorwise per step (ftbench.fp8)
     fp8_recipe: str = "delayed"
     fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
+    # fp8_recipe static (causal LM): each FP8 weight's transpose, the backward's GEMM operand, kept from the start
+    # (+1 byte a weight) rather than made in every backward (a read and a write of every FP8 weight a step); the same
+    # numbers bit for bit (ftbench.fp8.StaticFP8Linear)
+    fp8_transpose_once: bool = False
+    # causal LM, PEFT, without trainer metrics: the LM head's loss in two GEMMs a chunk of tokens, the hidden states'
+    # gradient formed in the forward (Liger Kernel's fused linear cross-entropy scheme, its cross-entropy kernel)
+    # rather than TRL's fused head's three (None) | two-gemm (bf16 GEMMs) | fp8 (FP8 GEMMs, the head's weight cast
+    # once; precision fp8): ftbench.head
+    lm_head: str | None = None
     compile: str | None = None  # None | default | reduce-overhead | max-autotune
     compile_backend: str = "inductor"  # torch.compile's backend: inductor | aot_eager (graphs captured, no codegen)
     compile_scope: str = "model"  # model (one torch.compile of the whole model) | layers (each repeated block)
@@ -131,7 +140,7 @@ def required_packages(variant: Variant) -> list[str]:
     needs = ["unsloth" if variant.framework == "unsloth" else None,
              FP8_MODULES.get(variant.fp8_backend) if variant.precision == "fp8" else None,
              "bitsandbytes" if variant.precision == "nf4" else None,
-             "liger_kernel" if variant.liger else None,
+             "liger_kernel" if variant.liger or variant.lm_head else None,
              FLASH_IMPLS[variant.flash_impl][1].split(".")[0] if variant.flash_impl in FLASH_IMPLS else None]
     return [n for n in needs if n]
 
@@ -153,7 +162,7 @@ HONOURED = {
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
-                  "flash_impl": {None, "fa4"},
+                  "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "lm_head": {None, "two-gemm", "fp8"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
                   "experts": {"loop", "grouped"}, "expert_lora": ANY, "unsloth_compile": ANY},
@@ -241,6 +250,17 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
     if variant.flash_impl and variant.attention != "varlen":
         problems.append(f"flash_impl={variant.flash_impl!r} without attention='varlen' (it replaces the flash kernels "
                         "the variable-length attention runs)")
+    if variant.fp8_transpose_once and (variant.fp8_recipe != "static" or variant.fused_projections):
+        problems.append("fp8_transpose_once without fp8_recipe='static', or with fused_projections (it keeps the "
+                        "transpose of each weight cast once; a fused group casts its weights again)")
+    if variant.lm_head and (variant.peft != "lora" or variant.framework != "hf" or variant.trainer_metrics
+                            or variant.liger or variant.parallel == "fsdp2"
+                            or (variant.compile and variant.compile_scope == "model")):
+        problems.append(f"lm_head={variant.lm_head!r} needs PEFT LoRA (a frozen head), framework hf, trainer_metrics: "
+                        "false (TRL's metrics come from TRL's head), no liger, no FSDP2 (a sharded head) and the LM "
+                        "head outside a compiled graph (no compile_scope 'model')")
+    if variant.lm_head == "fp8" and variant.precision != "fp8":
+        problems.append("lm_head='fp8' without precision='fp8' (its GEMMs are FP8; the record says what ran)")
     if variant.parallel == "fsdp2" and (variant.fused_projections or variant.experts != "loop" or variant.expert_lora):
         problems.append("parallel='fsdp2' with fused_projections, experts or expert_lora (they rewrite the model "
                         "after it is built; the sharded build is not rewritten)")

@@ -41,6 +41,9 @@ def check_supported(variant: Variant, device: torch.device, manifest: dict | Non
         raise Unsupported("NF4 needs bitsandbytes, which is not installed")
     if variant.sdpa_backend in ("cudnn", "efficient") and not cuda:
         raise Unsupported(f"the {variant.sdpa_backend} attention backend needs a CUDA GPU; this machine has none")
+    if variant.lm_head and cuda and importlib.util.find_spec("liger_kernel") is None:
+        raise Unsupported(f"lm_head={variant.lm_head!r} runs Liger Kernel's cross-entropy kernel on a GPU; liger-kernel "
+                          "is not installed (pip install '.[gpu]')")
     if variant.liger:
         if not cuda:
             raise Unsupported("Liger Kernel is Triton code for CUDA GPUs; this machine has none")

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from .. import attention, fp8, fused, packing, parallel
+from .. import attention, fp8, fused, head, packing, parallel
 from ..profiling import SyncWatch
 from ..build import adapt_experts, build_model, group_experts, restore_renamed, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
@@ -100,7 +100,7 @@ def load_model(ctx, device):
             raise Unsupported("experts: grouped needs a model with split experts (gpt-oss built by ftbench.build)")
         info["experts"] = "grouped: one grouped GEMM per projection per layer (torch._grouped_mm)"
     if v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs, before LoRA wraps them
-        info["fp8"] = fp8.convert_decoder(model, v.fp8_recipe)
+        info["fp8"] = fp8.convert_decoder(model, v.fp8_recipe, v.fp8_transpose_once)
     model = apply_lora(model, v, lora)
     if v.peft == "lora":  # LoRA's A from per-name seeded draws: the same start on one GPU and sharded over several
         info["adapters_seeded"] = parallel.seed_adapters(model, ctx.settings.seed)
@@ -192,6 +192,13 @@ def fused_head_loss(model, inputs, num_items_in_batch=None, ranks: int = 1):
     outputs = model(**{**inputs, "use_cache": False}, fused_lm_head=True)
     num_tokens = outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
     loss = (-outputs.log_probs).sum() / torch.as_tensor(num_tokens).clamp(min=1)
+    return loss * ranks if num_items_in_batch is not None and ranks > 1 else loss
+
+
+def head_forward_loss(model, inputs, num_items_in_batch=None, ranks: int = 1):
+    """The loss of ftbench.head's two-GEMM LM head (variant knob lm_head), through the model's wrappers (DDP, PEFT)
+    as TRL's fused head goes; `ranks` as in fused_head_loss."""
+    loss = model(**{**inputs, "use_cache": False}, head_loss_on=True, num_items_in_batch=num_items_in_batch).loss
     return loss * ranks if num_items_in_batch is not None and ranks > 1 else loss
 
 
@@ -300,6 +307,9 @@ def train(ctx, record, device, meter):
         pending: list = []
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if v.lm_head and not return_outputs and model.training:  # (evaluation: the paths below)
+                ranks = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
+                return head_forward_loss(model, inputs, num_items_in_batch, ranks)
             if (fused_head_available() and not v.trainer_metrics and not return_outputs
                     and not getattr(self, "aux_loss_enabled", False)):  # (an MoE's router loss: TRL's path)
                 ranks = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
@@ -399,6 +409,8 @@ def train(ctx, record, device, meter):
 
     trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                                  processing_class=tokenizer, callbacks=[HarnessCallback()])
+    if v.lm_head:  # the LM head's loss in two GEMMs a chunk (ftbench.head), wrapped around TRL's patched forward
+        record["extra"]["lm_head"] = head.add_head_loss(model.get_base_model(), v.lm_head)
     if v.sync_free and v.attention == "varlen":  # the boundaries from host tensors, in the loader
         trainer.data_collator = attention.HostBoundsCollator(trainer.data_collator, s.max_seq_length, pad_id, slots)
     if v.parallel == "fsdp2" and not trainer.is_fsdp_enabled:  # never train DDP under an FSDP2 name
@@ -423,7 +435,8 @@ def train(ctx, record, device, meter):
                                                             or getattr(model, "is_gradient_checkpointing", False))
     if v.parallel:  # what the trainer wrapped the model in: DistributedDataParallel, or FSDP2's FSDP<class>
         record["extra"]["parallel_wrapper"] = type(trainer.model_wrapped).__name__
-    record["extra"]["loss_path"] = ("model_cross_entropy" if not fused_head_available() else "trl_fused_lm_head" if
+    record["extra"]["loss_path"] = (f"ftbench.head ({v.lm_head}: two GEMMs a chunk of tokens)" if v.lm_head else
+                                    "model_cross_entropy" if not fused_head_available() else "trl_fused_lm_head" if
                                     v.trainer_metrics else "trl_fused_lm_head, without TRL's per-step metrics")
     n_train = len(train_ds)
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size
