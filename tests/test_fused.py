@@ -142,3 +142,65 @@ def test_fused_projections_take_fp8_only_cast_once():
         torchao = Variant("t", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe=recipe,
                           fused_projections=True)
         assert any("fused_projections" in p for p in knob_problems("causal_lm", torchao))
+
+
+def test_the_lora_a_matrices_fuse_alone_and_the_frozen_projections_stay_as_they_are(tiny_qwen):
+    """fused_adapters: q/k/v's and gate/up's LoRA A matrices as one GEMM a group; each frozen projection keeps its
+    own weight (no concatenated copy) and GEMM; outputs and every gradient as the plain model's."""
+    plain = _model(tiny_qwen)
+    fused = copy.deepcopy(plain)
+    counts = fuse_projections(fused, frozen=False)
+    layers = plain.config.num_hidden_layers
+    assert counts["attention"] == layers and counts["mlp"] == layers and counts["fused"] == "LoRA A alone"
+    attn = fused.base_model.model.model.layers[0].self_attn
+    assert not hasattr(attn.qkv, "weight") and attn.qkv.sizes == [p.base_layer.out_features for p in
+                                                                   (attn.q_proj, attn.k_proj, attn.v_proj)]
+    ids = torch.randint(5, plain.config.vocab_size, (2, 11))
+    calls = []
+    linear = torch.nn.functional.linear
+
+    def counted(x, w, b=None):
+        calls.append(tuple(w.shape))
+        return linear(x, w, b)
+
+    out_p = plain(input_ids=ids, labels=ids)
+    torch.nn.functional.linear = counted
+    try:
+        out_f = fused(input_ids=ids, labels=ids)
+    finally:
+        torch.nn.functional.linear = linear
+    r = plain.peft_config["default"].r
+    assert calls.count((3 * r, plain.config.hidden_size)) == layers  # one A GEMM for q/k/v a layer
+    assert calls.count((2 * r, plain.config.hidden_size)) == layers  # one for gate/up
+    torch.testing.assert_close(out_f.logits, out_p.logits, rtol=1e-5, atol=1e-5)
+    out_p.loss.backward()
+    out_f.loss.backward()
+    grads_p = {n: p.grad for n, p in plain.named_parameters() if p.requires_grad}
+    grads_f = {n: p.grad for n, p in fused.named_parameters() if p.requires_grad}
+    assert grads_p.keys() == grads_f.keys()
+    for n, g in grads_p.items():
+        torch.testing.assert_close(grads_f[n], g, rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")
+
+
+def test_fused_adapters_keep_the_static_fp8_projections_and_their_transposes(tiny_qwen):
+    """On the static FP8 rung with kept transposes: each frozen projection is still its own StaticFP8Linear (its own
+    scale, its kept transpose), so the frozen arithmetic is the unfused rung's; the knob is refused beside
+    fused_projections."""
+    from transformers import AutoModelForCausalLM
+
+    from conftest import LORA
+    from ftbench.config import Variant
+    from ftbench.fp8 import DECODER_PATTERN, StaticFP8Linear, convert_static
+    from ftbench.knobs import knob_problems
+    from ftbench.variants import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
+    convert_static(model, DECODER_PATTERN, transpose_once=True)
+    model = apply_lora(model, Variant("l", peft="lora"), LORA)
+    fuse_projections(model, frozen=False)
+    attn = model.base_model.model.model.layers[0].self_attn
+    assert isinstance(attn.q_proj.base_layer, StaticFP8Linear) and attn.q_proj.base_layer.w_t_fp8 is not None
+    ids = torch.randint(5, model.config.vocab_size, (1, 16))
+    assert torch.isfinite(model(input_ids=ids).logits).all()
+    assert knob_problems("causal_lm", Variant("f", fused_adapters=True)) == []
+    assert knob_problems("causal_lm", Variant("g", fused_adapters=True, fused_projections=True))

@@ -16,6 +16,11 @@ view of it), so the layer's input is cast to FP8 once for q/k/v and once for gat
 and the backward casts the group's output gradient once and runs one GEMM for the input's gradient rather than one
 per projection plus their sum. The scales differ from the unfused static rung's (one for the group, not one per
 projection): numerics of its own, so a loss check of its own before it stands on the frontier.
+
+Knob `fused_adapters` fuses the LoRA A matrices alone: each frozen projection keeps its own GEMM (and FP8 weight,
+scale and kept transpose), so the frozen arithmetic is the unfused rung's, and the group's input is read once by one
+LoRA A GEMM rather than once a projection (the backward: one GEMM for the A matrices' gradients and one for the
+input's LoRA gradient a group).
 """
 
 from __future__ import annotations
@@ -38,11 +43,15 @@ class FusedProjections(nn.Module):
     """Projections of one input, computed together. `projections`: PEFT LoRA linears (or plain nn.Linear), kept
     where they are in the model (held here in a plain list, not as submodules); returns one output each."""
 
-    def __init__(self, projections: list[nn.Module]):
+    def __init__(self, projections: list[nn.Module], frozen: bool = True):
         super().__init__()
         self._parts = list(projections)
         bases = [_base(p) for p in projections]
         self.sizes = [b.out_features for b in bases]
+        self.frozen_fused = frozen
+        if not frozen:  # the LoRA A matrices alone as one GEMM: each frozen projection stays as it is
+            self.fp8 = False
+            return
         with torch.no_grad():
             weight = torch.cat([b.weight for b in bases])
             bias = torch.cat([b.bias for b in bases]) if all(b.bias is not None for b in bases) else None
@@ -69,8 +78,14 @@ class FusedProjections(nn.Module):
         self.register_buffer("weight", weight, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
 
-    def _frozen(self, x: torch.Tensor) -> torch.Tensor:
-        """The group's frozen projections of `x`, concatenated: one GEMM (in FP8 where the weights are)."""
+    def _frozen(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The group's frozen projections of `x`: one GEMM (in FP8 where the weights are), split, or (the LoRA A
+        matrices alone fused) each projection's own."""
+        if not self.frozen_fused:
+            return tuple(_base(p)(x) for p in self._parts)
+        return self._fused(x).split(self.sizes, dim=-1)
+
+    def _fused(self, x: torch.Tensor) -> torch.Tensor:
         if self.fp8:
             return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias)
         return F.linear(x, self.weight, self.bias)
@@ -90,7 +105,7 @@ class FusedProjections(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        outs = self._frozen(x).split(self.sizes, dim=-1)
+        outs = self._frozen(x)
         adapters = self._adapters()
         if adapters is None:
             if all(getattr(p, "active_adapters", None) is None for p in self._parts):
@@ -135,21 +150,24 @@ ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Atten
 MLP = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 
 
-def fuse_projections(model) -> dict:
-    """Fuse every supported attention's q/k/v and MLP's gate/up in place (after LoRA is applied, before compile).
-    Returns counts for the record."""
-    counts = {"attention": 0, "mlp": 0, "left_unfused": []}
+def fuse_projections(model, frozen: bool = True) -> dict:
+    """Fuse every supported attention's q/k/v and MLP's gate/up in place (after LoRA is applied, before compile):
+    their frozen weights and LoRA A matrices, or with `frozen` false the LoRA A matrices alone (knob
+    fused_adapters: each frozen projection keeps its own GEMM, weight and FP8 scale). Returns counts for the
+    record."""
+    counts = {"attention": 0, "mlp": 0, "left_unfused": [],
+              "fused": "frozen weights and LoRA A" if frozen else "LoRA A alone"}
     for module in list(model.modules()):  # a list: fusing adds submodules
         kind = type(module).__name__
         if kind in ATTENTION:
-            module.qkv = FusedProjections([module.q_proj, module.k_proj, module.v_proj])
+            module.qkv = FusedProjections([module.q_proj, module.k_proj, module.v_proj], frozen)
             # the model file's own rotary embedding and eager attention, looked up once (not in the traced forward)
             source = importlib.import_module(type(module).__module__)
             module._fused_helpers = (source.apply_rotary_pos_emb, source.eager_attention_forward)
             module.forward = types.MethodType(_attention_forward, module)
             counts["attention"] += 1
         elif kind in MLP:
-            module.gate_up = FusedProjections([module.gate_proj, module.up_proj])
+            module.gate_up = FusedProjections([module.gate_proj, module.up_proj], frozen)
             module.forward = types.MethodType(_mlp_forward, module)
             counts["mlp"] += 1
         elif kind.endswith(("Attention", "MLP")) and kind not in counts["left_unfused"]:

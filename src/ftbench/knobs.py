@@ -72,6 +72,9 @@ class Variant:
     activation_offloading: bool = False  # causal LM: saved activations in pinned host memory (TRL's offloading)
     optim: str | None = None  # the optimizer (a transformers optim name), over training.optim
     fused_projections: bool = False  # causal LM: q/k/v and gate/up as one GEMM each, LoRA per projection
+    # causal LM: the LoRA A matrices of q/k/v and of gate/up as one GEMM each, the frozen projections as they are
+    # (ftbench.fused, frozen=False)
+    fused_adapters: bool = False
     # gpt-oss's frozen experts: loop (one expert at a time, ~10 launches each) | grouped (one grouped GEMM per
     # projection per layer over all experts, weights dequantized inside it: ftbench.build.SplitExperts)
     experts: str = "loop"
@@ -162,7 +165,7 @@ HONOURED = {
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
-                  "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "lm_head": {None, "two-gemm", "fp8"},
+                  "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "fused_adapters": ANY, "lm_head": {None, "two-gemm", "fp8"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
                   "experts": {"loop", "grouped"}, "expert_lora": ANY, "unsloth_compile": ANY},
@@ -250,6 +253,10 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
     if variant.flash_impl and variant.attention != "varlen":
         problems.append(f"flash_impl={variant.flash_impl!r} without attention='varlen' (it replaces the flash kernels "
                         "the variable-length attention runs)")
+    if variant.fused_adapters and (variant.fused_projections or variant.peft != "lora" or variant.framework != "hf"
+                                   or variant.parallel == "fsdp2"):
+        problems.append("fused_adapters needs PEFT LoRA, framework hf, no FSDP2, and not fused_projections (which "
+                        "fuses the LoRA A matrices already, with the frozen weights)")
     if variant.fp8_transpose_once and (variant.fp8_recipe != "static" or variant.fused_projections):
         problems.append("fp8_transpose_once without fp8_recipe='static', or with fused_projections (it keeps the "
                         "transpose of each weight cast once; a fused group casts its weights again)")

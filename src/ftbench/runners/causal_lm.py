@@ -106,8 +106,9 @@ def load_model(ctx, device):
         info["adapters_seeded"] = parallel.seed_adapters(model, ctx.settings.seed)
     if v.expert_lora:  # after PEFT, which freezes every parameter it did not add
         info["expert_lora"] = adapt_experts(model, lora)
-    if v.fused_projections:  # q/k/v and gate/up as one GEMM each, LoRA kept per projection (ftbench.fused)
-        info["fused_projections"] = fused.fuse_projections(model)
+    if v.fused_projections or v.fused_adapters:  # q/k/v and gate/up as one GEMM each (or their LoRA A alone),
+        # LoRA kept per projection (ftbench.fused)
+        info["fused_projections"] = fused.fuse_projections(model, frozen=v.fused_projections)
     info["trainer_args"] = parallel.parallelize(model, v.parallel, device,  # data parallel: the trainer's DDP
                                                 bucket_mb=v.ddp_bucket_mb)
     return model, tokenizer, info
