@@ -530,19 +530,22 @@ def test_a_rung_whose_loss_is_not_finite_or_moved_never_stands_on_the_frontier_w
 
     ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
 
-    def run(variant, losses, tps, precision="bf16", flash_impl=None, trace=True):
+    def run(variant, losses, tps, precision="bf16", flash_impl=None, trace=True, lm_head=None):
         rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01, scale="full")
         rec["throughput"]["tokens_per_s"] = tps
-        rec["variant"].update(precision=precision, flash_impl=flash_impl)
+        rec["variant"].update(precision=precision, flash_impl=flash_impl, lm_head=lm_head)
         rec["loss"].update(eval=8.0, trace=",".join(map(str, losses)) if trace else None,
                            trace_tokens=",".join(["8191"] * len(losses)) if trace else None)
         return rec
 
     recs = [run("lora-tb", ref, 12000), run("lora-tb-cg", [x + 0.5 for x in ref], 13000),
             run("lora-tb-fp8-fa4", ref[:1] + [math.nan] * 39, 20000, precision="fp8", flash_impl="fa4"),
-            run("lora-tb-fa4", ref, 14000, flash_impl="fa4", trace=False)]
+            run("lora-tb-fa4", ref, 14000, flash_impl="fa4", trace=False),
+            run("lora-tb-lce", ref, 12500, lm_head="two-gemm", trace=False),
+            run("lora-tb-lce-checked", [x + 0.01 for x in ref], 12600, lm_head="two-gemm")]
     lead, _, (_, table, _) = frontier(pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None), {},
-                                      rungs=["lora-tb", "lora-tb-cg", "lora-tb-fp8-fa4", "lora-tb-fa4"],
+                                      rungs=["lora-tb", "lora-tb-cg", "lora-tb-fp8-fa4", "lora-tb-fa4", "lora-tb-lce",
+                                             "lora-tb-lce-checked"],
                                       same_rows="lora-tb")
     rows = {r["variant"]: r for r in table.iter_rows(named=True)}
     assert rows["lora-tb-fp8-fa4"]["loss vs rung 0's step, same rows"] == "not finite from step 2 (39 of 40 steps): differs"
@@ -550,7 +553,12 @@ def test_a_rung_whose_loss_is_not_finite_or_moved_never_stands_on_the_frontier_w
     assert rows["lora-tb-cg"]["on the frontier"] == "no: its loss on the same rows differs (+0.500)"
     assert rows["lora-tb-fa4"]["on the frontier"] == ("no: flash attention through fa4 changes the arithmetic and has "
                                                       "no loss check on the same rows")
-    assert "<b>lora-tb</b>" in lead and rows["lora-tb-fp8-fa4"]["x top rung, same machine"] == "1.67x (lora-tb, 12,000)"
+    assert rows["lora-tb-lce"]["on the frontier"] == ("no: the LM head's loss through ftbench.head (two-gemm) changes "
+                                                      "the arithmetic and has no loss check on the same rows")
+    assert rows["lora-tb-lce-checked"]["on the frontier"] == ("yes: the LM head's loss through ftbench.head (two-gemm), "
+                                                              "loss within noise on the same rows")
+    assert "<b>lora-tb-lce-checked</b>" in lead  # the fastest rung that stands (the NaN rung's 20,000 does not)
+    assert rows["lora-tb-fp8-fa4"]["x top rung, same machine"] == "1.59x (lora-tb-lce-checked, 12,600)"
 
 
 def test_a_peer_beside_the_frontier_is_read_against_the_top_rung_of_its_own_machine():

@@ -434,13 +434,16 @@ def frontier_place(r: dict, base: dict | None, cmp: dict | None) -> str:
     """Whether a rung may stand on the frontier (and lead it): never one whose training loss on the same rows left
     the noise of rung 0's step or is not finite; one that computes what rung 0 computes (the same precision, the same
     attention kernels) without that check; one that changes the arithmetic (FP8, NF4, another flash attention
-    implementation) only with its loss within the noise on the same rows; refused otherwise, saying why."""
+    implementation, the LM head's loss in two GEMMs) only with its loss within the noise on the same rows; refused
+    otherwise, saying why."""
     mine, theirs = r.get("variant.precision") or "bf16", (base or {}).get("variant.precision") or "bf16"
     what = None  # what changes the arithmetic
     if mine != theirs:
         what = mine
     elif r.get("variant.flash_impl"):
         what = f"flash attention through {r['variant.flash_impl']}"
+    elif r.get("variant.lm_head"):
+        what = f"the LM head's loss through ftbench.head ({r['variant.lm_head']})"
     if cmp is not None and cmp.get("non_finite"):
         return (f"no: its loss on the same rows is not finite from step {cmp['first_non_finite']} "
                 f"({cmp['non_finite']} of {cmp['steps']} steps)")
