@@ -5,6 +5,7 @@ rule aggregate:
         profiles=study_profiles,
     output:
         parquet="results/studies/{study}/runs.parquet",
+        replaced="results/studies/{study}/replaced.parquet",
         csv="results/studies/{study}/runs.csv",
         html=report(
             "results/studies/{study}/runs.html",
@@ -99,6 +100,7 @@ rule token_table:
 rule compare:
     input:
         runs="results/studies/{study}/runs.parquet",
+        replaced="results/studies/{study}/replaced.parquet",
         published=published_file,
     output:
         report(

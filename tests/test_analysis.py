@@ -597,6 +597,42 @@ def test_a_peer_beside_the_frontier_is_read_against_the_top_rung_of_its_own_mach
     assert "same machine" in note
 
 
+def test_a_peer_is_read_against_its_own_leases_top_rung_after_a_later_lease_measured_that_rung_again(tmp_path):
+    """Merged leases: the report shows each run's latest measurement, and aggregate hands the runs it replaced to the
+    frontier, so a peer measured beside the top rung in one lease reads against that lease's top (20,386 in
+    h100-2026-11-27-i) even where the next lease measured the top rung again (h100-2026-11-27-j), not against the
+    fastest rung its lease still shows."""
+    from ftbench.compare import frontier
+
+    ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
+
+    def run(folder, variant, tps, machine, at):
+        rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01, scale="full")
+        rec["throughput"]["tokens_per_s"] = tps
+        rec["timing"]["noise_cv_tokens"] = 0.01
+        rec["provenance"].update(machine=machine, timestamp=at)
+        rec["loss"].update(eval=8.0, trace=",".join(map(str, ref)), trace_tokens=",".join(["8191"] * 40))
+        write(folder, rec)
+
+    i, j = tmp_path / "h100-i", tmp_path / "h100-j"
+    run(i, "lora-tb", 12000, "vm/i", "2026-11-27T09:33:00+00:00")
+    run(i, "lora-tb-top", 20386, "vm/i", "2026-11-27T09:36:00+00:00")
+    run(i, "lora-tb-liger", 9935, "vm/i", "2026-11-27T09:46:00+00:00")
+    run(j, "lora-tb-top", 20464, "vm/j", "2026-11-27T09:58:00+00:00")
+    run(j, "unsloth-qlora-tb", 10576, "vm/j", "2026-11-27T10:03:00+00:00")
+    df, replaced = aggregate([], [i, j], study="llm", with_replaced=True)
+    assert df.filter(pl.col("variant") == "lora-tb-top")["throughput.tokens_per_s"].to_list() == [20464]
+    assert replaced["variant"].to_list() == ["lora-tb-top"] and replaced["throughput.tokens_per_s"].item() == 20386
+    assert aggregate([], [i, j], study="llm").height == df.height == 4  # (the table itself as before)
+    kwargs = dict(rungs=["lora-tb", "lora-tb-top"], beside=["lora-tb-liger", "unsloth-qlora-tb"], same_rows="lora-tb")
+    col = {r["variant"]: r["x top rung, same machine"]
+           for r in frontier(df, {}, replaced=replaced, **kwargs)[2][1].iter_rows(named=True)}
+    assert col["lora-tb-liger"] == "0.49x (lora-tb-top, 20,386)" and col["lora-tb"] == "0.59x (lora-tb-top, 20,386)"
+    assert col["unsloth-qlora-tb"] == "0.52x (lora-tb-top, 20,464)" and col["lora-tb-top"] == "top"
+    without = {r["variant"]: r["x top rung, same machine"] for r in frontier(df, {}, **kwargs)[2][1].iter_rows(named=True)}
+    assert without["lora-tb-liger"] == "0.83x (lora-tb, 12,000)"  # what the report read before the replaced runs
+
+
 def test_published_peers_stand_beside_the_frontier_with_their_conditions_and_the_fastest_rung_allowed():
     """frontier_peers (config/published/study_b.yaml): each published peer with its conditions and source, its MFU
     on its own FLOPs count, and the fastest full-scale rung here on its GPU that stands on the frontier: an FP8 rung

@@ -235,11 +235,13 @@ def oldest_first(df: pl.DataFrame) -> pl.DataFrame:
     return df.sort("timestamp", nulls_last=False, maintain_order=True)
 
 
-def aggregate(paths, extra_tables=(), study: str | None = None, profiles=()) -> pl.DataFrame:
+def aggregate(paths, extra_tables=(), study: str | None = None, profiles=(), with_replaced: bool = False):
     """All runs, plus runs from other machines (tables, records or folders of records; their rows of `study`
     only); a run's GPU is part of its key, so the same run measured on two GPUs stays two rows, and a run
     measured here replaces the same run of a merged table. Profiles (`profile_rows`: the given summaries and every
-    merged folder's profiles/) join their runs by key."""
+    merged folder's profiles/) join their runs by key. `with_replaced`: also the runs a later copy of the same run
+    replaced (another lease's measurement of it), as a second table: what each lease measured beside its peers
+    (compare.frontier reads a peer against the top rung of its own lease from them)."""
     rows = [flatten(read_record(p)) for p in paths]
     merged = []
     for t in extra_tables:
@@ -252,12 +254,16 @@ def aggregate(paths, extra_tables=(), study: str | None = None, profiles=()) -> 
     df = pl.concat([*merged, typed(pl.DataFrame(rows, infer_schema_length=None))], how="diagonal_relaxed")
     # tables merged from older versions lack the columns added since: every column a record gives is there
     df = typed(df.with_columns(pl.lit(None).alias(c) for c in RECORD_COLUMNS if c not in df.columns))
-    df = df.unique(subset=KEY, keep="last", maintain_order=True)
+    indexed = df.with_row_index("_row")
+    kept = indexed.unique(subset=KEY, keep="last", maintain_order=True)
+    replaced = indexed.join(kept.select("_row"), on="_row", how="anti").drop("_row")
+    df = kept.drop("_row")
     merged = [s for t in extra_tables if Path(t).is_dir() for s in merged_profile_summaries(t)]
     prof = profile_rows([*merged, *profiles])
     df = df.drop([c for c in PROFILE_COLUMNS if c in df.columns]).join(
         prof.with_columns(pl.col("batch_size").cast(df.schema["batch_size"])), on=KEY, how="left")
-    return df.sort([natural_key(pl.col(k)) if df.schema[k] == pl.String else pl.col(k) for k in KEY])
+    df = df.sort([natural_key(pl.col(k)) if df.schema[k] == pl.String else pl.col(k) for k in KEY])
+    return (df, replaced) if with_replaced else df
 
 
 RECORD_COLUMNS = tuple(flatten(new_record_from_template({}, {})))

@@ -523,20 +523,25 @@ def mfu_against(r: dict, precision: str) -> float | None:
 
 
 def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True, eval_loss=False, title="Ladder",
-           same_rows: str | None = None, **_) -> list:
+           same_rows: str | None = None, replaced: pl.DataFrame | None = None, **_) -> list:
     """The technique ladder: each rung a variant that adds one technique to the rung before, measured at the
     same model, dataset, GPU and batch size; real (unpadded) tokens/s, MFU, peak memory, the loss over the first
     steps (the same samples for every rung: a faster rung that trains a different model shows here), x previous
     and x baseline with their noise verdicts. Variants `beside` the ladder (Unsloth) are rows of their own. Ends
     with the fastest configuration per GPU among everything in the table, at any batch size, and its memory.
     `by_batch` false: rungs at different batch sizes side by side (each rung at its own batch: `frontier`);
-    `eval_loss`: the loss compared is the evaluation set's (rungs that reorder the training samples)."""
+    `eval_loss`: the loss compared is the evaluation set's (rungs that reorder the training samples); `replaced`:
+    runs a later lease's measurement replaced in `df`, still each machine's own (its top rung, with `same_rows`)."""
     names = list(rungs) + [b for b in beside if b not in rungs]
     refs = {} if not same_rows else {  # the same_rows variant's runs, by everything but the variant
         rows_key(r): r
         for r in df.filter((pl.col("variant") == same_rows) & (pl.col("status") == "ok")).iter_rows(named=True)}
     df = df.filter(pl.col("variant").is_in(names)).with_columns(memory_gib=peak_memory())
     keys = ["model", "scale", "dataset", "gpu"] + (["batch_size"] if by_batch else [])
+    earlier = {}  # the replaced runs of the ladder's variants, by the group they belong to
+    if same_rows and replaced is not None and replaced.height:
+        for r in replaced.filter(pl.col("variant").is_in(names)).iter_rows(named=True):
+            earlier.setdefault(tuple(r[k] for k in keys), []).append(r)
     rows, runs, tops = [], [], {}
     for group in df.partition_by(keys, maintain_order=True):
         by = {r["variant"]: r for r in group.iter_rows(named=True)}
@@ -549,7 +554,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                 by[r["variant"]] = r
             base = by.get(rungs[0]) if rungs else None
         if same_rows:  # every machine's fastest run that may stand on the frontier, from all the group's runs
-            tops.update(frontier_tops(group.iter_rows(named=True), base, refs))
+            mine = earlier.get(tuple(group.row(0, named=True)[k] for k in keys), [])  # (and those replaced)
+            tops.update(frontier_tops([*group.iter_rows(named=True), *mine], base, refs))
         for i, name in enumerate(names):
             r = by.get(name)
             if r is None:
@@ -615,8 +621,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                  "successive differences over sqrt 2). Runs of the same arithmetic drift apart by a few hundredths "
                  "over ~100 steps (non-deterministic GPU kernels). 'x top rung, same machine': each row against the "
                  "fastest rung on the frontier measured on the same machine (its lease), named; peers (Unsloth, "
-                 "Liger) are read there. A merged report keeps each run's latest measurement, so a lease's own top "
-                 "rung may have been replaced by a later lease's, and the machine's top shown is a lower rung.")
+                 "Liger) are read there. A merged report shows each run's latest measurement; a lease's top rung "
+                 "that a later lease measured again still counts as its own machine's top (named, not shown).")
     kind = title.lower()
     if not rows:
         return [note, (title, pl.DataFrame({"result": ["no rung ran"]}), kind)]
@@ -645,12 +651,13 @@ def scale_order() -> pl.Expr:
             .when(pl.col("gpu") != "cpu").then(1).otherwise(2))
 
 
-def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=None, **_) -> list:
+def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=None, replaced=None, **_) -> list:
     """The speed frontier past the ladder's top (one GPU, LoRA): each rung adds one technique (rows of a token
     budget, CUDA graphs, no per-step metric syncs, fused projections and optimizer, activation offloading, FP8),
     each at its own batch; loss on the evaluation set. Then the published figures of other systems on one GPU
     (`frontier_peers` in the study's published file), each beside the fastest rung measured here on its GPU."""
-    out = ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows)
+    out = ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows,
+                 replaced=replaced)
     peers = published.get("frontier_peers") or []
     if peers:
         out += peer_rows(out[-1][1], peers)
@@ -805,9 +812,12 @@ COMPARISONS = {"study_b_table": study_b_table, "scaling": scaling, "ladder": lad
                "diffusion_vs_published": diffusion_vs_published, "gpu_kinds": gpu_kinds}
 
 
-def comparison_page(df: pl.DataFrame, title: str, comparisons: dict, published: dict, variants: dict) -> str:
+def comparison_page(df: pl.DataFrame, title: str, comparisons: dict, published: dict, variants: dict,
+                    replaced: pl.DataFrame | None = None) -> str:
+    """Each configured comparison of the runs `df`; `replaced`: the runs a later measurement of the same run
+    replaced in `df` (analysis.aggregate), which the frontier reads each lease's own top rung from."""
     blocks = []
     for name, kwargs in comparisons.items():
         blocks.append(f"<b>{name.replace('_', ' ')}</b>")
-        blocks += COMPARISONS[name](df, published, variants=variants, **(kwargs or {}))
+        blocks += COMPARISONS[name](df, published, variants=variants, replaced=replaced, **(kwargs or {}))
     return html_page(title, blocks)

@@ -9,6 +9,7 @@ from ftbench.config import load_yaml  # noqa: E402
 
 published = load_yaml(snakemake.input.published[0]) if snakemake.input.published else {}
 html = comparison_page(pl.read_parquet(snakemake.input.runs), f"{snakemake.params.title}: comparisons",
-                       snakemake.params.comparisons, published, snakemake.params.variants)
+                       snakemake.params.comparisons, published, snakemake.params.variants,
+                       replaced=pl.read_parquet(snakemake.input.replaced))
 with open(snakemake.output[0], "w") as f:
     f.write(html)
