@@ -411,7 +411,12 @@ def train(ctx, record, device, meter):
     trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                                  processing_class=tokenizer, callbacks=[HarnessCallback()])
     if v.lm_head:  # the LM head's loss in two GEMMs a chunk (ftbench.head), wrapped around TRL's patched forward
-        record["extra"]["lm_head"] = head.add_head_loss(model.get_base_model(), v.lm_head)
+        from ..harness import Unsupported
+
+        try:
+            record["extra"]["lm_head"] = head.add_head_loss(model.get_base_model(), v.lm_head)
+        except ValueError as e:  # a head this scheme does not take (soft-capped or scaled logits, a trained head)
+            raise Unsupported(str(e)) from e
     if v.sync_free and v.attention == "varlen":  # the boundaries from host tensors, in the loader
         trainer.data_collator = attention.HostBoundsCollator(trainer.data_collator, s.max_seq_length, pad_id, slots)
     if v.parallel == "fsdp2" and not trainer.is_fsdp_enabled:  # never train DDP under an FSDP2 name
