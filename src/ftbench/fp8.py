@@ -120,6 +120,22 @@ def tensorwise_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, t
     return (x.to(torch.float32) * scale).clamp(-top, top).to(dtype), scale.reciprocal()
 
 
+def fp8_gemm(x: torch.Tensor, dtype: torch.dtype, w_fp8_t: torch.Tensor, w_inv: torch.Tensor) -> torch.Tensor:
+    """x @ w_fp8_t in `x`'s dtype, `x` cast to `dtype` tensorwise (`tensorwise_fp8`) and `w_fp8_t` an FP8 weight
+    laid out column-major (the transpose view of a row-major [out, in] weight; cuBLAS's FP8 GEMM takes its second
+    operand so)."""
+    x_fp8, x_inv = tensorwise_fp8(x, dtype)
+    return torch._scaled_mm(x_fp8, w_fp8_t, scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype)
+
+
+def frozen_fp8(weight: torch.Tensor, transpose: bool = False):
+    """A frozen weight cast to FP8 once (tensorwise e4m3): (its FP8 copy, the inverse scale, and with `transpose`
+    the FP8 copy transposed and contiguous, the backward's operand, else None)."""
+    with torch.no_grad():
+        w_fp8, w_inv = tensorwise_fp8(weight.detach(), E4M3)
+    return w_fp8, w_inv, w_fp8.t().contiguous() if transpose else None
+
+
 class _StaticFP8Matmul(torch.autograd.Function):
     """y = x W^T with W already in FP8: x cast per step (e4m3), the output's gradient in e5m2, the input's gradient
     from W^T (cuBLAS's FP8 GEMM takes its second operand column-major: the FP8 weight transposed in every backward,
@@ -127,17 +143,15 @@ class _StaticFP8Matmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_fp8, w_inv, w_t=None):
-        x_fp8, x_inv = tensorwise_fp8(x, E4M3)
-        ctx.save_for_backward(w_fp8 if w_t is None else w_t, w_inv)
-        ctx.transposed = w_t is not None
-        return torch._scaled_mm(x_fp8, w_fp8.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype)
+        ctx.save_for_backward(w_fp8, w_inv, w_t)
+        return fp8_gemm(x, E4M3, w_fp8.t(), w_inv)
 
     @staticmethod
     def backward(ctx, grad):
-        w, w_inv = ctx.saved_tensors
-        g_fp8, g_inv = tensorwise_fp8(grad, E5M2)
-        w_t = w if ctx.transposed else w.t().contiguous()  # [in, out] row-major: W column-major for the GEMM
-        return torch._scaled_mm(g_fp8, w_t.t(), scale_a=g_inv, scale_b=w_inv, out_dtype=grad.dtype), None, None, None
+        w_fp8, w_inv, w_t = ctx.saved_tensors
+        if w_t is None:
+            w_t = w_fp8.t().contiguous()  # [in, out] row-major: W column-major for the GEMM
+        return fp8_gemm(grad, E5M2, w_t.t(), w_inv), None, None, None
 
 
 class StaticFP8Linear(nn.Linear):
@@ -157,11 +171,10 @@ class StaticFP8Linear(nn.Linear):
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias
         new.weight.requires_grad_(False)
-        with torch.no_grad():
-            w_fp8, w_inv = tensorwise_fp8(linear.weight.detach(), E4M3)
+        w_fp8, w_inv, w_t = frozen_fp8(linear.weight, transpose_once)
         new.register_buffer("w_fp8", w_fp8, persistent=False)
         new.register_buffer("w_inv", w_inv, persistent=False)
-        new.register_buffer("w_t_fp8", w_fp8.t().contiguous() if transpose_once else None, persistent=False)
+        new.register_buffer("w_t_fp8", w_t, persistent=False)
         return new
 
     def forward(self, x):

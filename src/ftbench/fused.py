@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .fp8 import E4M3, StaticFP8Linear, static_fp8_linear, tensorwise_fp8
+from .fp8 import StaticFP8Linear, frozen_fp8, static_fp8_linear
 
 
 def _base(p):
@@ -62,8 +62,7 @@ class FusedProjections(nn.Module):
             raise ValueError("fused projections: some frozen weights in FP8 and some not")
         self.fp8 = kinds == {True}
         if self.fp8:  # one FP8 weight and scale for the group
-            with torch.no_grad():
-                w_fp8, w_inv = tensorwise_fp8(weight, E4M3)
+            w_fp8, w_inv, _ = frozen_fp8(weight)
             self.register_buffer("w_fp8", w_fp8, persistent=False)
             self.register_buffer("w_inv", w_inv, persistent=False)
         # each base weight (and FP8 weight) a view of the group's: no second copy

@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from .fp8 import E4M3, E5M2, tensorwise_fp8
+from .fp8 import E4M3, E5M2, fp8_gemm, frozen_fp8
 
 HEAD_KINDS = ("two-gemm", "fp8")
 IGNORE = -100
@@ -78,18 +78,15 @@ class HeadWeights:
         if kind not in HEAD_KINDS:
             raise ValueError(f"lm_head {kind!r}: one of {HEAD_KINDS}")
         self.kind, self.weight = kind, weight
-        if kind == "fp8":
-            with torch.no_grad():
-                self.w8, self.w_inv = tensorwise_fp8(weight.detach(), E4M3)
-                self.w8_t = self.w8.t().contiguous()  # [hidden, vocab]: the weight column-major for GEMM 2
-                self.grad_inv = torch.tensor(1 / GRAD_SCALE, device=weight.device)  # (made once: no copy a step)
+        if kind == "fp8":  # w8_t [hidden, vocab]: the weight column-major for GEMM 2
+            self.w8, self.w_inv, self.w8_t = frozen_fp8(weight, transpose=True)
+            self.grad_inv = torch.tensor(1 / GRAD_SCALE, device=weight.device)  # (made once: no copy a step)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """GEMM 1: h W^T, the chunk's logits in h's dtype (the caching allocator hands each chunk the last one's
         memory)."""
         if self.kind == "fp8":
-            h8, h_inv = tensorwise_fp8(h, E4M3)
-            return torch._scaled_mm(h8, self.w8.t(), scale_a=h_inv, scale_b=self.w_inv, out_dtype=h.dtype)
+            return fp8_gemm(h, E4M3, self.w8.t(), self.w_inv)
         return h @ self.weight.t()
 
     def input_grad(self, g: torch.Tensor) -> torch.Tensor:

@@ -192,14 +192,20 @@ def fused_head_loss(model, inputs, num_items_in_batch=None, ranks: int = 1):
     gradient, and the logged loss, were 1/ranks of the one-GPU run's (before 2026-11-26's thirteenth session)."""
     outputs = model(**{**inputs, "use_cache": False}, fused_lm_head=True)
     num_tokens = outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
-    loss = (-outputs.log_probs).sum() / torch.as_tensor(num_tokens).clamp(min=1)
-    return loss * ranks if num_items_in_batch is not None and ranks > 1 else loss
+    return across_ranks((-outputs.log_probs).sum() / torch.as_tensor(num_tokens).clamp(min=1), num_items_in_batch,
+                        ranks)
 
 
 def head_forward_loss(model, inputs, num_items_in_batch=None, ranks: int = 1):
     """The loss of ftbench.head's two-GEMM LM head (variant knob lm_head), through the model's wrappers (DDP, PEFT)
     as TRL's fused head goes; `ranks` as in fused_head_loss."""
     loss = model(**{**inputs, "use_cache": False}, head_loss_on=True, num_items_in_batch=num_items_in_batch).loss
+    return across_ranks(loss, num_items_in_batch, ranks)
+
+
+def across_ranks(loss, num_items_in_batch, ranks: int):
+    """A loss over every rank's token count (`num_items_in_batch`) times the number of ranks, which DDP and FSDP
+    average the gradients over (fused_head_loss says why)."""
     return loss * ranks if num_items_in_batch is not None and ranks > 1 else loss
 
 
@@ -308,12 +314,11 @@ def train(ctx, record, device, meter):
         pending: list = []
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            ranks = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
             if v.lm_head and not return_outputs and model.training:  # (evaluation: the paths below)
-                ranks = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
                 return head_forward_loss(model, inputs, num_items_in_batch, ranks)
             if (fused_head_available() and not v.trainer_metrics and not return_outputs
                     and not getattr(self, "aux_loss_enabled", False)):  # (an MoE's router loss: TRL's path)
-                ranks = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
                 return fused_head_loss(model, inputs, num_items_in_batch, ranks)
             if fused_head_available():
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
