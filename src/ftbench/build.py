@@ -402,32 +402,47 @@ def prepare_4bit(model, quantization_config, device):
     return quantizer
 
 
-def draw_parameters(model, seed: int, device, dtype=torch.bfloat16) -> dict:
-    """Give every meta parameter its value on `device`, module by module; a bitsandbytes 4-bit layer's weight is
-    quantized as soon as it is drawn. Returns counts for the record."""
+def draw_parameters(model, seed: int, device, dtype=torch.bfloat16, read=None, keep_weights: bool = True) -> dict:
+    """Give every meta parameter its value on `device`, module by module: drawn from its seeded generator or, with
+    `read` (a parameter's name -> its tensor: a checkpoint's), read. Each weight is made what its layer asks for as
+    soon as it lands, one at a time: a bitsandbytes 4-bit layer's quantized; a layer converted to FP8 on the meta
+    device (anything with `land`, ftbench.fp8.StaticFP8Linear) casts it, and keeps the bf16 value only with
+    `keep_weights`. A parameter two modules share (tied embeddings) lands once. Returns counts for the record."""
     std = getattr(model.config, "initializer_range", 0.02)
     device = torch.device(device)
-    quantized = drawn = 0
+    landed = {}  # id(meta parameter) -> (that parameter, kept alive so its id stays its own; what it became)
+    counts = {"parameters_drawn": 0, "parameters_read": 0, "quantized_4bit": 0, "fp8_cast": 0}
     for mname, module in model.named_modules():
         for pname, p in list(module._parameters.items()):
+            if p is not None and id(p) in landed:
+                module._parameters[pname] = landed[id(p)][1]
+                continue
             if p is None or not p.is_meta:
                 continue
             name = f"{mname}.{pname}" if mname else pname
-            value = _value(name, module, p.shape, std, seed, device)
+            if read is not None:
+                value = read(name).to(device=device, dtype=torch.bfloat16)
+                counts["parameters_read"] += 1
+            else:
+                value = _value(name, module, p.shape, std, seed, device)
+                counts["parameters_drawn"] += 1
             if type(p).__name__ == "Params4bit":
                 module._parameters[pname] = quantize_4bit(p, value, module, device)
-                quantized += 1
+                counts["quantized_4bit"] += 1
+            elif pname == "weight" and hasattr(module, "land"):
+                module.land(value.to(dtype), keep_weights)
+                counts["fp8_cast"] += 1
             else:
                 module._parameters[pname] = nn.Parameter(value.to(dtype), requires_grad=p.requires_grad)
+            landed[id(p)] = (p, module._parameters[pname])
             del value
-            drawn += 1
     for module in model.modules():
         for bname, buf in list(module._buffers.items()):
-            if buf is not None:
+            if buf is not None and not buf.is_meta:
                 module._buffers[bname] = buf.to(device)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
-    return {"parameters_drawn": drawn, "quantized_4bit": quantized}
+    return counts
 
 
 def check_manifest(manifest: dict, seed: int) -> dict:

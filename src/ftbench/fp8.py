@@ -177,8 +177,32 @@ class StaticFP8Linear(nn.Linear):
         new.register_buffer("w_t_fp8", w_t, persistent=False)
         return new
 
+    def land(self, value: torch.Tensor, keep_weight: bool = True) -> None:
+        """Give a layer converted on the meta device its frozen weight `value` (on its device): cast to FP8 as
+        `from_linear` casts it (and transposed, where this layer keeps the transpose). `keep_weight` false: the bf16
+        value is not kept; `weight` becomes a stand-in (`stand_in`) and the FP8 copy is the only one."""
+        w_fp8, w_inv, w_t = frozen_fp8(value, self.w_t_fp8 is not None)
+        self.w_fp8, self.w_inv, self.w_t_fp8 = w_fp8, w_inv, w_t
+        self.weight = (nn.Parameter(value, requires_grad=False) if keep_weight
+                       else stand_in(value.shape, value.dtype, value.device))
+
     def forward(self, x):
         return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias, self.w_t_fp8)
+
+
+def stand_in(shape, dtype, device) -> nn.Parameter:
+    """A frozen weight kept only in FP8, as a parameter: its shape, dtype and device (what PEFT, parameter counts and
+    data parallel's shape check read) over one element of storage, NaN, so that a reader of its values reads NaN
+    rather than a plausible number. `fp8_only` marks it (the record counts it as FP8; data parallel leaves it out of
+    its start-up broadcast, ftbench.parallel)."""
+    p = nn.Parameter(torch.full((), float("nan"), dtype=dtype, device=device).expand(tuple(shape)),
+                     requires_grad=False)
+    p.fp8_only = True
+    return p
+
+
+def is_stand_in(p) -> bool:
+    return bool(getattr(p, "fp8_only", False))
 
 
 def static_fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_inv: torch.Tensor, bias=None,

@@ -77,6 +77,11 @@ def parallelize(model, strategy: str | None, device, reshard_after_forward: bool
     if strategy is None:
         return {}
     if strategy == "ddp":
+        ignored = stand_ins(model)  # no values to broadcast: each rank cast the same weights to FP8 itself
+        if ignored:
+            from torch.nn.parallel import DistributedDataParallel
+
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
         return {"ddp_find_unused_parameters": False, "ddp_broadcast_buffers": False,
                 **({"ddp_bucket_cap_mb": bucket_mb} if bucket_mb else {})}
     if strategy != "fsdp2":
@@ -216,6 +221,12 @@ class CheckpointSlices:
             raise KeyError(f"the checkpoint has no tensor {name!r}")
         part = self.where[name].get_slice(name)
         return part[start:end] if part.get_shape() else part[:]
+
+    def tensor(self, name: str):
+        """One whole tensor (a one-process build reads each parameter so, one at a time)."""
+        if name not in self.where:
+            raise KeyError(f"the checkpoint has no tensor {name!r}")
+        return self.where[name].get_tensor(name)
 
 
 def adapter_bound(p) -> float:
@@ -369,6 +380,76 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
              **build_memory(device), "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
     model.eval()
     return model, facts, trainer_args, fp8_info
+
+
+def fp8_base_bytes(model) -> int:
+    """What a skeleton converted to FP8 on the meta device takes once built with its frozen projections kept in FP8
+    alone: a byte a weight (two where the transpose is kept), bf16's two for every other parameter."""
+    from .fp8 import StaticFP8Linear
+
+    fp8_weights, total = set(), 0
+    for m in model.modules():
+        if isinstance(m, StaticFP8Linear):
+            total += m.weight.numel() * (2 if m.w_t_fp8 is not None else 1)
+            fp8_weights.add(id(m.weight))
+    return total + sum(2 * p.numel() for p in model.parameters() if id(p) not in fp8_weights)
+
+
+def fp8_base_layerwise(variant) -> bool:
+    """Whether a one-process build makes the variant's frozen projections FP8 as each lands (`build_fp8_base`): the
+    static recipe (each weight cast once), unless fused_projections, which concatenates the bf16 weights after LoRA
+    and casts each group again."""
+    return variant.precision == "fp8" and variant.fp8_recipe == "static" and not variant.fused_projections
+
+
+def build_fp8_base(manifest: dict, seed: int, device, variant) -> tuple:
+    """A causal LM whose frozen decoder projections exist only in FP8, never whole in bf16 (fp8_recipe static): the
+    skeleton on the meta device, its projections made StaticFP8Linear there, then every parameter drawn (in process:
+    the seeded draws of `ftbench.build`) or read from its checkpoint folder, one at a time on `device`; a projection's
+    bf16 value is cast to FP8 as it lands (its transpose too with fp8_transpose_once) and freed, its `weight` left a
+    stand-in (ftbench.fp8.stand_in). The peak is the model in FP8 and one weight in bf16: Qwen3-32B takes ~34 GiB
+    where the whole bf16 model (61 GiB) came first before (out of memory on an 80-GB GPU before its first step). The
+    FP8 tensors are those of casting the bf16 model's weights (tests/test_build.py). Refused (TooLarge) before
+    building where the FP8 model cannot fit. Returns (model, build facts, FP8 conversion summary)."""
+    from transformers import AutoConfig
+
+    from . import fp8
+    from .build import TooLarge, available_bytes, count_parameters, draw_parameters
+
+    t0 = time.perf_counter()
+    in_process = manifest.get("build") == "in_process"
+    if in_process:
+        arch, config = manifest_config(manifest, seed)
+    else:
+        arch, config = {"file": manifest["path"]}, AutoConfig.from_pretrained(manifest["path"])
+    model = skeleton(arch, config)
+    info = fp8.convert_decoder(model, "static", variant.fp8_transpose_once)
+    need, have = fp8_base_bytes(model), available_bytes(device)
+    if have is not None and need > have:
+        raise TooLarge(f"{manifest.get('architecture_file') or manifest['path']} with an FP8 base: refused before "
+                       f"building: its {count_parameters(model):,} parameters take {need / GIB:.1f} GiB, and the "
+                       f"device has {have / GIB:.1f} GiB available")
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    source = None if in_process else CheckpointSlices(manifest["path"])
+    counts = draw_parameters(model, seed, device, read=source.tensor if source else None, keep_weights=False)
+    if in_process:
+        name_special_tokens(model, manifest)
+    info["bf16_weights"] = "not kept: each projection cast to FP8 as it landed, its weight a stand-in"
+    facts = {"method": ("in_process" if in_process else "checkpoint") + ", FP8 base layer by layer (each frozen "
+                       "projection cast to FP8 as it landed; the model never whole in bf16)",
+             "build_s": time.perf_counter() - t0, "generator": GENERATOR if in_process else None, "seed": seed,
+             "device": str(device), **counts, "expected_gib": need / GIB, **build_memory(device),
+             "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
+    model.eval()
+    return model, facts, info
+
+
+def stand_ins(model) -> list[str]:
+    """The names of the parameters that are stand-ins for weights kept only in FP8 (ftbench.fp8.stand_in)."""
+    from .fp8 import is_stand_in
+
+    return [n for n, p in model.named_parameters() if is_stand_in(p)]
 
 
 def gather(model, adapters_only: bool = True) -> dict:

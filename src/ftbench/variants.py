@@ -250,13 +250,14 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp
 
 def precision_ran(model, gemm: str, fp8_layers: int | None = None) -> dict:
     """What the weights are stored in (by parameter count: frozen and trainable apart; bitsandbytes' 4-bit
-    parameters read as nf4) and what the GEMMs run in: `gemm` (the autocast or compute dtype the runner set),
+    parameters read as nf4, the stand-ins of weights kept only in FP8 as fp8) and what the GEMMs run in: `gemm` (the autocast or compute dtype the runner set),
     fp8 where layers were converted."""
     from collections import Counter
 
     frozen, trainable = Counter(), Counter()
     for p in model.parameters():
-        kind = "nf4" if type(p).__name__ == "Params4bit" else DTYPE_NAMES.get(p.dtype, str(p.dtype))
+        kind = ("nf4" if type(p).__name__ == "Params4bit" else "fp8" if getattr(p, "fp8_only", False)
+                else DTYPE_NAMES.get(p.dtype, str(p.dtype)))
         (trainable if p.requires_grad else frozen)[kind] += p.numel()
     top = (lambda c: c.most_common(1)[0][0] if c else None)
     return {"frozen_weights": top(frozen), "trainable_weights": top(trainable),

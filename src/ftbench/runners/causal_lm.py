@@ -86,20 +86,23 @@ def load_model(ctx, device):
         parallel.ensure_process_group(device)
         model, build, trainer_args, fp8_info = parallel.build_sharded(ctx.manifest, ctx.settings.seed, device, v, lora)
         return model, tokenizer, {"build": build, "trainer_args": trainer_args, "fp8": fp8_info}
-    if in_process:
+    info = {}
+    if parallel.fp8_base_layerwise(v):  # the frozen projections FP8 as each lands: never the whole model in bf16
+        model, build, info["fp8"] = parallel.build_fp8_base(ctx.manifest, ctx.settings.seed, device, v)
+    elif in_process:
         model, build = build_model(ctx.manifest, ctx.settings.seed, device, compute_dtype(v), quantization_config(v))
     else:
         model = load_pretrained(AutoModelForCausalLM, path, v, device)
         build = {"method": "checkpoint", "disk_bytes": ctx.manifest.get("disk_bytes"),
                  "checkpoint_bf16_gib": ctx.manifest.get("checkpoint_bf16_gib")}
-    info = {"build": build}
+    info["build"] = build
     if v.experts == "grouped":  # gpt-oss's frozen experts as one grouped GEMM per projection per layer
         from ..harness import Unsupported
 
         if not group_experts(model):
             raise Unsupported("experts: grouped needs a model with split experts (gpt-oss built by ftbench.build)")
         info["experts"] = "grouped: one grouped GEMM per projection per layer (torch._grouped_mm)"
-    if v.precision == "fp8":  # the decoder layers' frozen projections run FP8 GEMMs, before LoRA wraps them
+    if v.precision == "fp8" and "fp8" not in info:  # the decoder's frozen projections run FP8 GEMMs, before LoRA
         info["fp8"] = fp8.convert_decoder(model, v.fp8_recipe, v.fp8_transpose_once)
     model = apply_lora(model, v, lora)
     if v.peft == "lora":  # LoRA's A from per-name seeded draws: the same start on one GPU and sharded over several
