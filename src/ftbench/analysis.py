@@ -54,7 +54,12 @@ def flatten(record: dict) -> dict:
                 "parallel.peak_allocated_gib_max": par.get("peak_allocated_gib_max"),
                 # the ranks' mean SM clock (records before 2026-11-26's thirteenth session: None; rank 0's is
                 # device_usage's)
-                "parallel.sm_clock_mean_mhz": _mean_of(par.get("per_rank") or [], "sm_clock_mean_mhz")})
+                "parallel.sm_clock_mean_mhz": _mean_of(par.get("per_rank") or [], "sm_clock_mean_mhz"),
+                # the largest rank's host memory (a lone run's own), and the seconds from the job's start to its
+                # first training step (build, wrap, compile's first graph)
+                "parallel.host_peak_rss_gib_max": max((r.get("host_peak_rss_gib") or 0 for r in par.get("per_rank")
+                                                       or []), default=None) or record["memory"].get("host_peak_rss_gib"),
+                "extra.time_to_first_step_s": (record.get("extra") or {}).get("time_to_first_step_s")})
     # every knob the run recorded (token_budget: batch = rows of this many tokens; a knob newer than the record is
     # absent: its default, ftbench.knobs.DEFAULTS)
     row.update({f"variant.{k}": v for k, v in record["variant"].items()
@@ -112,7 +117,8 @@ def median_step_samples_per_hour() -> pl.Expr:
 NUMERIC_GROUPS = ("timing.", "throughput.", "memory.", "device_usage.", "energy.", "flops.", "loss.", "data.",
                   "compile.", "model.parameters", "model.trainable_parameters", "outliers.count", "outliers.time",
                   "parallel.world_size", "parallel.samples_per_s_per_gpu", "parallel.peak_allocated_gib_max",
-                  "parallel.sm_clock_mean_mhz", "gpu_memory_gib")
+                  "parallel.sm_clock_mean_mhz", "parallel.host_peak_rss_gib_max", "extra.time_to_first_step_s",
+                  "gpu_memory_gib")
 
 
 def typed(df: pl.DataFrame) -> pl.DataFrame:

@@ -725,6 +725,9 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
                          "strategy": r["parallel.strategy"], "GPUs": n, "batch per GPU": r["batch_size"],
                          "status": r["status"], "samples/s (all GPUs)": r["throughput.samples_per_s"] if ok else None,
                          "real tokens/s (all GPUs)": r.get("throughput.tokens_per_s") if ok else None,
+                         "real tokens/s a GPU": r["throughput.tokens_per_s"] / n if ok and r.get(
+                             "throughput.tokens_per_s") else None,
+                         "MFU %": 100 * r["flops.mfu"] if ok and r.get("flops.mfu") is not None else None,
                          "one GPU": single, "one-GPU real tokens/s": r.get("throughput.tokens_per_s_1"),
                          "speedup on": metric, "speedup": _verdict(speedup, noise, noise_1),
                          "scaling efficiency": speedup / n if speedup else None,
@@ -732,6 +735,9 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
                          "SM clock vs one GPU": clock / clock_1 if divided and clock and clock_1 else None,
                          "peak GiB (largest rank)": r["parallel.peak_allocated_gib_max"] if ok else None,
                          "one-GPU peak GiB": r.get("memory.peak_allocated_gib_1"),
+                         "one-GPU MFU %": 100 * r["flops.mfu_1"] if r.get("flops.mfu_1") is not None else None,
+                         "time to first step s": r.get("extra.time_to_first_step_s") if ok else None,
+                         "host peak RSS GiB (largest rank)": r.get("parallel.host_peak_rss_gib_max") if ok else None,
                          "reason": r["reason"] if not ok else (
                              f"the one-GPU run is of other code (files {(code_of(r, '_1') or '?')[:10]}, "
                              f"this run {(code_of(r) or '?')[:10]}): not divided" if other_code else None)})
@@ -742,7 +748,9 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
             "a step, an upper bound on the communication compute does not hide. \"SM clock vs one GPU\" is the "
             "ranks' mean SM clock over the lone GPU's (NVML, over the windows): H100s run at their power limit, and "
             "cards of one host held 1,776-1,838 MHz on the same work (h100x4-2026-11-26-e, -f), a 2-3 % difference "
-            "that moves a speed-up as much as what it measures. On a CPU the ranks share the same cores, so "
+            "that moves a speed-up as much as what it measures. MFU: model FLOPs of real tokens over all the GPUs' "
+            "peak in the precision that ran (FP8's for an FP8 base). Time to first step: from the job's start to its "
+            "first training step (build, wrapping, the first compile). On a CPU the ranks share the same cores, so "
             "efficiency there says nothing about GPUs. " + NOISE_NOTE)
     if not rows:
         return [note, ("Scaling", pl.DataFrame({"result": ["no multi-GPU run"]}), "scaling")]
