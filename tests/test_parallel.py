@@ -1,6 +1,8 @@
 """Several GPUs in one job (variant knobs gpus, parallel): the supervisor launches the ranks with torchrun, every
 rank trains, rank 0 writes the record with the totals and each rank's figures. On a CPU the ranks use gloo."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -64,8 +66,72 @@ def test_a_rank_that_dies_after_its_record_keeps_the_measurement(tmp_path, tiny_
 
 def test_a_rank_that_dies_before_its_record_is_a_crash(tmp_path, tiny_qwen, instruction_data):
     rec, _ = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2", DDP2, inject={"kill_at_step": 3})
-    assert rec["status"] == "crashed" and "without a record (last step reached: 3" in rec["reason"], rec["reason"]
+    assert rec["status"] == "crashed" and "without a record" in rec["reason"], rec["reason"]
+    assert "(last step reached: rank 0 at 3, rank 1 at 3" in rec["reason"], rec["reason"]
     assert "teardown" not in rec["extra"]
+
+
+def test_one_rank_killed_mid_run_ends_the_job_with_a_record_naming_it(tmp_path, tiny_qwen, instruction_data):
+    """Rank 1 dies by SIGKILL at step 3 (a host OOM kill, a segfault); rank 0 waits in the step's all-reduce. torchrun
+    sees the death and stops rank 0; the supervisor's record names rank 1 (torchrun's first observed failure), how it
+    ended and each rank's last step, well within a minute of the kill and long before the time limit."""
+    import time
+
+    t0 = time.monotonic()
+    rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2", {**DDP2, "time_limit_s": 300},
+                          inject={"kill_at_step": 3, "fault_rank": 1})
+    took = time.monotonic() - t0
+    assert rec["status"] == "crashed", (rec["reason"], log[-3000:])
+    assert rec["reason"].startswith("rank 1 killed by SIGKILL without a record"), rec["reason"]
+    assert "rank 1 at 3" in rec["reason"] and rec["parallel"]["failed_rank"] == 1, rec["reason"]
+    sup = rec["extra"]["supervision"]
+    assert sup["failed_rank"] == 1 and sup["last_step_by_rank"]["1"] == 3 and sup["elapsed_s"] < took
+    assert took < 120  # the whole job, start to record: the kill itself ends it within seconds
+
+
+def test_a_job_whose_ranks_stop_stepping_is_ended_by_the_supervisor(tmp_path, tiny_qwen, instruction_data):
+    """Rank 1 hangs at step 3 (no error, no exit: the job that trained and then never finished); rank 0 waits on it in
+    a collective. Nothing reports progress, and after the stall limit the supervisor ends the job with a `timeout`
+    record naming each rank's last step, not at the time limit."""
+    import time
+
+    t0 = time.monotonic()
+    rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2", {**DDP2, "time_limit_s": 600},
+                          inject={"hang_at_step": 3, "fault_rank": 1}, stall_limit_s=8)
+    assert rec["status"] == "timeout", (rec["reason"], log[-3000:])
+    assert rec["reason"].startswith("stalled: no progress from any rank for"), rec["reason"]
+    assert "rank 1 at 3" in rec["reason"], rec["reason"]
+    assert time.monotonic() - t0 < 200
+
+
+def test_the_supervisor_finds_and_kills_processes_in_sessions_of_their_own():
+    """torchrun starts each rank in a session of its own, out of reach of a kill of the launcher's process group: the
+    supervisor follows the process tree, and what is left when the launcher has gone is killed."""
+    import subprocess
+    import sys
+    import time
+
+    from ftbench.supervise import _family, _kill_left
+
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], "
+            "start_new_session=True); time.sleep(300)")
+    parent = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    deadline, seen = time.monotonic() + 30, {}
+    while len(seen) < 2 and time.monotonic() < deadline:
+        seen.update(_family(parent.pid)[1])
+        time.sleep(0.2)
+    assert parent.pid in seen and len(seen) == 2
+    orphan = next(p for p in seen if p != parent.pid)
+    parent.kill()
+    parent.wait()
+    assert Path(f"/proc/{orphan}").exists()  # the rank outlives its launcher
+    assert _kill_left(seen) == [orphan]
+    for _ in range(50):
+        if not Path(f"/proc/{orphan}").exists() or "Z" in Path(f"/proc/{orphan}/stat").read_text().split(")")[1][:3]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the orphaned rank is still running")
 
 
 def test_a_rank_that_fails_alone_writes_the_record_and_the_job_ends(tmp_path, tiny_qwen, instruction_data):

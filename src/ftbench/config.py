@@ -91,6 +91,9 @@ class TrainSettings:
     optim: str = "adamw_torch"
     time_limit_s: float | None = None  # a run still going after this long is killed: a `timeout` record
     host_memory_limit_gib: float | None = None  # a run whose processes hold more is killed: a `crashed` record
+    # a run that has stepped and then reports no progress for this long is killed: a `timeout` record naming each
+    # rank's last step (ftbench.supervise)
+    stall_limit_s: float | None = None
     cpu_precision: str | None = None  # no CUDA GPU: bf16/fp16 compute (and nf4's dequantization) in this instead
     cpu_compile_backend: str | None = None  # no CUDA GPU: compiled variants use this torch.compile backend instead
     inject: dict = field(default_factory=dict)  # fault injection for tests: {kill_at_step: N}, {hang_at_step: N}, {raise_at_step: N[, raise_rank: R]}
@@ -533,6 +536,11 @@ def run_limits(params: dict) -> tuple[float | None, float | None]:
     settings = params["settings"]
     return (params["variant"].get("time_limit_s") or settings.get("time_limit_s"),
             settings.get("host_memory_limit_gib"))
+
+
+def stall_limit(params: dict) -> float | None:
+    """How long a run that has made its first step may go without reporting progress (training.stall_limit_s)."""
+    return (params.get("settings") or {}).get("stall_limit_s")
 
 
 def run_gpus(params: dict) -> int:

@@ -237,14 +237,16 @@ class Progress:
     the process dies): the last step, the compiled graphs and when each step ended on the host's clock (seconds
     from the first step's start; the device's own step times are read only when a window closes, so a run killed
     mid-window keeps these), rewritten at most every PROGRESS_EVERY_S and whenever TorchDynamo finishes a compile;
-    and fault injection for tests (`inject`: die by SIGKILL, or hang, at a step, as a crashing run would, the file
-    brought up to date first; or raise at a step, on one rank (`raise_rank`) or all, as a run that fails would)."""
+    and fault injection for tests (`inject`: die by SIGKILL, or hang, at a step, on one rank (`fault_rank`) or all, as a
+    crashing run would, the file brought up to date first; or raise at a step, on one rank (`raise_rank`) or all, as a
+    run that fails would). Each rank writes its own file (ftbench.supervise.rank_progress reads them all)."""
 
     KEEP_ENDS = 200  # the step ends kept in the file: the first ones (warm-up, first compile) and the last ones
 
     def __init__(self, inject: dict | None = None):
-        path = os.environ.get("FTBENCH_PROGRESS")
+        path = os.environ.get("FTBENCH_PROGRESS")  # rank r > 0: the supervisor's path + ".rank<r>" (its child sets it)
         self.file = open(path, "w") if path else None
+        self.phase_name = None
         self.inject = dict(inject or {})
         self._at = float("-inf")
         self._on_compiled = None
@@ -267,9 +269,20 @@ class Progress:
     def write(self, step: int, graphs: int | None):
         ends = self.first_ends + list(self.last_ends)
         self.file.seek(0)  # ends as [step, seconds] pairs: which steps they are stays plain when the middle is left out
-        self.file.write(json.dumps({"step": step or None, "compiled_graphs": graphs, "host_step_ends_s": ends}))
+        self.file.write(json.dumps({"step": step or None, "compiled_graphs": graphs, "host_step_ends_s": ends,
+                                    "phase": self.phase_name}))
         self.file.truncate()
         self.file.flush()
+        self.last = (step, graphs)
+
+    last = (None, None)
+
+    def phase(self, name: str | None) -> None:
+        """A phase outside the steps begins or ends (evaluation, the end of training): the file is rewritten, so a
+        supervisor watching for a stall sees the run moving (ftbench.supervise)."""
+        self.phase_name = name
+        if self.file is not None:
+            self.write(*self.last)
 
     def stepped(self, step: int, graphs: int | None, end_s: float | None = None):
         """After each step (`end_s`: when it ended, from the first step's start): the file, if due, then any
@@ -285,7 +298,8 @@ class Progress:
             if self.file is not None:
                 self.write(step, graphs)
             raise RuntimeError(f"injected failure at step {step}")
-        if step in (self.inject.get("kill_at_step"), self.inject.get("hang_at_step")):
+        if step in (self.inject.get("kill_at_step"), self.inject.get("hang_at_step")) and rank() == self.inject.get(
+                "fault_rank", rank()):
             if self.file is not None:
                 self.write(step, graphs)
             if self.inject.get("kill_at_step") == step:
@@ -393,11 +407,13 @@ class Meter:
     @contextmanager
     def timed(self, key: str):
         """Time a phase outside the measured windows (load, evaluation), synchronised at both ends."""
+        self.progress.phase(key)
         synchronize(self.device)
         t0 = time.perf_counter()
         yield
         synchronize(self.device)
         self.timing[key] = time.perf_counter() - t0
+        self.progress.phase(f"{key} done")
 
     def load(self):
         return self.timed("model_load_s")
@@ -499,6 +515,7 @@ class Meter:
 
     def finish(self):
         """Close what is open when training ended early (data or step budget exhausted: truncated)."""
+        self.progress.phase("trained")
         if self._pending:
             self._close(truncated=self._phase != "warmup")
         if self._steps and (not self.memory_log or self.memory_log[-1]["step"] != self._steps):

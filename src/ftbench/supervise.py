@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from . import forkserver
-from .config import run_gpus, run_limits
+from .config import run_gpus, run_limits, stall_limit
 from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu, this_machine
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
 from .source import code_identity, library_first
@@ -44,20 +45,83 @@ def release_host_memory(job: Path, shm: Path = HOST_MEMORY) -> list[str]:
     return gone
 
 
-def _session_rss_bytes(sid: int) -> int:
-    """Resident memory of every process in the child's session (data-loader workers included)."""
-    total, page = 0, os.sysconf("SC_PAGE_SIZE")
+def _family(root: int) -> tuple[int, dict[int, str]]:
+    """The child's processes: every process in its session (data-loader workers included) and every descendant,
+    wherever its session (torchrun starts each rank in a session of its own). Returns their resident memory in bytes
+    and {pid: its start time}, which identifies a process beyond the reuse of its pid."""
+    page, procs = os.sysconf("SC_PAGE_SIZE"), {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[3]) == sid:  # field 6 of stat: the session id
-                total += int(Path(f"/proc/{entry}/statm").read_text().split()[1]) * page
+            procs[int(entry)] = (int(fields[1]), int(fields[3]), fields[19])  # ppid, session id, start time
         except (OSError, ValueError, IndexError):
             continue
-    return total
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    family, todo = {pid for pid, (_, sid, _) in procs.items() if sid == root}, [root]
+    while todo:
+        pid = todo.pop()
+        family.add(pid)
+        todo += [c for c in children.get(pid, []) if c not in family]
+    total = 0
+    for pid in family:
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total, {pid: procs[pid][2] for pid in family if pid in procs}
+
+
+def _kill_left(seen: dict[int, str]) -> list[int]:
+    """SIGKILL every process of the child's family still alive (the same start time: not a reused pid), so that no
+    rank is left holding a GPU when torchrun has gone. Returns the pids killed."""
+    killed = []
+    for pid, start in seen.items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat[stat.rindex(")") + 2:].split()[19] != start:
+                continue
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return killed
+
+
+def rank_progress(path: Path) -> dict[int, dict]:
+    """Each rank's last report ({rank: its progress file's content, with `age_s`}): rank 0 writes `path`, rank r
+    `path`.rank<r> (ftbench.harness.Progress)."""
+    out = {}
+    for f in [path, *path.parent.glob(path.name + ".rank*")]:
+        try:
+            r = 0 if f == path else int(f.name.rsplit(".rank", 1)[1])
+            age = time.time() - f.stat().st_mtime
+            data = json.loads(f.read_text() or "{}")
+        except (OSError, ValueError):  # not there yet, or caught mid-write: the next poll reads it
+            continue
+        out[r] = {**data, "age_s": age}
+    return out
+
+
+# torchrun's summary of a failed job names the first rank that failed and its exit code
+ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def first_failed_rank(log_text: str) -> tuple[int, str] | None:
+    """(rank, how it ended) from torchrun's last failure summary in a job's log, or None."""
+    found = ROOT_CAUSE.findall(log_text)
+    if not found:
+        return None
+    r, code = int(found[-1][0]), int(found[-1][1])
+    try:
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    except ValueError:
+        how = f"exited with code {code}"
+    return r, how
 
 
 def _tail(path, lines: int = 30) -> str:
@@ -131,18 +195,27 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, lambda *_: (_kill(proc), sys.exit(1))) for s in (signal.SIGTERM,
                                                                                               signal.SIGINT)}
-        t0, verdict, peak_rss = time.monotonic(), None, 0
+        t0, verdict, peak_rss, seen, checked = time.monotonic(), None, 0, {}, 0.0
+        stall = stall_limit(params) if kind in ("train", "profile") else None
         try:
             while proc.poll() is None:
                 time.sleep(POLL_S)
                 elapsed = time.monotonic() - t0
-                rss = _session_rss_bytes(proc.pid)
+                rss, family = _family(proc.pid)
+                seen.update(family)
                 peak_rss = max(peak_rss, rss)
                 if time_limit and elapsed > time_limit:
                     verdict = ("timeout", f"exceeded its time limit of {time_limit:g} s")
                 elif mem_limit and rss > mem_limit * 1024**3:
                     verdict = ("crashed", f"exceeded its host-memory budget of {mem_limit:g} GiB "
                                           f"({rss / 1024**3:.1f} GiB resident)")
+                elif stall and elapsed - checked >= 1:  # stepped, then silent on every rank for the stall limit
+                    checked = elapsed
+                    reports = rank_progress(progress).values()
+                    quiet = min((p["age_s"] for p in reports), default=0)
+                    if any(p.get("step") for p in reports) and quiet > stall:
+                        verdict = ("timeout", f"stalled: no progress from any rank for {quiet:.0f} s (stall limit "
+                                              f"{stall:g} s)")
                 if verdict:
                     _kill(proc)
                     break
@@ -153,18 +226,29 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        left = _kill_left(seen)  # ... and every rank torchrun started in sessions of their own
         elapsed = time.monotonic() - t0
-        last = json.loads(progress.read_text()) if progress.is_file() and progress.stat().st_size else {}
+        ranks = rank_progress(progress)
+        last = {k: v for k, v in ranks.get(0, {}).items() if k != "age_s"}
     supervision = {"launcher": launcher, "gpu_slots": slots, "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
                    "exit_code": proc.returncode, "host_peak_rss_gib_session": peak_rss / 1024**3 or None,
                    "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs"),
-                   "host_step_ends_s": last.get("host_step_ends_s")}
+                   "host_step_ends_s": last.get("host_step_ends_s"), "processes_killed_after": len(left),
+                   "last_step_by_rank": {str(r): p.get("step") for r, p in sorted(ranks.items())} if gpus > 1 else None}
     rc = proc.returncode
     sig = signal.Signals(-rc).name if rc and rc < 0 else None
     how = f"killed by {sig}" if sig else f"exited with code {rc}"
     if out.is_file():  # the child wrote its record (last of its outputs): what it measured stands
         result = json.loads(out.read_text())
         failed_rank = (result.get("parallel") or {}).get("failed_rank")
+        first = first_failed_rank(_tail(log_path, 400)) if failed_rank is not None and verdict is None else None
+        # another rank was killed (a signal: it wrote nothing) and this one failed after it, in the collective it
+        # left (gloo reads the closed connection as an error): the kill is the cause
+        if first is not None and first[0] != failed_rank and first[1].startswith("killed by"):
+            supervision["failed_rank"] = first[0]
+            result["parallel"]["failed_rank"] = first[0]
+            result.update(status="crashed", reason=f"rank {first[0]} {first[1]} without a record ({_reached(ranks)}); "
+                                                   f"then {result.get('reason')}")
         if failed_rank is not None and verdict is None:  # a rank failed, wrote the record and left (ftbench.ranks)
             if kind == "train":
                 _fill_train_outputs(paths, result.get("status"), result.get("reason"))
@@ -180,11 +264,18 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         result.setdefault("extra", {})["supervision"] = supervision
         write_json_atomic(out, result)
         return result
+    first = first_failed_rank(_tail(log_path, 400)) if gpus > 1 and verdict is None else None
+    if first is not None:  # torchrun names the rank that failed first; it stopped the others
+        supervision["failed_rank"] = first[0]
+        verdict = ("crashed", f"rank {first[0]} {first[1]} without a record; torchrun stopped the other ranks and "
+                              f"{how}")
     if verdict is None:
         verdict = ("crashed", how if sig else f"{how} without a record")
     status, why = verdict
     step = last.get("step")
-    reason = f"{why} (last step reached: {step if step is not None else 'none'}"
+    reason = f"{why} ({_reached(ranks) if gpus > 1 and len(ranks) > 1 else 'last step reached: '}"
+    if not (gpus > 1 and len(ranks) > 1):
+        reason += f"{step if step is not None else 'none'}"
     if last.get("compiled_graphs") is not None:
         reason += f", {last['compiled_graphs']} graphs compiled"
     if took := _host_steps(last.get("host_step_ends_s")):
@@ -192,6 +283,12 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
     reason += f", after {elapsed:.0f} s)"
     supervision.update(signal=sig, log_tail=_tail(log_path))
     return _fallback(kind, params, paths, status, reason, supervision)
+
+
+def _reached(ranks: dict[int, dict]) -> str:
+    """Each rank's last step, from their progress files: "last step reached: rank 0 at 5, rank 1 at 3"."""
+    return "last step reached: " + ", ".join(
+        f"rank {r} at {p.get('step') if p.get('step') is not None else 'none'}" for r, p in sorted(ranks.items()))
 
 
 def _host_steps(ends) -> str | None:
@@ -225,6 +322,9 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
     rec = new_record_from_template(params["run"], {"name": params["run"]["variant"], **params["variant"]})
     rec.update(status=status, reason=reason)
     rec["extra"]["supervision"] = supervision
+    if supervision.get("failed_rank") is not None:  # torchrun named the rank that failed first
+        rec["parallel"].update(strategy=params["variant"].get("parallel"), world_size=run_gpus(params),
+                               failed_rank=supervision["failed_rank"])
     if cache := compile_cache_kind(params["variant"].get("compile")):
         rec["extra"]["compile_cache"] = COMPILE_CACHE_NOTES[cache]
     rec["compile"]["unique_graphs"] = supervision.get("compiled_graphs_at_last_step")
@@ -279,8 +379,9 @@ def _child(job_path) -> None:
         return
     from .ranks import FAILED_RANK_EXIT, finish, rank, world_size
 
-    if rank() != 0:  # several ranks: rank 0 keeps the records, progress and adapter
-        os.environ.pop("FTBENCH_PROGRESS", None)
+    if rank() != 0:  # several ranks: rank 0 keeps the records and adapter; each rank reports its own progress
+        if os.environ.get("FTBENCH_PROGRESS"):
+            os.environ["FTBENCH_PROGRESS"] += f".rank{rank()}"
         p = {**p, "adapter": None}
     ctx = context_from_params(params, p["model"], p["train"], p["eval"], p["base_dir"],
                               adapter_dir=p.get("adapter"), cache_path=p.get("cache"))
