@@ -263,3 +263,42 @@ def test_the_fused_head_loss_over_several_ranks_is_scaled_as_trl_scales_it():
     two = fused_head_loss(model, {}, torch.tensor(6), ranks=2)
     assert float(two) == pytest.approx(6.0 / 6 * 2) == pytest.approx(float(mine))
     assert float(fused_head_loss(model, {}, torch.tensor(6), ranks=1)) == pytest.approx(1.0)
+
+
+def test_two_launchers_rendezvous_into_one_job(tmp_path, tiny_qwen, instruction_data):
+    """nodes: 2. Two torchrun launchers of one rank each start side by side on this host and meet through torchrun's
+    c10d rendezvous as the two nodes of one job (on a 4-GPU host, 2 x 2 with two GPUs each): the same world of two
+    ranks as one launcher of two, each rank naming its launcher, the same loss trace on the same rows."""
+    for sub in ("two", "one"):
+        (tmp_path / sub).mkdir()
+    rec, log = ranked_run(tmp_path / "two", tiny_qwen, instruction_data, "lora-ddp2x2", {**DDP2, "nodes": 2})
+    assert rec["status"] == "ok", (rec["reason"], log[-3000:])
+    par, sup = rec["parallel"], rec["extra"]["supervision"]
+    assert par["world_size"] == 2 and par["launchers"] == 2 and par["backend"] == "gloo"
+    assert sorted((r["rank"], r["launcher"]) for r in par["per_rank"]) == [(0, 0), (1, 1)]
+    assert len(sup["launchers"]) == 2 and all("c10d rendezvous at 127.0.0.1:" in w for w in sup["launchers"])
+    one, _ = ranked_run(tmp_path / "one", tiny_qwen, instruction_data, "lora-ddp2", DDP2)
+    assert one["status"] == "ok" and one["parallel"]["launchers"] == 1
+    assert rec["loss"]["first"] == pytest.approx(one["loss"]["first"], rel=1e-5)
+
+
+def test_the_launch_plan_for_nodes_on_this_host_and_in_a_slurm_allocation(tmp_path, monkeypatch):
+    from ftbench import supervise
+
+    job = tmp_path / "job.json"
+    plain = supervise.launch_plan(4, 1, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"], job, {}, "r")
+    assert len(plain) == 1 and "--standalone" in plain[0]["cmd"] and "--nproc-per-node=4" in plain[0]["cmd"]
+    local = supervise.launch_plan(4, 2, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"], job, {"X": "1"}, "r")
+    assert [p["env"]["CUDA_VISIBLE_DEVICES"] for p in local] == ["GPU-a,GPU-b", "GPU-c,GPU-d"]
+    assert all("--nnodes=2" in p["cmd"] and "--nproc-per-node=2" in p["cmd"] and "--rdzv-id=r" in p["cmd"]
+               for p in local)
+    assert ["--rdzv-conf=is_host=1" in p["cmd"] for p in local] == [True, False]
+    endpoints = {c for p in local for c in p["cmd"] if c.startswith("--rdzv-endpoint=")}
+    assert len(endpoints) == 1  # one rendezvous for both
+    # inside an allocation of two nodes: srun starts one launcher a node, the rendezvous on the first
+    monkeypatch.setattr(supervise, "slurm_nodes", lambda env: ["gpu17", "gpu18"])
+    slurm = supervise.launch_plan(8, 2, [], job, {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[17-18]"}, "r")
+    (only,) = slurm
+    cmd = only["cmd"]
+    assert cmd[:5] == ["srun", "--ntasks=2", "--kill-on-bad-exit=1", "--overlap", "--ntasks-per-node=1"]
+    assert "--rdzv-id=slurm-4242" in cmd and "--rdzv-endpoint=gpu17:29642" in cmd and "--nproc-per-node=4" in cmd

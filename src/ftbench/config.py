@@ -96,7 +96,9 @@ class TrainSettings:
     stall_limit_s: float | None = None
     cpu_precision: str | None = None  # no CUDA GPU: bf16/fp16 compute (and nf4's dequantization) in this instead
     cpu_compile_backend: str | None = None  # no CUDA GPU: compiled variants use this torch.compile backend instead
-    inject: dict = field(default_factory=dict)  # fault injection for tests: {kill_at_step: N}, {hang_at_step: N}, {raise_at_step: N[, raise_rank: R]}
+    # fault injection for tests: {kill_at_step: N}, {hang_at_step: N} (with fault_rank: R, on that rank alone),
+    # {raise_at_step: N[, raise_rank: R]}
+    inject: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.measure is None:
@@ -541,6 +543,11 @@ def run_limits(params: dict) -> tuple[float | None, float | None]:
 def stall_limit(params: dict) -> float | None:
     """How long a run that has made its first step may go without reporting progress (training.stall_limit_s)."""
     return (params.get("settings") or {}).get("stall_limit_s")
+
+
+def run_nodes(params: dict) -> int:
+    """The torchrun launchers ("nodes") a run's ranks are spread over (its variant's `nodes`)."""
+    return int((params.get("variant") or {}).get("nodes") or 1)
 
 
 def run_gpus(params: dict) -> int:

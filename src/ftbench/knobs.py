@@ -107,6 +107,10 @@ class Variant:
     gc_freeze: bool = False
     time_limit_s: float | None = None  # the job's time budget, over the study's (ftbench.supervise)
     gpus: int = 1  # GPUs (ranks) the job trains on; more than 1 needs `parallel`
+    # torchrun launchers ("nodes") the ranks are spread over, gpus / nodes ranks each, joined by torchrun's c10d
+    # rendezvous: in a SLURM allocation srun starts one a node, elsewhere they start side by side on this host, each
+    # with its share of the GPUs (ftbench.supervise.launch_plan)
+    nodes: int = 1
     parallel: str | None = None  # None | ddp (data parallel) | fsdp2 (fully sharded, FSDP2): causal LM only
     # data parallel's gradient buckets (MB): None keeps DDP's 25 MB, each all-reduced as soon as it fills, during
     # the backward; a size above the trainable gradients' (LoRA r=8 on Qwen3-8B: 87 MB) makes one all-reduce after it
@@ -150,7 +154,7 @@ def required_packages(variant: Variant) -> list[str]:
 
 # the knobs that say how a job spreads over several GPUs: a one-GPU run has them at their defaults, so a several-GPU
 # run's one-GPU twin is the same variant but these (ftbench.coverage)
-PARALLEL_KNOBS = ("gpus", "parallel", "ddp_bucket_mb", "ddp_graph_split", "balance_ranks")
+PARALLEL_KNOBS = ("gpus", "nodes", "parallel", "ddp_bucket_mb", "ddp_graph_split", "balance_ranks")
 
 ANY = None  # any value of the knob's type
 
@@ -160,7 +164,7 @@ HONOURED = {
     # TRL SFTTrainer (ftbench.runners.causal_lm)
     "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
                   "fp8_backend": {None, "torchao"}, "fp8_recipe": {"delayed", "tensorwise", "rowwise", "static"},
-                  "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "parallel": {None, "ddp", "fsdp2"},
+                  "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "nodes": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "ddp_bucket_mb": ANY, "ddp_graph_split": ANY, "balance_ranks": ANY,
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
@@ -201,6 +205,9 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append(f"gpus={variant.gpus} without parallel (ddp or fsdp2)")
     if variant.parallel is not None and variant.gpus < 2:
         problems.append(f"parallel={variant.parallel!r} with gpus={variant.gpus} (needs 2 or more)")
+    if variant.nodes > 1 and (variant.gpus % variant.nodes or variant.gpus < variant.nodes):
+        problems.append(f"nodes={variant.nodes} with gpus={variant.gpus} (each node's launcher takes gpus / nodes "
+                        "ranks: a whole number, at least one)")
     if variant.parallel is not None and variant.framework == "unsloth":
         problems.append("parallel with framework='unsloth' (Unsloth trains on one GPU)")
     if variant.ddp_bucket_mb is not None and variant.parallel != "ddp":

@@ -77,7 +77,8 @@ def gather(record: dict, strategy: str | None) -> dict:
         return record
     thr, fl, en = record["throughput"], record["flops"], record["energy"]
     device = record["provenance"].get("device") or {}
-    mine = {"rank": dist.get_rank(), "status": record["status"], "device": device.get("uuid") or device.get("name"),
+    mine = {"rank": dist.get_rank(), "launcher": int(os.environ.get("GROUP_RANK", 0)), "status": record["status"],
+            "device": device.get("uuid") or device.get("name"),
             "step_time_s": record["timing"]["step_time_s"], "window_s": record["timing"]["window_s"],
             "samples_per_s": thr["samples_per_s"], "tokens_per_s": thr["tokens_per_s"],
             "padded_tokens_per_s": thr["padded_tokens_per_s"], "model_tflops": fl["model_tflops"],
@@ -119,6 +120,7 @@ def gather(record: dict, strategy: str | None) -> dict:
     peaks = [r["peak_allocated_gib"] for r in ranks if r["peak_allocated_gib"] is not None]
     record["parallel"].update(
         strategy=strategy, world_size=n, backend=dist.get_backend(),
+        launchers=int(os.environ.get("GROUP_WORLD_SIZE", 1)),  # torchrun's nodes: launchers joined by rendezvous
         samples_per_s_per_gpu=samples_per_s / n if samples_per_s is not None else None,
         tokens_per_s_per_gpu=thr["tokens_per_s"] / n if thr["tokens_per_s"] is not None else None,
         peak_allocated_gib_max=max(peaks) if peaks else None, per_rank=ranks)

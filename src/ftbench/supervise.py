@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from . import forkserver
-from .config import run_gpus, run_limits, stall_limit
+from .config import run_gpus, run_limits, run_nodes, stall_limit
 from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu, this_machine
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
 from .source import code_identity, library_first
@@ -132,11 +132,108 @@ def _tail(path, lines: int = 30) -> str:
 
 
 def _kill(proc) -> None:
+    if isinstance(proc, Launchers):
+        proc.kill_all()
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def slurm_nodes(env: dict) -> list[str]:
+    """The host names of the SLURM allocation this process runs in (scontrol expands SLURM_JOB_NODELIST), or []."""
+    if not env.get("SLURM_JOB_ID") or not env.get("SLURM_JOB_NODELIST"):
+        return []
+    out = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True, text=True,
+                         env=env)
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def launch_plan(gpus: int, nodes: int, slots: list[str], job: Path, env: dict, run_id: str) -> list[dict]:
+    """How the job's ranks start, one entry a launcher ({"cmd", "env", "where"}): one process for one GPU; one torchrun
+    of `gpus` ranks (standalone); or, with `nodes` > 1, `nodes` torchrun launchers of gpus / nodes ranks each, joined
+    by torchrun's c10d rendezvous as nodes of one job. Inside a SLURM allocation srun starts them (one a node where the
+    allocation has that many nodes), the rendezvous on the allocation's first host and its id the SLURM job's; elsewhere
+    they start side by side on this host, each with its share of the job's GPUs (a 2 x 2 job on one 4-GPU host), the
+    first hosting the rendezvous."""
+    child = ["-m", "ftbench.supervise", str(job)]
+    if gpus <= 1:
+        return [{"cmd": [sys.executable, *child], "env": env, "where": "one process"}]
+    run = [sys.executable, "-m", "torch.distributed.run"]
+    if nodes <= 1:
+        return [{"cmd": [*run, "--standalone", f"--nproc-per-node={gpus}", *child], "env": env,
+                 "where": f"torchrun, {gpus} ranks (standalone)"}]
+    per = gpus // nodes
+    rdzv = [f"--nnodes={nodes}", f"--nproc-per-node={per}", "--rdzv-backend=c10d", "--max-restarts=0"]
+    hosts = slurm_nodes(env)
+    if hosts:
+        port = 29400 + int(env["SLURM_JOB_ID"]) % 500
+        srun = ["srun", f"--ntasks={nodes}", "--kill-on-bad-exit=1", "--overlap"]
+        if len(hosts) >= nodes:
+            srun.append("--ntasks-per-node=1")
+        cmd = [*srun, *run, *rdzv, f"--rdzv-id=slurm-{env['SLURM_JOB_ID']}", f"--rdzv-endpoint={hosts[0]}:{port}",
+               *child]
+        return [{"cmd": cmd, "env": env, "where": f"srun: {nodes} launchers of {per} ranks on {', '.join(hosts)}; "
+                                                  f"c10d rendezvous at {hosts[0]}:{port}"}]
+    port, out = _free_port(), []
+    for i in range(nodes):
+        e = dict(env)
+        if slots:
+            e["CUDA_VISIBLE_DEVICES"] = ",".join(slots[i * per:(i + 1) * per])
+        cmd = [*run, *rdzv, f"--rdzv-id={run_id}", f"--rdzv-endpoint=127.0.0.1:{port}",
+               f"--rdzv-conf=is_host={1 if i == 0 else 0}", *child]
+        out.append({"cmd": cmd, "env": e, "where": f"launcher {i} of {nodes} on this host, {per} ranks"
+                                                   + (f" on GPUs {e['CUDA_VISIBLE_DEVICES']}" if slots else "")
+                                                   + f"; c10d rendezvous at 127.0.0.1:{port}"})
+    return out
+
+
+class Launchers:
+    """The job's launcher processes as one: alive while any is, its return code the first failure's (else 0). One
+    launcher that ends in failure while others run is given LAUNCHER_GRACE_S for theirs to notice, then the rest are
+    killed (a rank waiting in a collective for a peer on another launcher never returns by itself)."""
+
+    def __init__(self, procs: list):
+        self.procs, self.pid, self.failed_at = procs, procs[0].pid, None
+
+    def poll(self):
+        codes = [p.poll() for p in self.procs]
+        bad = [c for c in codes if c not in (None, 0)]
+        if bad and None in codes:
+            self.failed_at = self.failed_at or time.monotonic()
+            if time.monotonic() - self.failed_at > LAUNCHER_GRACE_S:
+                for p in self.procs:
+                    _kill(p)
+                codes = [p.poll() for p in self.procs]
+        if None in codes:
+            return None
+        return next((c for c in codes if c != 0), 0)
+
+    @property
+    def returncode(self):
+        return self.poll()
+
+    def wait(self):
+        for p in self.procs:
+            p.wait()
+        return self.poll()
+
+    def kill_all(self):
+        for p in self.procs:
+            _kill(p)
+
+
+LAUNCHER_GRACE_S = 15
 
 
 # the output each kind of job is judged by (its child writes it; the supervisor writes it where the child could not)
@@ -176,21 +273,22 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
             env["CUDA_VISIBLE_DEVICES"] = ",".join(slots)
             if shared:
                 env["FTBENCH_GPU_SHARED"] = str(share())
-        cmd = [sys.executable, "-m", "ftbench.supervise", str(job)]
-        if gpus > 1:  # one process per GPU (on a CPU machine: per rank, gloo), started by torchrun
-            cmd[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", "-m",
-                        "ftbench.supervise"]
-        proc, launcher = None, "subprocess"
+        # one process per GPU (on a CPU machine: per rank, gloo), started by torchrun: one launcher, or one a node
+        plan = launch_plan(gpus, run_nodes(params) if kind in ("train", "profile") else 1, slots, job, env,
+                           f"ftbench-{Path(tmp).name}")
+        proc, launcher = None, "subprocess" if len(plan) == 1 else plan[0]["where"].split(",")[0]
         if forkserver.enabled() and gpus <= 1 and (params.get("variant") or {}).get("framework") != "unsloth":
             try:  # forked from a server that imported the libraries once (ftbench.forkserver)
-                proc, launcher = forkserver.spawn(cmd[2:], env, log_path), "fork server"
+                proc, launcher = forkserver.spawn(plan[0]["cmd"][2:], env, log_path), "fork server"
             except forkserver.Unavailable as e:
                 with open(log_path, "a") as log:
                     print(f"fork server unavailable ({e}); starting the child the plain way", file=log)
         if proc is None:
             with open(log_path, "a") as log:
                 log.flush()
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                procs = [subprocess.Popen(p["cmd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env=p["env"]) for p in plan]
+            proc = procs[0] if len(procs) == 1 else Launchers(procs)
         previous = {}  # a job cancelled by Snakemake takes its child with it (handlers live in the main thread)
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, lambda *_: (_kill(proc), sys.exit(1))) for s in (signal.SIGTERM,
@@ -201,8 +299,11 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
             while proc.poll() is None:
                 time.sleep(POLL_S)
                 elapsed = time.monotonic() - t0
-                rss, family = _family(proc.pid)
-                seen.update(family)
+                rss = 0
+                for p in getattr(proc, "procs", [proc]):
+                    used, family = _family(p.pid)
+                    rss += used
+                    seen.update(family)
                 peak_rss = max(peak_rss, rss)
                 if time_limit and elapsed > time_limit:
                     verdict = ("timeout", f"exceeded its time limit of {time_limit:g} s")
@@ -222,15 +323,16 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        try:  # whatever the child left behind in its session (data-loader workers) goes with it
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for p in getattr(proc, "procs", [proc]):  # whatever each left behind in its session (loader workers) goes too
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         left = _kill_left(seen)  # ... and every rank torchrun started in sessions of their own
         elapsed = time.monotonic() - t0
         ranks = rank_progress(progress)
         last = {k: v for k, v in ranks.get(0, {}).items() if k != "age_s"}
-    supervision = {"launcher": launcher, "gpu_slots": slots, "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
+    supervision = {"launcher": launcher, "launchers": [p["where"] for p in plan], "gpu_slots": slots, "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
                    "exit_code": proc.returncode, "host_peak_rss_gib_session": peak_rss / 1024**3 or None,
                    "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs"),
                    "host_step_ends_s": last.get("host_step_ends_s"), "processes_killed_after": len(left),
