@@ -45,3 +45,59 @@ def test_the_tiny_default_trains_through_slurm(tmp_path, monkeypatch):
     assert len(jobs) == 2
     ddp = json.loads((wd / RUNS[1] / "metrics.json").read_text())
     assert ddp["parallel"]["world_size"] == 2  # the job launched its two ranks inside its SLURM allocation
+
+
+_LAUNCH = """
+import json, sys
+from ftbench.supervise import supervise
+a = json.load(open(sys.argv[1]))
+rec = supervise("train", a["params"], a["paths"], a["log"])
+print("record:", rec["status"], rec["reason"])
+"""
+
+
+def test_a_job_of_two_launchers_starts_them_with_srun_and_meets_at_slurms_first_host(tmp_path, monkeypatch,
+                                                                                      tiny_qwen, instruction_data):
+    """A training job of 2 ranks over 2 launchers ("nodes": 2), supervised inside a SLURM allocation of two tasks:
+    the supervisor reads the allocation from SLURM's environment, srun starts one torchrun launcher per task, and
+    they meet through c10d rendezvous at the allocation's first host, under the SLURM job's id (on this one-node
+    cluster both tasks share the node; on a cluster srun puts one on each node)."""
+    import os
+    import subprocess
+    import sys
+
+    from ftbench import config as ftc
+    from test_robustness import one_run_config
+
+    cfg = one_run_config(measure={"warmup_steps": 2, "steps": 3, "min_seconds": 0.5, "repeats": 2})
+    cfg["variants"]["lora-ddp2x2"] = {"peft": "lora", "precision": "bf16", "gpus": 2, "nodes": 2, "parallel": "ddp"}
+    cfg["studies"]["llm"]["matrix"][0].update(variants=["lora-ddp2x2"], batch_sizes=[2])
+    spec = ftc.RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", "lora-ddp2x2", 2)
+    (tmp_path / "model.json").write_text(json.dumps(tiny_qwen))
+    _, train, eval_ = instruction_data
+    out = tmp_path / "run"
+    paths = {"model": str(tmp_path / "model.json"), "train": str(train), "eval": str(eval_), "base_dir": str(ROOT),
+             "metrics": str(out / "metrics.json"), "steps": str(out / "steps.csv"), "memory": str(out / "memory.csv"),
+             "adapter": str(out / "adapter")}
+    job = tmp_path / "job-args.json"
+    job.write_text(json.dumps({"params": ftc.run_params(cfg, spec), "paths": paths, "log": str(tmp_path / "job.log")}))
+    script = tmp_path / "launch.py"
+    script.write_text(_LAUNCH)
+    with cluster(tmp_path / "slurm") as env:
+        env = {k: v for k, v in env.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_"))}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+        done = subprocess.run(["sbatch", "--wait", "--ntasks=2", "--cpus-per-task=1", "--mem=6000",
+                               f"--output={tmp_path / 'sbatch.out'}", f"--chdir={tmp_path}",
+                               f"--wrap={sys.executable} {script} {job}"], env=env, capture_output=True, text=True,
+                              timeout=900)
+    log = (tmp_path / "job.log").read_text() if (tmp_path / "job.log").exists() else ""
+    sbatch_out = (tmp_path / "sbatch.out").read_text() if (tmp_path / "sbatch.out").exists() else ""
+    assert done.returncode == 0, (done.stderr, sbatch_out[-2000:], log[-3000:])
+    rec = json.loads((out / "metrics.json").read_text())
+    assert rec["status"] == "ok", (rec["reason"], log[-3000:])
+    par, sup = rec["parallel"], rec["extra"]["supervision"]
+    assert par["world_size"] == 2 and par["launchers"] == 2
+    assert sorted(r["launcher"] for r in par["per_rank"]) == [0, 1]
+    (where,) = sup["launchers"]
+    assert where.startswith("srun: 2 launchers of 1 ranks on ") and "c10d rendezvous at " in where, where
+    assert rec["provenance"]["slurm_job_id"]
