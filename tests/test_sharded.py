@@ -129,18 +129,23 @@ def test_a_mixture_of_experts_builds_sharded_trains_a_step_and_gathers(tmp_path)
     assert r["experts"] > 0 and r["lora_grads"] > 0
 
 
-def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("source", ["in_process", "checkpoint"])
+def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_path, source):
     """Two gloo ranks build a tiny Qwen3 in NF4 sharded with FSDP2 (bf16 quant storage), with checkpointing as
-    qlora-gc-fsdp2 has it: gathered, the packed 4-bit bytes and quant states equal the one-process 4-bit build's;
-    the logits, the loss and every LoRA gradient on the same tokens are equal too (one thread each: the CPU's
-    bf16 GEMMs sum in another order with more); the adapter written by rank 0 loads in PEFT on the 4-bit model."""
+    qlora-gc-fsdp2 has it, from the seeded draws or from a checkpoint folder of the same weights (read a tensor at a
+    time, as a user's own model is): gathered, the packed 4-bit bytes and quant states equal the one-process 4-bit
+    build's; the logits, the loss and every LoRA gradient on the same tokens are equal too (one thread each: the
+    CPU's bf16 GEMMs sum in another order with more); the adapter written by rank 0 loads in PEFT on the 4-bit
+    model."""
     from peft import PeftModel
 
     from ftbench.parallel import _no_cpu_repack, adapters_as_trl_casts, seed_adapters
 
     arch = load_architecture(ROOT / "config/architectures/qwen3-8b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path / "p", 42, build="in_process")
-    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    ranks_built = manifest if source == "in_process" else materialize_model(arch, "random", tmp_path / "c", 42,
+                                                                             build="checkpoint")
+    (tmp_path / "m.json").write_text(json.dumps(ranks_built))
     out = tmp_path / "out"
     out.mkdir()
     two_ranks("sharded_4bit_ranks.py", tmp_path / "m.json", out, "qlora-gc-fsdp2", "1")
@@ -197,13 +202,3 @@ def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_pat
     for name, tensor in sharded["trained"].items():  # after the ranks' optimizer step
         assert not torch.equal(tensor, one[name].detach()), name
         assert torch.equal(got[name].detach().to(tensor.dtype), tensor), name
-
-
-def test_qlora_under_fsdp2_from_a_checkpoint_folder_is_refused(tmp_path):
-    from ftbench.harness import Unsupported
-    from ftbench.parallel import build_sharded
-
-    arch = load_architecture(ROOT / "config/architectures/qwen3-8b.yaml", "tiny")
-    manifest = materialize_model(arch, "random", tmp_path / "c", 42, build="checkpoint")
-    with pytest.raises(Unsupported, match="checkpoint folder"):
-        build_sharded(manifest, 42, "cpu", Variant("q", peft="lora", precision="nf4", gpus=2, parallel="fsdp2"), LORA)

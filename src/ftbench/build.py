@@ -373,7 +373,7 @@ def quantize_4bit(p, value, module, device):
     return q._quantize(device)
 
 
-def draw_4bit(module, seed: int, device, std: float, prefix: str = "", name_of=lambda name: name) -> int:
+def draw_4bit(module, seed: int, device, std: float, prefix: str = "", name_of=lambda name: name, read=None) -> int:
     """Draw and quantize on `device` only the bitsandbytes 4-bit weights under `module` that are still on the meta
     device (each whole, from the generator `draw_parameters` seeds per name: `name_of` maps a parameter's name under
     `prefix` to the plain model's, e.g. out of PEFT's wrapping), leaving every other parameter where it is: the
@@ -384,7 +384,9 @@ def draw_4bit(module, seed: int, device, std: float, prefix: str = "", name_of=l
         for pname, p in list(sub._parameters.items()):
             if p is None or not p.is_meta or type(p).__name__ != "Params4bit":
                 continue
-            value = _value(name_of(f"{mname}.{pname}"), sub, p.shape, std, seed, torch.device(device))
+            name = name_of(f"{mname}.{pname}")
+            value = (read(name).to(device=device, dtype=torch.bfloat16) if read is not None
+                     else _value(name, sub, p.shape, std, seed, torch.device(device)))
             sub._parameters[pname] = quantize_4bit(p, value, sub, device)
             del value
             n += 1

@@ -11,8 +11,10 @@ parallelism to the model, then each rank materializes only what it holds on its 
   rank holds), so the sharded model holds exactly the one-process build's weights; a checkpoint is read slice by
   slice (safetensors), each rank reading only its rows. No rank ever holds the whole model, on the host or the GPU.
   QLoRA (precision nf4): bitsandbytes 4-bit layers with bf16 quant storage, the documented FSDP+QLoRA route; each
-  layer's weights are drawn whole and quantized on the rank's GPU just before `fully_shard` splits their packed
-  bytes (one layer whole at a time), with LoRA in bf16 as TRL casts a quantized model's adapters.
+  layer's weights are drawn (or read from the checkpoint folder) whole and quantized on the rank's GPU just before
+  `fully_shard` splits their packed bytes (one layer whole at a time), with LoRA in bf16 as TRL casts a quantized
+  model's adapters.
+- `build_fp8_base(...)`: one process, a frozen base kept only in FP8, each projection cast as it lands.
 - `seed_adapters(model, seed)` gives LoRA's A matrices PEFT's initial distribution from a generator seeded per
   name (B zero), so an adapter starts the same on one GPU and sharded over several.
 - `gather` / `save_adapter`: the full LoRA state gathered (every rank takes part; rank 0 keeps it on the
@@ -33,7 +35,6 @@ import torch
 
 from .build import (GIB, GENERATOR, _value, build_memory, manifest_config, name_special_tokens, parameter_seed,
                     skeleton)
-from .harness import Unsupported
 from .ranks import distributed as _dist, world_size
 
 STRATEGIES = ("ddp", "fsdp2")
@@ -346,21 +347,19 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
     if variant.precision == "fp8":  # the frozen projections in FP8, on the meta device
         fp8_info = fp8.convert_decoder(model, variant.fp8_recipe)
     quant = quantization_config(variant, quant_storage=torch.bfloat16)
-    if quant is not None:  # QLoRA under FSDP2: the layers 4-bit on the meta device, their weights drawn below
-        if not in_process:
-            raise Unsupported("QLoRA under FSDP2 from a checkpoint folder is not wired (the 4-bit weights are "
-                              "quantized from the seeded draws of an in-process model)")
-        prepare_4bit(model, quant, device).postprocess_model(model)  # the model marked 4-bit, as TRL reads it
+    if quant is not None:  # QLoRA under FSDP2: the layers 4-bit on the meta device, their weights drawn (or read
+        prepare_4bit(model, quant, device).postprocess_model(model)  # from the checkpoint) below; marked as TRL reads
     model = apply_lora(model, variant, lora)
     before_shard = None
     if quant is not None:
         four_bit = {"cpu_repack_off": _no_cpu_repack(model), "adapters_bf16": adapters_as_trl_casts(model),
                     "quant_storage": "bfloat16", "quantized_4bit": 0, "quantized_at_once_max": 0, "quantize_s": 0.0}
         where = {id(m): n for n, m in model.named_modules()}
+        read = None if in_process else CheckpointSlices(manifest["path"]).tensor
 
-        def quantize_layer(module):  # each layer's 4-bit weights drawn whole and quantized just before FSDP2 splits
-            t4 = time.perf_counter()  # their packed bytes: one layer whole at a time on a rank, never the model
-            n = draw_4bit(module, seed, device, std, where[id(module)], base_name)
+        def quantize_layer(module):  # each layer's 4-bit weights drawn (or read) whole and quantized just before
+            t4 = time.perf_counter()  # FSDP2 splits their packed bytes: one layer whole at a time on a rank
+            n = draw_4bit(module, seed, device, std, where[id(module)], base_name, read)
             four_bit["quantized_4bit"] += n
             four_bit["quantized_at_once_max"] = max(four_bit["quantized_at_once_max"], n)
             four_bit["quantize_s"] += time.perf_counter() - t4
