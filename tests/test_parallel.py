@@ -86,6 +86,7 @@ def test_one_rank_killed_mid_run_ends_the_job_with_a_record_naming_it(tmp_path, 
     assert "rank 1 at 3" in rec["reason"] and rec["parallel"]["failed_rank"] == 1, rec["reason"]
     sup = rec["extra"]["supervision"]
     assert sup["failed_rank"] == 1 and sup["last_step_by_rank"]["1"] == 3 and sup["elapsed_s"] < took
+    assert rec["extra"]["fault_injected"] == {"kill_at_step": 3, "fault_rank": 1}  # a test, not a measurement
     assert took < 120  # the whole job, start to record: the kill itself ends it within seconds
 
 
@@ -302,3 +303,34 @@ def test_the_launch_plan_for_nodes_on_this_host_and_in_a_slurm_allocation(tmp_pa
     cmd = only["cmd"]
     assert cmd[:5] == ["srun", "--ntasks=2", "--kill-on-bad-exit=1", "--overlap", "--ntasks-per-node=1"]
     assert "--rdzv-id=slurm-4242" in cmd and "--rdzv-endpoint=gpu17:29642" in cmd and "--nproc-per-node=4" in cmd
+
+
+def test_records_of_injected_faults_are_left_out_of_runs_merged_from_elsewhere(tmp_path):
+    """The lease that tested the supervisor on four H100s shipped its fault runs' records beside its measurements:
+    merged, only the measurements are read (the faults' records say `extra.fault_injected`)."""
+    import shutil
+
+    from ftbench.analysis import read_runs
+
+    lease = Path(__file__).resolve().parents[1] / "measurements/h100x4-2026-11-27-b"
+    shutil.copytree(lease / "llm", tmp_path / "llm")
+    df = read_runs(tmp_path)
+    assert len(list(tmp_path.rglob("metrics.json"))) == 5
+    assert sorted(df["variant"].to_list()) == ["lora-tb-cg-lean-async-pinned-fp8-static-ddp4",
+                                               "lora-tb-cg-lean-async-pinned-fp8-static-ddp4-2x2"]
+
+
+def test_the_rank_named_is_the_one_killed_not_the_one_torchrun_stopped():
+    """torchrun's summary on four H100s (measurements/h100x4-2026-11-27-b/logs/bs4.log): rank 0, stopped by torchrun's
+    own SIGTERM, among the failures; rank 1, killed by SIGKILL, the root cause. And on gloo ranks the survivor may
+    exit with its own error first and be the summary's root cause: the killed rank is still the one named."""
+    from ftbench.supervise import first_failed_rank
+
+    log = (Path(__file__).resolve().parents[1] / "measurements/h100x4-2026-11-27-b/logs/bs4.log").read_text()
+    assert first_failed_rank(log) == (1, "killed by SIGKILL")
+    gloo = ("Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 7)\n"
+            "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 3 (pid: 8)\n")
+    assert first_failed_rank(gloo) == (1, "killed by SIGKILL")
+    assert first_failed_rank("Root Cause (first observed failure):\n[0]:\n  rank      : 2 (local_rank: 0)\n"
+                             "  exitcode  : 1 (pid: 9)\n") == (2, "exited with code 1")
+    assert first_failed_rank("no summary") is None

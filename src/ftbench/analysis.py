@@ -128,12 +128,14 @@ def typed(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def read_runs(path) -> pl.DataFrame:
-    """Runs measured elsewhere: a runs.parquet table, one metrics.json, or a folder searched for metrics.json."""
+    """Runs measured elsewhere: a runs.parquet table, one metrics.json, or a folder searched for metrics.json. Records
+    of runs with a fault injected (`extra.fault_injected`: tests of the supervisor on a lent host) are left out."""
     path = Path(path)
     if path.suffix == ".parquet":
         return pl.read_parquet(path)
     files = sorted(path.rglob("metrics.json")) if path.is_dir() else [path]
-    rows = [flatten(read_record(f)) for f in files]
+    records = [read_record(f) for f in files]
+    rows = [flatten(r) for r in records if not (r.get("extra") or {}).get("fault_injected")]
     if path.is_dir():
         named = folder_machines(path)
         for row in rows:

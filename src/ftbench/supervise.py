@@ -107,16 +107,20 @@ def rank_progress(path: Path) -> dict[int, dict]:
     return out
 
 
-# torchrun's summary of a failed job names the first rank that failed and its exit code
-ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+# torchrun's summary of a failed job: each failed rank with its exit code, the first observed failure last
+FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*exitcode\s*:\s*(-?\d+)")
 
 
 def first_failed_rank(log_text: str) -> tuple[int, str] | None:
-    """(rank, how it ended) from torchrun's last failure summary in a job's log, or None."""
-    found = ROOT_CAUSE.findall(log_text)
+    """(rank, how it ended) from torchrun's last failure summary in a job's log, or None: a rank killed by a signal
+    other than torchrun's own SIGTERM where there is one (it wrote nothing; a peer that failed in the collective it
+    left exits after it, and torchrun may observe that peer first), else the summary's first observed failure."""
+    start = log_text.rfind("Failures:")
+    found = [(int(r), int(c)) for r, c in FAILURE.findall(log_text[start:] if start >= 0 else log_text)]
     if not found:
         return None
-    r, code = int(found[-1][0]), int(found[-1][1])
+    # SIGTERM is torchrun's own stop of the survivors: a rank killed by another signal is the cause
+    r, code = next(((r, c) for r, c in found if c < 0 and c != -signal.SIGTERM), found[-1])
     try:
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     except ValueError:
@@ -364,6 +368,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
                 f"{verdict[1] if verdict else how} after writing its record ({verdict[0] if verdict else 'crashed'} "
                 f"in teardown; the record is kept, the log's tail is in extra.supervision.log_tail)")
         result.setdefault("extra", {})["supervision"] = supervision
+        mark_injected(result, params)
         write_json_atomic(out, result)
         return result
     first = first_failed_rank(_tail(log_path, 400)) if gpus > 1 and verdict is None else None
@@ -424,6 +429,7 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
     rec = new_record_from_template(params["run"], {"name": params["run"]["variant"], **params["variant"]})
     rec.update(status=status, reason=reason)
     rec["extra"]["supervision"] = supervision
+    mark_injected(rec, params)
     if supervision.get("failed_rank") is not None:  # torchrun named the rank that failed first
         rec["parallel"].update(strategy=params["variant"].get("parallel"), world_size=run_gpus(params),
                                failed_rank=supervision["failed_rank"])
@@ -447,6 +453,14 @@ def _fallback(kind, params, paths, status, reason, supervision) -> dict:
         json.dump({"traceEvents": []}, f)
     write_json_atomic(paths["summary"], summary)
     return summary
+
+
+def mark_injected(record: dict, params: dict) -> None:
+    """A run with a fault injected (training.inject, for tests) says so in its record: a test of the supervisor, not a
+    measurement; runs merged from elsewhere leave such records out (ftbench.analysis.read_runs)."""
+    inject = (params.get("settings") or {}).get("inject")
+    if inject:
+        record.setdefault("extra", {})["fault_injected"] = inject
 
 
 def _fill_train_outputs(paths, status, reason) -> None:
