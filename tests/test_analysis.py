@@ -682,3 +682,71 @@ def test_scaling_never_divides_a_multi_gpu_run_by_a_one_gpu_run_of_other_code():
     (_, (_, table, _)) = scaling(pl.DataFrame([one, two]), {}, pairs=[["top-ddp2", "top"]])
     row = table.row(0, named=True)
     assert row["speedup"] is None and row["scaling efficiency"] is None and "of other code" in row["reason"]
+
+
+def test_a_peer_stands_beside_the_frontier_only_with_its_settings_and_is_read_like_with_like():
+    """Issue 62: a peer's run (Unsloth, Liger Kernel) is compared only where its record names the settings it ran
+    with; without them it is refused a place in the peer table and gets no ratio in the frontier's table. A peer with
+    its settings is read against the fastest rung of the same machine in its own precision (bf16 against bf16) and
+    in any (the FP8 top rung), each lead with its noise verdict."""
+    from ftbench.compare import UNSTATED, frontier
+
+    ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
+
+    def run(variant, tps, precision="bf16", peer=None, knobs=None, machine="vm/a"):
+        rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01, scale="full")
+        rec["throughput"]["tokens_per_s"] = tps
+        rec["timing"]["noise_cv_tokens"] = 0.01
+        rec["variant"].update(precision=precision, **(knobs or {}))
+        rec["precision"]["gemm"] = "fp8" if precision == "fp8" else "bf16"
+        rec["provenance"]["machine"] = machine
+        rec["loss"].update(eval=8.0, trace=",".join(map(str, ref)), trace_tokens=",".join(["8191"] * 40))
+        if peer:
+            rec["extra"]["peer"] = peer
+        return rec
+
+    settings = {"system": "Unsloth", "version": "2026.10.9",
+                "settings": {"precision": "bf16", "gradient_checkpointing": "off", "attention": "FA3"}}
+    recs = [run("lora-tb", 12000), run("lora-tb-cg", 14000),
+            run("lora-tb-cg-fp8", 20000, precision="fp8"),  # its loss on the same rows: within noise (the trace)
+            run("unsloth-lora-tb", 13000, peer=settings, knobs={"framework": "unsloth"}),
+            run("lora-tb-liger", 9900, knobs={"liger": True})]  # an older record: no settings
+    df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
+    out = frontier(df, {}, rungs=["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"],
+                   beside=["unsloth-lora-tb", "lora-tb-liger"], same_rows="lora-tb")
+    table = out[2][1]
+    col = {r["variant"]: r["x top rung, same machine"] for r in table.iter_rows(named=True)}
+    assert col["lora-tb-liger"] == UNSTATED and col["unsloth-lora-tb"].startswith("0.65x")
+    note, (title, peers, _) = out[3], out[4]
+    assert title == "Peers at their best" and "Refused a place" in note and "lora-tb-liger (Liger Kernel" in note
+    (row,) = peers.to_dicts()  # the refused peer has no row
+    assert row["peer"] == "Unsloth" and row["version"] == "2026.10.9" and '"attention": "FA3"' in row["settings"]
+    assert row["top rung's lead, same precision, same machine"] == "1.08x (lora-tb-cg, 14,000)"
+    assert row["top rung's lead, any precision, same machine"] == "1.54x (lora-tb-cg-fp8, 20,000)"
+    # without any peer's settings, no lead is claimed
+    bare = [r for r in recs if r["run"]["variant"] != "unsloth-lora-tb"]
+    out = frontier(pl.DataFrame([flatten(r) for r in bare], infer_schema_length=None), {},
+                   rungs=["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"], beside=["lora-tb-liger"], same_rows="lora-tb")
+    assert "claims no lead" in out[3] and out[4][1]["result"].to_list() == ["no peer run with its settings recorded"]
+
+
+def test_a_peers_record_names_the_settings_it_ran_with():
+    """The causal-LM runner's `peer` entry: Unsloth's flash implementation and why, its checkpointing and compile,
+    the rows and the optimizer; Liger Kernel's compile; none for the project's own rungs."""
+    from types import SimpleNamespace
+
+    from ftbench.config import Variant
+    from ftbench.runners.causal_lm import peer_record
+
+    args = SimpleNamespace(optim="adamw_torch_fused")
+    rec = {"extra": {"unsloth_flash_impl": {"active": "FA3", "reason": "Hopper, flash_attn_3 importable"}}}
+    u = peer_record(Variant("u", framework="unsloth", padding_free=True, token_budget=4096), rec, args, 2)
+    assert u["system"] == "Unsloth" and u["settings"]["attention"] == "FA3"
+    assert u["settings"]["attention_why"].startswith("Hopper") and u["settings"]["gradient_checkpointing"] == "off"
+    assert u["settings"]["rows"] == "packed rows of 4096 tokens" and u["settings"]["compile"] == "unsloth's own"
+    assert u["settings"]["optim"] == "adamw_torch_fused" and u["settings"]["batch"] == 2
+    liger = peer_record(Variant("l", liger=True, compile="default", compile_scope="layers"),
+                        {"extra": {"attention_kernel": "flash"}}, args, 2)
+    assert liger["system"] == "Liger Kernel" and liger["settings"]["compile"] == "torch.compile default (layers)"
+    assert liger["settings"]["attention"] == "flash" and liger["settings"]["rows"] == "padded batches"
+    assert peer_record(Variant("mine"), {"extra": {}}, args, 2) is None

@@ -42,6 +42,9 @@ def flatten(record: dict) -> dict:
             if not isinstance(v, (list, dict)):
                 row[f"{group}.{k}"] = v
     model = record["model"]
+    peer = (record.get("extra") or {}).get("peer") or {}  # another system's run and the settings it ran with
+    row["peer.system"], row["peer.version"] = peer.get("system"), peer.get("version")
+    row["peer.settings"] = json.dumps(peer["settings"], sort_keys=True) if peer.get("settings") else None
     row["model.build"] = (model.get("build") or {}).get("method")
     row["model.trainable_parameters"] = model["trainable_parameters"]
     row["model.parameters"] = model["parameters"]

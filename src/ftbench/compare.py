@@ -496,12 +496,26 @@ def frontier_tops(runs, base: dict | None, refs: dict) -> dict:
     return tops
 
 
+def peer_of(r: dict) -> str | None:
+    """The other system a run is (Unsloth, Liger Kernel's patch), from its record's `peer` or, for records older than
+    it, its knobs; None for one of the project's own rungs."""
+    if r.get("peer.system"):
+        return r["peer.system"]
+    return "Unsloth" if r.get("variant.framework") == "unsloth" else "Liger Kernel" if r.get("variant.liger") else None
+
+
+UNSTATED = "not compared: the peer's settings are not in its record (a peer is compared at its best or not at all)"
+
+
 def against_top(rows: list[dict], runs: list[dict], tops: dict) -> None:
     """Each row's real tokens/s against the fastest run standing on the frontier measured on the same machine
     (`frontier_tops`): a peer's ratio to the top rung of its own lease, never across machines, with whether the two
     runs' noise carries it (column "x top rung, same machine")."""
     for row, r in zip(rows, runs):
         top = tops.get(machine_key(r))
+        if peer_of(r) and not r.get("peer.settings") and row["tokens/s (real)"]:
+            row["x top rung, same machine"] = UNSTATED
+            continue
         if top is None or not row["tokens/s (real)"]:
             row["x top rung, same machine"] = None
             continue
@@ -651,6 +665,65 @@ def scale_order() -> pl.Expr:
             .when(pl.col("gpu") != "cpu").then(1).otherwise(2))
 
 
+def peer_table(table: pl.DataFrame, runs: pl.DataFrame) -> list:
+    """Each peer (Unsloth, Liger Kernel) beside the frontier, compared like with like: its runs whose records name the
+    settings they ran with, the best of each system and precision on each machine, against the fastest rung standing
+    on the frontier on the same machine in the same precision (bf16 against bf16, FP8 against FP8; a peer in NF4
+    against the bf16 rung: QLoRA's GEMMs are bf16) and against the fastest rung overall; a peer's run without its
+    settings is listed as refused, never divided. `table`: the frontier's rows; `runs`: the runs they came from."""
+    if table.is_empty() or "variant" not in table.columns or not runs.height:
+        return []
+    def key(x, tokens):
+        return x["variant"], x["gpu"], x["model"], x["dataset"], tokens
+
+    rows_by = {key(r, r["throughput.tokens_per_s"] if r["status"] == "ok" else None): r
+               for r in runs.iter_rows(named=True)}
+
+    def run_of(t):  # the run a row of the frontier's table shows
+        return rows_by.get(key(t, t["tokens/s (real)"]))
+
+    rungs = [t for t in table.iter_rows(named=True) if t["rung"] != "beside" and run_of(t) is not None
+             and (t.get("on the frontier") or "yes").startswith("yes") and t["tokens/s (real)"]]
+    out, refused = [], []
+    for t in table.iter_rows(named=True):
+        r = run_of(t)
+        system = peer_of(r) if r else None
+        if not system or t["status"] != "ok" or not t["tokens/s (real)"]:
+            continue
+        if not r.get("peer.settings"):
+            refused.append(f"{t['variant']} ({system}, {t['gpu']}): {UNSTATED.removeprefix('not compared: ')}")
+            continue
+        gemm = "fp8" if r.get("precision.gemm") == "fp8" else "bf16"
+        same = [x for x in rungs if machine_key(run_of(x)) == machine_key(r)]
+        like = [x for x in same if ("fp8" if run_of(x).get("precision.gemm") == "fp8" else "bf16") == gemm]
+
+        def lead(pool):
+            if not pool:
+                return None
+            top = max(pool, key=lambda x: x["tokens/s (real)"])
+            rt = run_of(top)
+            return (f"{_verdict(top['tokens/s (real)'] / t['tokens/s (real)'], tokens_noise(rt), tokens_noise(r))} "
+                    f"({top['variant']}, {top['tokens/s (real)']:,.0f})")
+        out.append({"peer": system, "version": r.get("peer.version"), "variant": t["variant"], "gpu": t["gpu"],
+                    "GEMMs in": gemm, "tokens/s (real)": t["tokens/s (real)"], "peak memory GiB": t["peak memory GiB"],
+                    "settings": r["peer.settings"], "top rung's lead, same precision, same machine": lead(like),
+                    "top rung's lead, any precision, same machine": lead(same)})
+    note = ("Peers at their best, like with like: each peer's run whose record names the settings it ran with "
+            "(the system's version, precision, checkpointing, the attention that ran, compilation, rows, the trainer's "
+            "metrics, the optimizer), read against the fastest rung standing on the frontier measured on the same "
+            "machine: in the same precision (bf16 GEMMs against bf16, FP8 against FP8; QLoRA's GEMMs are bf16) and "
+            "in any. A lead is the rung's real tokens/s over the peer's, with its noise verdict. ")
+    if not out and not refused:  # no peer beside the frontier
+        return []
+    if refused:
+        note += "Refused a place (no settings in the record): " + "; ".join(refused) + "."
+    if not out:
+        return [note + " No peer's run with its settings recorded: the report claims no lead over any peer.",
+                ("Peers at their best", pl.DataFrame({"result": ["no peer run with its settings recorded"]}),
+                 "frontier peers measured")]
+    return [note, ("Peers at their best", pl.DataFrame(out, infer_schema_length=None), "frontier peers measured")]
+
+
 def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=None, replaced=None, **_) -> list:
     """The speed frontier past the ladder's top (one GPU, LoRA): each rung adds one technique (rows of a token
     budget, CUDA graphs, no per-step metric syncs, fused projections and optimizer, activation offloading, FP8),
@@ -658,9 +731,12 @@ def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=N
     (`frontier_peers` in the study's published file), each beside the fastest rung measured here on its GPU."""
     out = ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows,
                  replaced=replaced)
+    table = out[-1][1]
+    if beside and "variant" in table.columns:
+        out += peer_table(table, df.filter(pl.col("variant").is_in(list(rungs) + list(beside))))
     peers = published.get("frontier_peers") or []
     if peers:
-        out += peer_rows(out[-1][1], peers)
+        out += peer_rows(table, peers)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import os
 import shutil
@@ -239,6 +240,40 @@ def unsloth_flash_impl() -> dict | None:
     return {"active": FLASH_IMPL_STATE.get("active"), "reason": FLASH_IMPL_STATE.get("reason")}
 
 
+PEER_SYSTEMS = {"unsloth": ("Unsloth", "unsloth"), "liger": ("Liger Kernel", "liger_kernel")}
+
+
+def peer_record(v, record, args, batch_size) -> dict | None:
+    """Another system's run (Unsloth, Liger Kernel's patch) with the settings it ran with, as they stand in the
+    record: the system and its version, precision, checkpointing and how, the attention that ran (Unsloth's flash
+    implementation and why, else the kernel), compilation, the rows (packed to a budget or padded batches), the
+    trainer's per-step metrics, the optimizer and the batch. The frontier compares a peer only where its record
+    names them (ftbench.compare.peer_table); None for one of the project's own rungs."""
+    kind = "unsloth" if v.framework == "unsloth" else "liger" if v.liger else None
+    if kind is None:
+        return None
+    system, package = PEER_SYSTEMS[kind]
+    extra = record["extra"]
+    settings = {
+        "precision": v.precision,
+        "gradient_checkpointing": ("unsloth (its offloaded checkpointing)" if kind == "unsloth" else "torch")
+        if v.gradient_checkpointing else "off",
+        "attention": (extra.get("unsloth_flash_impl") or {}).get("active") or extra.get("attention_kernel")
+        or v.sdpa_backend or "transformers' default",
+        "attention_why": (extra.get("unsloth_flash_impl") or {}).get("reason"),
+        "compile": ("unsloth's own" if v.unsloth_compile else "off") if kind == "unsloth" else (
+            f"torch.compile {v.compile} ({v.compile_scope})" if v.compile else "off"),
+        "rows": f"packed rows of {v.token_budget} tokens" if v.token_budget else (
+            "padding-free rows" if v.padding_free else "padded batches"),
+        "trainer_metrics": v.trainer_metrics, "optim": args.optim if isinstance(args.optim, str) else str(args.optim),
+        "batch": batch_size}
+    try:
+        version = importlib.metadata.version(package.replace("_", "-"))
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return {"system": system, "version": version, "settings": settings}
+
+
 def train(ctx, record, device, meter):
     """Load, wrap, train with SFTTrainer for warm-up + measured windows, evaluate; fill the record."""
     if ctx.variant.framework == "unsloth":
@@ -447,6 +482,7 @@ def train(ctx, record, device, meter):
         record["extra"]["unsloth_flash_impl"] = unsloth_flash_impl()
     record["extra"]["gradient_checkpointing_active"] = bool(getattr(trainer.model, "is_gradient_checkpointing", False)
                                                             or getattr(model, "is_gradient_checkpointing", False))
+    record["extra"]["peer"] = peer_record(v, record, args, ctx.spec.batch_size)
     if v.parallel:  # what the trainer wrapped the model in: DistributedDataParallel, or FSDP2's FSDP<class>
         record["extra"]["parallel_wrapper"] = type(trainer.model_wrapped).__name__
     record["extra"]["loss_path"] = (f"ftbench.head ({v.lm_head}: two GEMMs a chunk of tokens)" if v.lm_head else
