@@ -22,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -53,6 +54,37 @@ def plan(name: str, parts: dict) -> dict:
         raise KeyError(name)
     targets = [t for tmpl in camp["targets"] for t in fill(tmpl, parts["vars"])]
     return {**camp, "name": name, "targets": list(dict.fromkeys(targets))}
+
+
+TARGET = re.compile(r"^results/(runs|profiles)/([^/]+)/([^/]+)/([^/]+)/([^/]+)/([^/]+)/bs(\d+)/")
+
+
+def at_tiny(camp: dict, folder: Path) -> dict:
+    """The campaign's cells at tiny scale on this machine (how the test suite runs a study's campaign end to end):
+    the default config's tiny models and synthetic data, each study's matrix the campaign's own cells (a config file
+    written in `folder`, which the campaign's folder keeps), every target's scale tiny."""
+    targets = [TARGET.sub(lambda m: m.group(0).replace(f"/{m.group(4)}/", "/tiny/", 1), t) for t in camp["targets"]]
+    cells: dict = {}
+    profiles = []
+    for t in targets:
+        kind, study, model, _, dataset, variant, bs = TARGET.match(t).groups()
+        cells.setdefault(study, {}).setdefault((model, dataset, variant), set()).add(int(bs))
+        if kind == "profiles":
+            profiles.append({"study": study, "model": model, "dataset": dataset, "variant": variant,
+                             "batch_size": int(bs)})
+    config = {"only_studies": sorted(cells), "profile": profiles, "token_stats": [], "materialize": [],
+              "studies": {study: {"matrix": [{"models": [m], "datasets": [d], "variants": [v], "batch_sizes": sorted(b)}
+                                             for (m, d, v), b in runs.items()]} for study, runs in cells.items()}}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny-cells.yaml"
+    path.write_text("# the campaign's cells at tiny scale (bench/campaign.py --tiny)\n" + yaml.safe_dump(config))
+    return {**camp, "configs": [str(path.resolve())], "targets": targets, "tiny": True}
+
+
+def only_variants(targets: list[str], variants: str) -> list[str]:
+    """The targets of the variants named (comma-separated): a part of a campaign, e.g. a cell and its baseline."""
+    keep = set(variants.split(","))
+    return [t for t in targets if TARGET.match(t) and TARGET.match(t).group(6) in keep]
 
 
 def code_tree(ref: str | None, workdir: Path = ROOT) -> tuple[Path, str | None]:
@@ -525,7 +557,9 @@ def readme(camp: dict, state: dict, out: Path) -> str:
              f"{gpu_h:.2f} {'GPU' if gpus else 'CPU job'}-hours in the jobs' own time.",
              f"- **The one command:** `python3 bench/campaign.py {camp['name']} --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
              + (f" --batches {batches[0]}" if len(batches) == 1 and batches[0] else "")
-             + (f" --code {codes[0].split()[-1]}" if len(codes) == 1 else "") + "` (again to resume).", "",
+             + (f" --code {codes[0].split()[-1]}" if len(codes) == 1 else "")
+             + (" --tiny" if camp.get("tiny") else "") + (f" --variants {camp['variants']}" if camp.get("variants")
+                                                          else "") + "` (again to resume).", "",
              f"Records: {len(records)} of {sum(t.endswith('metrics.json') for t in camp['targets'])} cells; "
              f"ok {sum(r.get('status') == 'ok' for _, r in records)}.", ""]
     if failed:
@@ -581,6 +615,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--batches", default=None, metavar="N,M",
                     help="only the targets at these batch sizes (a study too long for one lease, split so that each "
                          "cell and its baseline at the same batch run on one host)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="the campaign's cells at tiny scale on this machine (the default config's tiny models and "
+                         "data): the study's campaign end to end in minutes, as the test suite runs it")
+    ap.add_argument("--variants", default=None, metavar="A,B",
+                    help="only the targets of these variants (a cell and its baseline)")
     ap.add_argument("--estimate", action="store_true",
                     help="print what the pending targets cost, from the jobs' own times in measurements/ (no run)")
     ap.add_argument("--gpus", type=int, default=None, help="with --estimate: the host's GPUs (default: this one's)")
@@ -606,6 +645,10 @@ def main(argv: list[str]) -> int:
     out = Path(args.out) if args.out else ROOT / "measurements" / (
         f"{args.campaign}-{platform.node()}-{datetime.date.today().isoformat()}")
     out = out if out.is_absolute() else ROOT / out
+    if args.tiny:
+        camp = at_tiny(camp, out)
+    if args.variants:
+        camp = {**camp, "targets": only_variants(camp["targets"], args.variants), "variants": args.variants}
     whole = camp  # the README counts every cell of the campaign, whatever batches this call runs
     if args.batches:
         camp = {**camp, "targets": only_batches(camp["targets"], args.batches)}

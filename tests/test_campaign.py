@@ -376,3 +376,48 @@ def test_a_batch_split_over_two_machines_is_named_before_the_call_runs(tmp_path)
     first, second = machine_of("vm", ["GPU-a0", "GPU-a1"]), machine_of("vm", ["GPU-b0", "GPU-b1"])
     assert campaign.split_batches(targets, out, calls, second) == {1: [first]}
     assert campaign.split_batches(targets, out, calls, first) == {}
+
+
+def test_each_studys_campaign_names_cells_its_own_config_can_run():
+    """study_b, study_c and study_d (issue 63): every target is a run (or a profile of one) in the merged config of the
+    campaign's own files, so one command on one host can run it; Study C's holds its sweep, stages, probes and baseline."""
+    import yaml
+
+    from ftbench import config as ftc
+
+    campaign = load_campaign()
+    parts = yaml.safe_load((ROOT / "bench" / "parts.yaml").read_text())
+    for name in ("study_b", "study_c", "study_d"):
+        camp = campaign.plan(name, parts)
+        config = campaign.merged_config(camp)
+        for t in camp["targets"]:
+            kind, study, model, scale, dataset, variant, bs = campaign.TARGET.match(t).groups()
+            spec = ftc.find_run(config, study=study, model=model, scale=scale, dataset=dataset, variant=variant,
+                                batch_size=bs)
+            assert spec.scale == "full", t
+    c = campaign.plan("study_c", parts)["targets"]
+    assert {t.split("/")[-3] for t in c if "/runs/" in t} == {
+        "workers-0", "workers-1", "workers-2", "workers-3", "workers-4", "workers-8", "workers-12", "compile", "pinned",
+        "compile-ro", "cached-compile-ro"}
+
+
+def test_a_studys_campaign_runs_end_to_end_at_tiny_scale_into_a_folder_the_report_reads(tmp_path):
+    """`--tiny`: Study C's campaign (here its baseline and two cells, `--variants`) at tiny scale on this CPU: its
+    records and profiles land in the campaign's folder with its README and state, the folder stands for the study it
+    measured, and the report's tables read its runs."""
+    from ftbench.analysis import aggregate
+    from ftbench.config import campaign_owners
+
+    out, work = tmp_path / "campaign", tmp_path / "work"
+    proc = call("study_c", "--tiny", "--variants", "workers-0,workers-1", "--out", str(out), "--workdir", str(work))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    records = sorted(out.rglob("metrics.json"))
+    assert [r.parent.parent.name for r in records] == ["workers-0", "workers-1"]
+    assert all(json.loads(r.read_text())["run"]["scale"] == "tiny" for r in records)
+    assert (out / "profiles/diffusion/stable-diffusion-v1-5/tiny/naruto/workers-0/bs1/summary.json").is_file()
+    assert (out / "tiny-cells.yaml").is_file()
+    text = (out / "README.md").read_text()
+    assert "Records: 2 of 2 cells; ok 2" in text and "--tiny --variants workers-0,workers-1" in text
+    assert campaign_owners([str(out)]) == {"diffusion": str(out)}
+    df = aggregate([], [out], study="diffusion")
+    assert sorted(df["variant"].to_list()) == ["workers-0", "workers-1"] and set(df["status"]) == {"ok"}
