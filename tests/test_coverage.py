@@ -371,12 +371,13 @@ def test_a_study_a_campaign_measured_is_read_from_the_campaign_alone(tmp_path):
     write("lease", "lmm", "bf16-gc", "a" * 16)
     write("lease", "llm", "lora", "a" * 16)
     write("camp", "lmm", "fp8-te-gc", "b" * 16, campaign=True)
-    merged, note = shipped_records([str(tmp_path / "lease"), str(tmp_path / "camp")],
+    merged, note, only = shipped_records([str(tmp_path / "lease"), str(tmp_path / "camp")],
                                    [{"table": "study_a", "study": "lmm"}, {"table": "study_b", "study": "llm"}])
     got = sorted(zip(merged["study"].to_list(), merged["variant"].to_list(), merged["source_digest"].to_list()))
     assert got == [("llm", "lora", "a" * 16), ("lmm", "fp8-te-gc", "b" * 16)]
     assert note.startswith(f"Study A: from the campaign {tmp_path / 'camp'} alone. One commit: every full-scale record "
                            "ran the same files (bbbbbbbbbb")
+    assert only == {}  # a campaign not named after a table stands for the studies it holds
 
 
 def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_one_stands_beside():
@@ -458,3 +459,33 @@ def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_on
     assert cell["measured by"] == "unsloth-qlora-fixed, qlora-gc-fixed" and cell["ratio"] == pytest.approx(2.3)
     assert cell["verdict"] == "differs" and "unsloth-qlora-fixed on the H100 SXM5" not in cell["why"]
     assert "qwen3-8b wikipedia_ja bs16 on the H100 SXM5: 2.00x" in cell["why"]  # the padded-to-its-longest pair beside
+
+
+def test_studies_b_and_d_each_read_from_their_own_campaign_though_both_are_llm_records(tmp_path):
+    """Issue 63: bench/campaign.py study_b and study_d both write `llm` records; each campaign's folder (its
+    campaign.json names it) stands for its own published table, read from it alone, while a lease's records stay in
+    the merge for everything else."""
+    from ftbench.coverage import shipped_records
+    from ftbench.records import RECORD_TEMPLATE
+
+    def write(folder, variant, digest, campaign=None):
+        rec = json.loads(json.dumps(RECORD_TEMPLATE))
+        rec["run"].update(study="llm", model="m", scale="full", dataset="d", variant=variant, batch_size=4)
+        rec.update(status="ok", reason=None)
+        rec["provenance"].update(source_digest=digest, git_commit="c" * 40, timestamp="2026-11-28T10:00:00+00:00",
+                                 device={"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{folder}"})
+        f = tmp_path / folder / "llm" / "m" / "full" / "d" / variant / "bs4" / "metrics.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps(rec))
+        if campaign:
+            (tmp_path / folder / "campaign.json").write_text(json.dumps({"campaign": campaign}))
+
+    write("lease", "lora", "a" * 16)
+    write("study_b-vm-2026-11-28", "unsloth-qlora", "b" * 16, campaign="study_b")
+    write("study_d-vm-2026-11-28", "qlora-gc", "d" * 16, campaign="study_d")
+    folders = [str(tmp_path / f) for f in ("lease", "study_b-vm-2026-11-28", "study_d-vm-2026-11-28")]
+    tables = [{"table": "study_b", "study": "llm"}, {"table": "study_d", "study": "llm"}]
+    merged, note, only = shipped_records(folders, tables)
+    assert sorted(merged["variant"].to_list()) == ["lora", "qlora-gc", "unsloth-qlora"]
+    assert only["study_b"]["variant"].to_list() == ["unsloth-qlora"] and only["study_d"]["variant"].to_list() == ["qlora-gc"]
+    assert "Study B: from the campaign" in note and "Study D: from the campaign" in note

@@ -5,7 +5,10 @@ GPU fills a cell: tiny and proxy runs measure the pipeline, not the study."""
 
 from __future__ import annotations
 
+import json
+
 from html import escape
+from pathlib import Path
 
 import polars as pl
 
@@ -34,31 +37,62 @@ def merged_records(parquets, extra=()) -> pl.DataFrame:
     return df.unique(subset=[k for k in KEY if k in df.columns] + ["_code"], keep="last", maintain_order=True)
 
 
-def shipped_records(folders, tables=()) -> tuple[pl.DataFrame, str | None]:
+def shipped_records(folders, tables=()) -> tuple[pl.DataFrame, str | None, dict[str, pl.DataFrame]]:
     """The records that ship in `folders` (config shipped_runs), merged as `merged_records` merges, where a campaign
-    stands for its studies (`config.campaign_owners`): a study a campaign measured is read from that campaign alone,
-    so that none of its ratios divides runs of other code or another host; and a line naming each such campaign with
-    its own provenance (one commit, one host, its dates)."""
+    stands for what it measured, so that none of its ratios divides runs of other code or another host:
+    - a campaign named after a published table (bench/campaign.py study_b: its campaign.json's `campaign`) stands for
+      that table: the table reads its study's records from that campaign alone (Studies B and D both read `llm`
+      records, each from its own campaign); a study whose every table such campaigns stand for, by one folder, is read
+      from it alone elsewhere too;
+    - any other campaign stands for the studies it holds records of (`config.campaign_owners`).
+    Returns the merged records, a line naming each such campaign with its own provenance (one commit, one host, its
+    dates), and {table: its campaign's records} for the tables a campaign stands for."""
     from .config import campaign_owners
 
-    owners = campaign_owners(folders)
+    named_tables = {t["table"] for t in tables}
+    by_table, owners = {}, {}
+    for f in sorted(folders):
+        state = Path(f) / "campaign.json"
+        if not state.is_file():
+            continue
+        name = (json.loads(state.read_text() or "{}") or {}).get("campaign")
+        studies = [s for s, c in campaign_owners([f]).items()]
+        if name in named_tables and name in TABLES:
+            by_table[name] = (f, studies)
+        else:
+            owners.update({s: f for s in studies})
+    for study in {t.get("study") for t in tables if t.get("study")}:
+        mine = [t["table"] for t in tables if t.get("study") == study]
+        folders_of = {by_table[t][0] for t in mine if t in by_table}
+        if mine and all(t in by_table for t in mine) and len(folders_of) == 1:
+            owners[study] = folders_of.pop()
     frames = []
     for f in folders:
         df = read_runs(f)
         others = [s for s, c in owners.items() if c != f]
         frames.append(df.filter(~pl.col("study").is_in(others)) if len(df) and others else df)
     merged = merged_records([], frames)
+    only = {}
+    for table, (f, _) in by_table.items():
+        study = next((t.get("study") for t in tables if t["table"] == table), None)
+        df = read_runs(f)
+        only[table] = merged_records([], [df.filter(pl.col("study") == study) if study and len(df) else df])
     if merged.is_empty():
-        return merged, None
+        return merged, None, only
 
     def named(study: str) -> str:  # the published tables a study's records fill: "Study A", "Study B and Study D"
         return " and ".join(f"Study {t['table'].removeprefix('study_').upper()}" for t in tables
                             if t.get("study") == study) or f"The {study} records"
 
+    def title(table: str) -> str:
+        return f"Study {table.removeprefix('study_').upper()}"
+
     notes = [f"{named(study)}: from the campaign {folder} alone. "
              f"{provenance_line(merged.filter(pl.col('study') == study), dates=True)}"
              for study, folder in owners.items()]
-    return merged, " ".join(notes) or None
+    notes += [f"{title(table)}: from the campaign {f} alone. {provenance_line(only[table], dates=True)}"
+              for table, (f, _) in by_table.items() if f not in owners.values() and not only[table].is_empty()]
+    return merged, " ".join(notes) or None, only
 
 
 def latest(df: pl.DataFrame) -> pl.DataFrame:
@@ -631,15 +665,20 @@ NAMES = {"A": "Study A (LLaVA-NeXT, relative to bf16)", "B": "Study B (samples p
          "C": "Study C (SD 1.5, time per step)", "D": "Study D (Unsloth's claim, several GPUs)"}
 
 
-def coverage_rows(df: pl.DataFrame, studies: list[dict], across_code: bool = False) -> pl.DataFrame:
+def coverage_rows(df: pl.DataFrame, studies: list[dict], across_code: bool = False,
+                  only: dict[str, pl.DataFrame] | None = None) -> pl.DataFrame:
     """All cells: `studies` lists {table: <TABLES key>, published: dict, measured_by: dict, probes: list (study_a)};
-    `across_code`: ratios may divide runs of different code (the config's merge_across_code), the note stays."""
-    if not df.is_empty() and "gpu_memory_gib" not in df.columns:
-        df = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_memory_gib"))
-    if not df.is_empty():
-        df = df.with_columns(peak_gib=peak_memory())
+    `across_code`: ratios may divide runs of different code (the config's merge_across_code), the note stays; `only`:
+    {table: the records it is read from alone} (its campaign's, `shipped_records`), in place of `df`."""
+    def ready(df):
+        if not df.is_empty() and "gpu_memory_gib" not in df.columns:
+            df = df.with_columns(pl.lit(None, dtype=pl.Float64).alias("gpu_memory_gib"))
+        return df.with_columns(peak_gib=peak_memory()) if not df.is_empty() else df
+
+    every, only = ready(df), {t: ready(d) for t, d in (only or {}).items()}
     rows = []
     for s in studies:
+        df = only.get(s["table"], every)
         probes = {"probes": s["probes"]} if s.get("probes") else {}  # study_a's and study_c's
         # Study D pairs runs of one code (its multi-GPU twins always; Unsloth's pair unless merged across code), among
         # every code's latest copy; the others judge each run's latest copy. (With merge_across_code, each run's

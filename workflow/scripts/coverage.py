@@ -16,8 +16,8 @@ table = coverage_rows(runs, tables, across_code=snakemake.params.across_code)
 table.write_csv(snakemake.output.csv)
 shipped = None
 if snakemake.input.shipped:  # what ships in measurements/, judged on its own (config shipped_runs)
-    theirs, campaigns = shipped_records(snakemake.input.shipped, tables)
-    shipped = (coverage_rows(theirs, tables, across_code=snakemake.params.across_code),
+    theirs, campaigns, only = shipped_records(snakemake.input.shipped, tables)
+    shipped = (coverage_rows(theirs, tables, across_code=snakemake.params.across_code, only=only),
                " ".join(filter(None, [campaigns, provenance_line(theirs, snakemake.params.across_code, dates=True)])))
 fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped)
 Path(snakemake.output.front).write_text(fragment)
