@@ -321,12 +321,12 @@ def test_records_of_injected_faults_are_left_out_of_runs_merged_from_elsewhere(t
 
 
 def test_the_rank_named_is_the_one_killed_not_the_one_torchrun_stopped():
-    """torchrun's summary on four H100s (measurements/h100x4-2026-11-27-b/logs/bs4.log): rank 0, stopped by torchrun's
+    """torchrun's summary on four H100s (measurements/h100x4-2026-11-27-b/job-logs/bs4.log): rank 0, stopped by torchrun's
     own SIGTERM, among the failures; rank 1, killed by SIGKILL, the root cause. And on gloo ranks the survivor may
     exit with its own error first and be the summary's root cause: the killed rank is still the one named."""
     from ftbench.supervise import first_failed_rank
 
-    log = (Path(__file__).resolve().parents[1] / "measurements/h100x4-2026-11-27-b/logs/bs4.log").read_text()
+    log = (Path(__file__).resolve().parents[1] / "measurements/h100x4-2026-11-27-b/job-logs/bs4.log").read_text()
     assert first_failed_rank(log) == (1, "killed by SIGKILL")
     gloo = ("Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 7)\n"
             "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 3 (pid: 8)\n")
