@@ -278,6 +278,7 @@ def test_two_launchers_rendezvous_into_one_job(tmp_path, tiny_qwen, instruction_
     assert par["world_size"] == 2 and par["launchers"] == 2 and par["backend"] == "gloo"
     assert sorted((r["rank"], r["launcher"]) for r in par["per_rank"]) == [(0, 0), (1, 1)]
     assert len(sup["launchers"]) == 2 and all("c10d rendezvous at 127.0.0.1:" in w for w in sup["launchers"])
+    assert sup["launcher"] == "2 torchrun launchers"
     one, _ = ranked_run(tmp_path / "one", tiny_qwen, instruction_data, "lora-ddp2", DDP2)
     assert one["status"] == "ok" and one["parallel"]["launchers"] == 1
     assert rec["loss"]["first"] == pytest.approx(one["loss"]["first"], rel=1e-5)

@@ -100,4 +100,5 @@ def test_a_job_of_two_launchers_starts_them_with_srun_and_meets_at_slurms_first_
     assert sorted(r["launcher"] for r in par["per_rank"]) == [0, 1]
     (where,) = sup["launchers"]
     assert where.startswith("srun: 2 launchers of 1 ranks on ") and "c10d rendezvous at " in where, where
+    assert sup["launcher"] == "srun"
     assert rec["provenance"]["slurm_job_id"]

@@ -280,7 +280,8 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         # one process per GPU (on a CPU machine: per rank, gloo), started by torchrun: one launcher, or one a node
         plan = launch_plan(gpus, run_nodes(params) if kind in ("train", "profile") else 1, slots, job, env,
                            f"ftbench-{Path(tmp).name}")
-        proc, launcher = None, "subprocess" if len(plan) == 1 else plan[0]["where"].split(",")[0]
+        proc, launcher = None, ("srun" if plan[0]["cmd"][0] == "srun" else "subprocess" if len(plan) == 1
+                                else f"{len(plan)} torchrun launchers")
         if forkserver.enabled() and gpus <= 1 and (params.get("variant") or {}).get("framework") != "unsloth":
             try:  # forked from a server that imported the libraries once (ftbench.forkserver)
                 proc, launcher = forkserver.spawn(plan[0]["cmd"][2:], env, log_path), "fork server"
