@@ -341,10 +341,11 @@ def available_bytes(device) -> int | None:
         return None
 
 
-def check_fits(model, device, what: str, dtype=torch.bfloat16) -> None:
+def check_fits(model, device, what: str, dtype=torch.bfloat16, need: int | None = None) -> None:
     """Refuse (TooLarge, both numbers) a build whose parameters cannot fit `device`'s free memory; `model` is the
-    skeleton on the meta device, so the estimate costs nothing."""
-    need, have = parameter_bytes(model, dtype), available_bytes(device)
+    skeleton on the meta device, so the estimate costs nothing (`need`: the bytes it takes, where not `dtype`'s
+    size a parameter: an FP8 base)."""
+    need, have = need if need is not None else parameter_bytes(model, dtype), available_bytes(device)
     if have is not None and need > have:
         where = "GPU" if torch.device(device).type == "cuda" else "host"
         raise TooLarge(f"{what}: refused before building: its {count_parameters(model):,} parameters take "
@@ -360,6 +361,14 @@ def _value(name: str, module, shape, std: float, seed: int, device) -> torch.Ten
         return torch.zeros(shape, dtype=torch.bfloat16, device=device)
     g = torch.Generator(device=device).manual_seed(parameter_seed(seed, name))
     return torch.empty(shape, dtype=torch.bfloat16, device=device).normal_(0.0, std, generator=g)
+
+
+def _landing(name: str, module, shape, std: float, seed: int, device, read=None) -> torch.Tensor:
+    """A parameter's bf16 value on `device` as it lands: read (`read`: a name -> its tensor, a checkpoint's), else its
+    seeded draw (`_value`)."""
+    if read is not None:
+        return read(name).to(device=device, dtype=torch.bfloat16)
+    return _value(name, module, shape, std, seed, device)
 
 
 def quantize_4bit(p, value, module, device):
@@ -384,9 +393,7 @@ def draw_4bit(module, seed: int, device, std: float, prefix: str = "", name_of=l
         for pname, p in list(sub._parameters.items()):
             if p is None or not p.is_meta or type(p).__name__ != "Params4bit":
                 continue
-            name = name_of(f"{mname}.{pname}")
-            value = (read(name).to(device=device, dtype=torch.bfloat16) if read is not None
-                     else _value(name, sub, p.shape, std, seed, torch.device(device)))
+            value = _landing(name_of(f"{mname}.{pname}"), sub, p.shape, std, seed, torch.device(device), read)
             sub._parameters[pname] = quantize_4bit(p, value, sub, device)
             del value
             n += 1
@@ -422,12 +429,8 @@ def draw_parameters(model, seed: int, device, dtype=torch.bfloat16, read=None, k
             if p is None or not p.is_meta:
                 continue
             name = f"{mname}.{pname}" if mname else pname
-            if read is not None:
-                value = read(name).to(device=device, dtype=torch.bfloat16)
-                counts["parameters_read"] += 1
-            else:
-                value = _value(name, module, p.shape, std, seed, device)
-                counts["parameters_drawn"] += 1
+            value = _landing(name, module, p.shape, std, seed, device, read)
+            counts["parameters_read" if read is not None else "parameters_drawn"] += 1
             if type(p).__name__ == "Params4bit":
                 module._parameters[pname] = quantize_4bit(p, value, module, device)
                 counts["quantized_4bit"] += 1

@@ -665,6 +665,11 @@ def scale_order() -> pl.Expr:
             .when(pl.col("gpu") != "cpu").then(1).otherwise(2))
 
 
+def gemms_in(r: dict) -> str:
+    """The precision a run's GEMMs ran in, as a peer is compared: fp8, else bf16 (QLoRA dequantizes to bf16)."""
+    return "fp8" if r.get("precision.gemm") == "fp8" else "bf16"
+
+
 def peer_table(table: pl.DataFrame, runs: pl.DataFrame) -> list:
     """Each peer (Unsloth, Liger Kernel) beside the frontier, compared like with like: its runs whose records name the
     settings they ran with, the best of each system and precision on each machine, against the fastest rung standing
@@ -673,6 +678,7 @@ def peer_table(table: pl.DataFrame, runs: pl.DataFrame) -> list:
     settings is listed as refused, never divided. `table`: the frontier's rows; `runs`: the runs they came from."""
     if table.is_empty() or "variant" not in table.columns or not runs.height:
         return []
+
     def key(x, tokens):
         return x["variant"], x["gpu"], x["model"], x["dataset"], tokens
 
@@ -693,9 +699,9 @@ def peer_table(table: pl.DataFrame, runs: pl.DataFrame) -> list:
         if not r.get("peer.settings"):
             refused.append(f"{t['variant']} ({system}, {t['gpu']}): {UNSTATED.removeprefix('not compared: ')}")
             continue
-        gemm = "fp8" if r.get("precision.gemm") == "fp8" else "bf16"
+        gemm = gemms_in(r)
         same = [x for x in rungs if machine_key(run_of(x)) == machine_key(r)]
-        like = [x for x in same if ("fp8" if run_of(x).get("precision.gemm") == "fp8" else "bf16") == gemm]
+        like = [x for x in same if gemms_in(run_of(x)) == gemm]
 
         def lead(pool):
             if not pool:

@@ -354,13 +354,21 @@ def shipped_sources(config: dict) -> list[str]:
     return found
 
 
+def campaign_of(folder) -> str | None:
+    """The campaign a folder holds (its campaign.json's `campaign`, bench/campaign.py), or None: not a campaign's."""
+    state = Path(folder) / "campaign.json"
+    if not state.is_file():
+        return None
+    return (json.loads(state.read_text() or "{}") or {}).get("campaign") or ""
+
+
 def campaign_owners(folders) -> dict[str, str]:
     """study (the records' top folder: lmm, llm, diffusion) -> the campaign folder (its campaign.json: one commit on
     one host, bench/campaign.py) that stands for it among `folders`, the last by name where several measured it:
     that study's records are read from it alone, the other studies' from every folder."""
     owners = {}
     for f in sorted(folders):
-        if (Path(f) / "campaign.json").is_file():
+        if campaign_of(f) is not None:
             for study in sorted(d.name for d in Path(f).iterdir() if d.is_dir() and any(d.rglob("metrics.json"))):
                 owners[study] = f
     return owners

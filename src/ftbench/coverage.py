@@ -5,10 +5,7 @@ GPU fills a cell: tiny and proxy runs measure the pipeline, not the study."""
 
 from __future__ import annotations
 
-import json
-
 from html import escape
-from pathlib import Path
 
 import polars as pl
 
@@ -47,52 +44,48 @@ def shipped_records(folders, tables=()) -> tuple[pl.DataFrame, str | None, dict[
     - any other campaign stands for the studies it holds records of (`config.campaign_owners`).
     Returns the merged records, a line naming each such campaign with its own provenance (one commit, one host, its
     dates), and {table: its campaign's records} for the tables a campaign stands for."""
-    from .config import campaign_owners
+    from .config import campaign_of, campaign_owners
 
-    named_tables = {t["table"] for t in tables}
-    by_table, owners = {}, {}
+    named_tables = {t["table"] for t in tables} & set(TABLES)
+    by_table, owners = {}, {}  # table -> its campaign's folder; study -> the folder it is read from alone
     for f in sorted(folders):
-        state = Path(f) / "campaign.json"
-        if not state.is_file():
-            continue
-        name = (json.loads(state.read_text() or "{}") or {}).get("campaign")
-        studies = [s for s, c in campaign_owners([f]).items()]
-        if name in named_tables and name in TABLES:
-            by_table[name] = (f, studies)
-        else:
-            owners.update({s: f for s in studies})
+        name = campaign_of(f)
+        if name in named_tables:
+            by_table[name] = f
+        elif name is not None:
+            owners.update(campaign_owners([f]))
     for study in {t.get("study") for t in tables if t.get("study")}:
         mine = [t["table"] for t in tables if t.get("study") == study]
-        folders_of = {by_table[t][0] for t in mine if t in by_table}
-        if mine and all(t in by_table for t in mine) and len(folders_of) == 1:
+        folders_of = {by_table.get(t) for t in mine}
+        if len(folders_of) == 1 and None not in folders_of:  # every table of the study from one campaign
             owners[study] = folders_of.pop()
+    runs = {f: read_runs(f) for f in folders}  # each folder read once
     frames = []
-    for f in folders:
-        df = read_runs(f)
+    for f, df in runs.items():
         others = [s for s, c in owners.items() if c != f]
         frames.append(df.filter(~pl.col("study").is_in(others)) if len(df) and others else df)
     merged = merged_records([], frames)
-    only = {}
-    for table, (f, _) in by_table.items():
-        study = next((t.get("study") for t in tables if t["table"] == table), None)
-        df = read_runs(f)
-        only[table] = merged_records([], [df.filter(pl.col("study") == study) if study and len(df) else df])
+    study_of = {t["table"]: t.get("study") for t in tables}
+    only = {table: merged_records([], [runs[f].filter(pl.col("study") == study_of[table])
+                                       if study_of[table] and len(runs[f]) else runs[f]])
+            for table, f in by_table.items()}
     if merged.is_empty():
         return merged, None, only
 
     def named(study: str) -> str:  # the published tables a study's records fill: "Study A", "Study B and Study D"
-        return " and ".join(f"Study {t['table'].removeprefix('study_').upper()}" for t in tables
-                            if t.get("study") == study) or f"The {study} records"
-
-    def title(table: str) -> str:
-        return f"Study {table.removeprefix('study_').upper()}"
+        return " and ".join(title(t["table"]) for t in tables if t.get("study") == study) or f"The {study} records"
 
     notes = [f"{named(study)}: from the campaign {folder} alone. "
              f"{provenance_line(merged.filter(pl.col('study') == study), dates=True)}"
              for study, folder in owners.items()]
     notes += [f"{title(table)}: from the campaign {f} alone. {provenance_line(only[table], dates=True)}"
-              for table, (f, _) in by_table.items() if f not in owners.values() and not only[table].is_empty()]
+              for table, f in by_table.items() if f not in owners.values() and not only[table].is_empty()]
     return merged, " ".join(notes) or None, only
+
+
+def title(table: str) -> str:
+    """A published table's name: study_b -> "Study B"."""
+    return f"Study {table.removeprefix('study_').upper()}"
 
 
 def latest(df: pl.DataFrame) -> pl.DataFrame:

@@ -246,7 +246,7 @@ class Progress:
     def __init__(self, inject: dict | None = None):
         path = os.environ.get("FTBENCH_PROGRESS")  # rank r > 0: the supervisor's path + ".rank<r>" (its child sets it)
         self.file = open(path, "w") if path else None
-        self.phase_name = None
+        self.phase_name, self.last = None, (None, None)  # the phase outside steps; the step and graphs last written
         self.inject = dict(inject or {})
         self._at = float("-inf")
         self._on_compiled = None
@@ -274,8 +274,6 @@ class Progress:
         self.file.truncate()
         self.file.flush()
         self.last = (step, graphs)
-
-    last = (None, None)
 
     def phase(self, name: str | None) -> None:
         """A phase outside the steps begins or ends (evaluation, the end of training): the file is rewritten, so a

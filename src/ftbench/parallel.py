@@ -321,24 +321,29 @@ def _no_cpu_repack(model) -> int:
     return n
 
 
+def skeleton_of(manifest: dict, seed: int) -> tuple:
+    """(the meta-device skeleton, its config, whether it is built in process) of a manifest: an in-process model's
+    architecture (checked against the run's seed), else its checkpoint folder's config."""
+    from transformers import AutoConfig
+
+    in_process = manifest.get("build") == "in_process"
+    if in_process:
+        arch, config = manifest_config(manifest, seed)
+    else:
+        arch, config = {"file": manifest["path"]}, AutoConfig.from_pretrained(manifest["path"])
+    return skeleton(arch, config), config, in_process
+
+
 def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tuple:
     """The causal LM of `manifest` (in process: seeded draws; else its checkpoint folder), with the variant's FP8
     layers and LoRA, sharded with FSDP2 over the ranks and materialized rank by rank on `device`. Returns (model,
     build facts, the trainer's settings, FP8 conversion summary or None)."""
-    from transformers import AutoConfig
-
     from . import fp8
     from .build import draw_4bit, prepare_4bit
     from .variants import apply_lora, quantization_config
 
     t0 = time.perf_counter()
-    in_process = manifest.get("build") == "in_process"
-    if in_process:
-        arch, config = manifest_config(manifest, seed)
-    else:
-        arch = {"file": manifest["path"]}
-        config = AutoConfig.from_pretrained(manifest["path"])
-    model = skeleton(arch, config)
+    model, config, in_process = skeleton_of(manifest, seed)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     fp8_info, four_bit, std = None, {}, getattr(config, "initializer_range", 0.02)
@@ -408,26 +413,16 @@ def build_fp8_base(manifest: dict, seed: int, device, variant) -> tuple:
     bf16 value is cast to FP8 as it lands (its transpose too with fp8_transpose_once) and freed, its `weight` left a
     stand-in (ftbench.fp8.stand_in). The peak is the model in FP8 and one weight in bf16: Qwen3-32B takes ~34 GiB
     where the whole bf16 model (61 GiB) came first before (out of memory on an 80-GB GPU before its first step). The
-    FP8 tensors are those of casting the bf16 model's weights (tests/test_build.py). Refused (TooLarge) before
+    FP8 tensors are those of casting the bf16 model's weights (tests/test_layerwise.py). Refused (TooLarge) before
     building where the FP8 model cannot fit. Returns (model, build facts, FP8 conversion summary)."""
-    from transformers import AutoConfig
-
     from . import fp8
-    from .build import TooLarge, available_bytes, count_parameters, draw_parameters
+    from .build import check_fits, draw_parameters
 
     t0 = time.perf_counter()
-    in_process = manifest.get("build") == "in_process"
-    if in_process:
-        arch, config = manifest_config(manifest, seed)
-    else:
-        arch, config = {"file": manifest["path"]}, AutoConfig.from_pretrained(manifest["path"])
-    model = skeleton(arch, config)
+    model, _, in_process = skeleton_of(manifest, seed)
     info = fp8.convert_decoder(model, "static", variant.fp8_transpose_once)
-    need, have = fp8_base_bytes(model), available_bytes(device)
-    if have is not None and need > have:
-        raise TooLarge(f"{manifest.get('architecture_file') or manifest['path']} with an FP8 base: refused before "
-                       f"building: its {count_parameters(model):,} parameters take {need / GIB:.1f} GiB, and the "
-                       f"device has {have / GIB:.1f} GiB available")
+    need = fp8_base_bytes(model)
+    check_fits(model, device, f"{manifest.get('architecture_file') or manifest['path']} with an FP8 base", need=need)
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     source = None if in_process else CheckpointSlices(manifest["path"])

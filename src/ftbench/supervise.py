@@ -208,7 +208,7 @@ class Launchers:
     killed (a rank waiting in a collective for a peer on another launcher never returns by itself)."""
 
     def __init__(self, procs: list):
-        self.procs, self.pid, self.failed_at = procs, procs[0].pid, None
+        self.procs, self.failed_at = procs, None
 
     def poll(self):
         codes = [p.poll() for p in self.procs]
@@ -225,11 +225,6 @@ class Launchers:
 
     @property
     def returncode(self):
-        return self.poll()
-
-    def wait(self):
-        for p in self.procs:
-            p.wait()
         return self.poll()
 
     def kill_all(self):
@@ -345,13 +340,14 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
     rc = proc.returncode
     sig = signal.Signals(-rc).name if rc and rc < 0 else None
     how = f"killed by {sig}" if sig else f"exited with code {rc}"
+    # the rank torchrun's summary names, where ranks ran and no limit of ours ended them
+    first = first_failed_rank(_tail(log_path, 400)) if gpus > 1 and verdict is None else None
     if out.is_file():  # the child wrote its record (last of its outputs): what it measured stands
         result = json.loads(out.read_text())
         failed_rank = (result.get("parallel") or {}).get("failed_rank")
-        first = first_failed_rank(_tail(log_path, 400)) if failed_rank is not None and verdict is None else None
         # another rank was killed (a signal: it wrote nothing) and this one failed after it, in the collective it
         # left (gloo reads the closed connection as an error): the kill is the cause
-        if first is not None and first[0] != failed_rank and first[1].startswith("killed by"):
+        if failed_rank is not None and first is not None and first[0] != failed_rank and first[1].startswith("killed by"):
             supervision["failed_rank"] = first[0]
             result["parallel"]["failed_rank"] = first[0]
             result.update(status="crashed", reason=f"rank {first[0]} {first[1]} without a record ({_reached(ranks)}); "
@@ -372,7 +368,6 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         mark_injected(result, params)
         write_json_atomic(out, result)
         return result
-    first = first_failed_rank(_tail(log_path, 400)) if gpus > 1 and verdict is None else None
     if first is not None:  # torchrun names the rank that failed first; it stopped the others
         supervision["failed_rank"] = first[0]
         verdict = ("crashed", f"rank {first[0]} {first[1]} without a record; torchrun stopped the other ranks and "
@@ -381,9 +376,9 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         verdict = ("crashed", how if sig else f"{how} without a record")
     status, why = verdict
     step = last.get("step")
-    reason = f"{why} ({_reached(ranks) if gpus > 1 and len(ranks) > 1 else 'last step reached: '}"
-    if not (gpus > 1 and len(ranks) > 1):
-        reason += f"{step if step is not None else 'none'}"
+    reached = _reached(ranks) if gpus > 1 and len(ranks) > 1 else (
+        f"last step reached: {step if step is not None else 'none'}")
+    reason = f"{why} ({reached}"
     if last.get("compiled_graphs") is not None:
         reason += f", {last['compiled_graphs']} graphs compiled"
     if took := _host_steps(last.get("host_step_ends_s")):
