@@ -745,6 +745,16 @@ def test_a_peers_record_names_the_settings_it_ran_with():
     assert u["settings"]["attention_why"].startswith("Hopper") and u["settings"]["gradient_checkpointing"] == "off"
     assert u["settings"]["rows"] == "packed rows of 4096 tokens" and u["settings"]["compile"] == "unsloth's own"
     assert u["settings"]["optim"] == "adamw_torch_fused" and u["settings"]["batch"] == 2
+    # no flash implementation active: the route Unsloth's dispatch took and the SDPA backends it could use
+    probe = {"active": None, "reason": "probe failed (ValueError)", "packed_backend": "sdpa",
+             "sdpa_enabled": ["flash", "cudnn", "efficient"]}
+    u = peer_record(Variant("u", framework="unsloth", padding_free=True, token_budget=4096),
+                    {"extra": {"unsloth_flash_impl": probe}}, args, 2)
+    assert u["settings"]["attention"] == "Unsloth's sdpa route (SDPA's own choice among flash, cudnn, efficient)"
+    assert u["settings"]["attention_why"] == "probe failed (ValueError)"
+    u = peer_record(Variant("u", framework="unsloth", padding_free=True, token_budget=4096, sdpa_backend="flash"),
+                    {"extra": {"unsloth_flash_impl": {**probe, "sdpa_enabled": ["flash"]}}}, args, 2)
+    assert u["settings"]["attention"] == "Unsloth's sdpa route (SDPA limited to flash)"
     liger = peer_record(Variant("l", liger=True, compile="default", compile_scope="layers"),
                         {"extra": {"attention_kernel": "flash"}}, args, 2)
     assert liger["system"] == "Liger Kernel" and liger["settings"]["compile"] == "torch.compile default (layers)"

@@ -238,6 +238,11 @@ def test_a_ratio_across_two_source_digests_is_not_judged_silently():
         "verdict"].item() == "holds"
     assert provenance_line(one).startswith("One commit: every full-scale record ran the same files (bbbbbbbbbb")
     assert "One commit" in coverage_html(coverage_rows(one, studies), provenance_line(one))
+    # files that were not the commit git named: the line says so rather than naming the commit alone
+    named = one.with_columns(git_commit=pl.lit("ff1a05030b37958b"),
+                             code=pl.lit("ff1a05030b + 3 changed (files bbbbbbbbbbbbbbbb)"))
+    assert "commit ff1a050 + 3 changed files)" in provenance_line(named), provenance_line(named)
+    assert "commit ff1a050)" in provenance_line(named.with_columns(code=pl.lit("ff1a05030b (files bbbbbbbbbbbbbbbb)")))
 
 
 def test_a_ratio_across_two_machines_of_one_code_is_not_judged_silently(tmp_path):

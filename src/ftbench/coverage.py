@@ -727,6 +727,13 @@ FRONT_STYLE = ("<style>div.flex.items-center.h-screen.overflow-auto:has(.ftbench
                ".ftbench-coverage { overflow-x: auto; } .ftbench-grid svg { max-width: 100%; height: auto; }</style>")
 
 
+def _commit_named(r: dict) -> str:
+    """A record's commit as the front page names it: "04dc138", or "04dc138 + 3 changed files" where the files that
+    ran were not that commit's (ftbench.source.short_code)."""
+    code, commit = r.get("code") or "", r["git_commit"][:7]
+    return f"{commit} + {code.split(' + ')[1].split(' changed')[0]} changed files" if " changed (files " in code else commit
+
+
 def provenance_line(df: pl.DataFrame, across_code: bool = False, dates: bool = False) -> str:
     """What the front page's records are: one version of the code (a campaign) or a merge of several, on which
     GPUs; and whether ratios may cross versions; `dates`: when they ran (first and last record's day)."""
@@ -738,7 +745,8 @@ def provenance_line(df: pl.DataFrame, across_code: bool = False, dates: bool = F
         days = sorted({str(t)[:10] for t in full["timestamp"].to_list() if t})
         when = f", {days[0]}" + (f" to {days[-1]}" if days[-1] != days[0] else "") if days else ""
     codes = sorted({c for c in full["source_digest"].to_list() if c}) if "source_digest" in full.columns else []
-    commits = sorted({c[:7] for c in full["git_commit"].to_list() if c}) if "git_commit" in full.columns else []
+    commits = sorted({_commit_named(r) for r in full.iter_rows(named=True) if r.get("git_commit")}) \
+        if "git_commit" in full.columns else []
     if len(commits) > 6:
         commits = commits[:5] + [f"and {len(commits) - 5} more"]
     gpus = sorted({g for g in full["gpu"].to_list() if g})

@@ -237,7 +237,30 @@ def unsloth_flash_impl() -> dict | None:
         from unsloth.utils.flash_impl import FLASH_IMPL_STATE
     except ImportError:
         return None
-    return {"active": FLASH_IMPL_STATE.get("active"), "reason": FLASH_IMPL_STATE.get("reason")}
+    out = {"active": FLASH_IMPL_STATE.get("active"), "reason": FLASH_IMPL_STATE.get("reason")}
+    try:  # the backend Unsloth's dispatch picks for packed rows (flash_varlen, xformers or sdpa) and SDPA's flags
+        import torch
+        from unsloth.utils.attention_dispatch import select_attention_backend
+
+        out["packed_backend"] = select_attention_backend(use_varlen=True)
+        out["sdpa_enabled"] = [name for name, on in (
+            ("flash", torch.backends.cuda.flash_sdp_enabled()), ("cudnn", torch.backends.cuda.cudnn_sdp_enabled()),
+            ("efficient", torch.backends.cuda.mem_efficient_sdp_enabled())) if on]
+    except Exception:  # (an Unsloth without that module)
+        pass
+    return out
+
+
+def unsloth_attention(v, flash: dict | None) -> str:
+    """The attention an Unsloth run trained with, as its record states it: the flash implementation Unsloth
+    activated, else its packed route's backend under the SDPA backends the variant allowed."""
+    flash = flash or {}
+    if flash.get("active"):
+        return flash["active"]
+    route = flash.get("packed_backend")
+    allowed = f"SDPA limited to {v.sdpa_backend}" if v.sdpa_backend else "SDPA's own choice among " + (
+        ", ".join(flash.get("sdpa_enabled") or []) or "its backends")
+    return f"Unsloth's {route} route ({allowed})" if route else f"Unsloth's own dispatch ({allowed})"
 
 
 PEER_SYSTEMS = {"unsloth": ("Unsloth", "unsloth"), "liger": ("Liger Kernel", "liger_kernel")}
@@ -258,8 +281,8 @@ def peer_record(v, record, args, batch_size) -> dict | None:
         "precision": v.precision,
         "gradient_checkpointing": ("unsloth (its offloaded checkpointing)" if kind == "unsloth" else "torch")
         if v.gradient_checkpointing else "off",
-        "attention": (extra.get("unsloth_flash_impl") or {}).get("active") or extra.get("attention_kernel")
-        or v.sdpa_backend or "transformers' default",
+        "attention": unsloth_attention(v, extra.get("unsloth_flash_impl")) if kind == "unsloth" else (
+            extra.get("attention_kernel") or v.sdpa_backend or "transformers' default"),
         "attention_why": (extra.get("unsloth_flash_impl") or {}).get("reason"),
         "compile": ("unsloth's own" if v.unsloth_compile else "off") if kind == "unsloth" else (
             f"torch.compile {v.compile} ({v.compile_scope})" if v.compile else "off"),
