@@ -631,6 +631,15 @@ def test_a_peer_is_read_against_its_own_leases_top_rung_after_a_later_lease_meas
     assert col["unsloth-qlora-tb"] == "0.52x (lora-tb-top, 20,464)" and col["lora-tb-top"] == "top"
     without = {r["variant"]: r["x top rung, same machine"] for r in frontier(df, {}, **kwargs)[2][1].iter_rows(named=True)}
     assert without["lora-tb-liger"] == "0.83x (lora-tb, 12,000)"  # what the report read before the replaced runs
+    # the peer table too: a peer with its settings reads against its own lease's top, replaced or not
+    path = next(i.rglob("lora-tb-liger/**/metrics.json"))
+    rec = json.loads(path.read_text())
+    rec["extra"]["peer"] = {"system": "Liger Kernel", "version": "0.8.5", "settings": {"precision": "bf16"}}
+    path.write_text(json.dumps(rec))
+    df, replaced = aggregate([], [i, j], study="llm", with_replaced=True)
+    (row,) = frontier(df, {}, replaced=replaced, **kwargs)[4][1].to_dicts()
+    assert row["variant"] == "lora-tb-liger" and row["top rung's lead, same precision, same machine"] == (
+        "2.05x (lora-tb-top, 20,386)"), row
 
 
 def test_published_peers_stand_beside_the_frontier_with_their_conditions_and_the_fastest_rung_allowed():
@@ -710,10 +719,11 @@ def test_a_peer_stands_beside_the_frontier_only_with_its_settings_and_is_read_li
     recs = [run("lora-tb", 12000), run("lora-tb-cg", 14000),
             run("lora-tb-cg-fp8", 20000, precision="fp8"),  # its loss on the same rows: within noise (the trace)
             run("unsloth-lora-tb", 13000, peer=settings, knobs={"framework": "unsloth"}),
-            run("lora-tb-liger", 9900, knobs={"liger": True})]  # an older record: no settings
+            run("lora-tb-liger", 9900, knobs={"liger": True}),  # an older record: no settings
+            run("lora-tb-cg-bf16-top", 15000)]  # one of ours beside the ladder (the bf16 top rung): it counts
     df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
     out = frontier(df, {}, rungs=["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"],
-                   beside=["unsloth-lora-tb", "lora-tb-liger"], same_rows="lora-tb")
+                   beside=["unsloth-lora-tb", "lora-tb-liger", "lora-tb-cg-bf16-top"], same_rows="lora-tb")
     table = out[2][1]
     col = {r["variant"]: r["x top rung, same machine"] for r in table.iter_rows(named=True)}
     assert col["lora-tb-liger"] == UNSTATED and col["unsloth-lora-tb"].startswith("0.65x")
@@ -721,8 +731,11 @@ def test_a_peer_stands_beside_the_frontier_only_with_its_settings_and_is_read_li
     assert title == "Peers at their best" and "Refused a place" in note and "lora-tb-liger (Liger Kernel" in note
     (row,) = peers.to_dicts()  # the refused peer has no row
     assert row["peer"] == "Unsloth" and row["version"] == "2026.10.9" and '"attention": "FA3"' in row["settings"]
-    assert row["top rung's lead, same precision, same machine"] == "1.08x (lora-tb-cg, 14,000)"
+    assert row["top rung's lead, same precision, same machine"] == "1.15x (lora-tb-cg-bf16-top, 15,000)"
     assert row["top rung's lead, any precision, same machine"] == "1.54x (lora-tb-cg-fp8, 20,000)"
+    assert ("The best peer at its best: unsloth-lora-tb (Unsloth 2026.10.9, 13,000 real tokens/s, CV 1.0 %" in note
+            and "1.54x (lora-tb-cg-fp8, 20,000, CV 1.0 %) in any precision, 1.15x (lora-tb-cg-bf16-top, 15,000, "
+                "CV 1.0 %) bf16 against bf16" in note), note
     # without any peer's settings, no lead is claimed
     bare = [r for r in recs if r["run"]["variant"] != "unsloth-lora-tb"]
     out = frontier(pl.DataFrame([flatten(r) for r in bare], infer_schema_length=None), {},

@@ -480,17 +480,17 @@ def machine_key(r: dict) -> tuple:
     return r["model"], r["scale"], r["dataset"], r["gpu"], r.get("machine")
 
 
-def frontier_tops(runs, base: dict | None, refs: dict) -> dict:
-    """Per machine (and model, scale, data, GPU), the fastest ok run that may stand on the frontier
-    (`frontier_place`: its loss checked on the same rows where it changes the arithmetic), among every run given:
-    a faster run of the same variant on another machine does not hide this machine's."""
+def frontier_tops(runs, base: dict | None, refs: dict, key_of=machine_key) -> dict:
+    """Per machine (and model, scale, data, GPU; `key_of` may add more), the fastest ok run that may stand on the
+    frontier (`frontier_place`: its loss checked on the same rows where it changes the arithmetic), among every run
+    given: a faster run of the same variant on another machine does not hide this machine's."""
     tops = {}
     for r in runs:
         if r["status"] != "ok" or not r["throughput.tokens_per_s"]:
             continue
         if not frontier_place(r, base, same_rows_check(r, refs)).startswith("yes"):
             continue
-        key = machine_key(r)
+        key = key_of(r)
         if key not in tops or r["throughput.tokens_per_s"] > tops[key]["throughput.tokens_per_s"]:
             tops[key] = r
     return tops
@@ -537,7 +537,8 @@ def mfu_against(r: dict, precision: str) -> float | None:
 
 
 def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True, eval_loss=False, title="Ladder",
-           same_rows: str | None = None, replaced: pl.DataFrame | None = None, **_) -> list:
+           same_rows: str | None = None, replaced: pl.DataFrame | None = None, own_tops: dict | None = None,
+           **_) -> list:
     """The technique ladder: each rung a variant that adds one technique to the rung before, measured at the
     same model, dataset, GPU and batch size; real (unpadded) tokens/s, MFU, peak memory, the loss over the first
     steps (the same samples for every rung: a faster rung that trains a different model shows here), x previous
@@ -545,7 +546,9 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     with the fastest configuration per GPU among everything in the table, at any batch size, and its memory.
     `by_batch` false: rungs at different batch sizes side by side (each rung at its own batch: `frontier`);
     `eval_loss`: the loss compared is the evaluation set's (rungs that reorder the training samples); `replaced`:
-    runs a later lease's measurement replaced in `df`, still each machine's own (its top rung, with `same_rows`)."""
+    runs a later lease's measurement replaced in `df`, still each machine's own (its top rung, with `same_rows`);
+    `own_tops` (with `same_rows`), filled: per machine and GEMM precision, the project's own fastest run standing on
+    the frontier, replaced runs included (what a peer is read against: `peer_table`)."""
     names = list(rungs) + [b for b in beside if b not in rungs]
     refs = {} if not same_rows else {  # the same_rows variant's runs, by everything but the variant
         rows_key(r): r
@@ -569,7 +572,11 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             base = by.get(rungs[0]) if rungs else None
         if same_rows:  # every machine's fastest run that may stand on the frontier, from all the group's runs
             mine = earlier.get(tuple(group.row(0, named=True)[k] for k in keys), [])  # (and those replaced)
-            tops.update(frontier_tops([*group.iter_rows(named=True), *mine], base, refs))
+            every_run = [*group.iter_rows(named=True), *mine]
+            tops.update(frontier_tops(every_run, base, refs))
+            if own_tops is not None:
+                own_tops.update(frontier_tops([r for r in every_run if not peer_of(r)], base, refs,
+                                              key_of=lambda r: (*machine_key(r), gemms_in(r))))
         for i, name in enumerate(names):
             r = by.get(name)
             if r is None:
@@ -670,12 +677,14 @@ def gemms_in(r: dict) -> str:
     return "fp8" if r.get("precision.gemm") == "fp8" else "bf16"
 
 
-def peer_table(table: pl.DataFrame, runs: pl.DataFrame) -> list:
+def peer_table(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> list:
     """Each peer (Unsloth, Liger Kernel) beside the frontier, compared like with like: its runs whose records name the
-    settings they ran with, the best of each system and precision on each machine, against the fastest rung standing
-    on the frontier on the same machine in the same precision (bf16 against bf16, FP8 against FP8; a peer in NF4
-    against the bf16 rung: QLoRA's GEMMs are bf16) and against the fastest rung overall; a peer's run without its
-    settings is listed as refused, never divided. `table`: the frontier's rows; `runs`: the runs they came from."""
+    settings they ran with, against the project's fastest run standing on the frontier on the same machine in the
+    same precision (bf16 against bf16, FP8 against FP8; a peer in NF4 against the bf16 rung: QLoRA's GEMMs are bf16)
+    and against the fastest in any; a peer's run without its settings is listed as refused, never divided.
+    `table`: the frontier's rows; `runs`: the runs they came from; `own`: {(machine key, GEMM precision): the
+    project's fastest run there standing on the frontier} (`ladder`'s `own_tops`: a rung or beside the ladder, the
+    replaced runs of a machine included, never a peer)."""
     if table.is_empty() or "variant" not in table.columns or not runs.height:
         return []
 
@@ -684,15 +693,9 @@ def peer_table(table: pl.DataFrame, runs: pl.DataFrame) -> list:
 
     rows_by = {key(r, r["throughput.tokens_per_s"] if r["status"] == "ok" else None): r
                for r in runs.iter_rows(named=True)}
-
-    def run_of(t):  # the run a row of the frontier's table shows
-        return rows_by.get(key(t, t["tokens/s (real)"]))
-
-    rungs = [t for t in table.iter_rows(named=True) if t["rung"] != "beside" and run_of(t) is not None
-             and (t.get("on the frontier") or "yes").startswith("yes") and t["tokens/s (real)"]]
-    out, refused = [], []
+    out, refused, read = [], [], []  # read: (the peer's run, its tops: same precision, any precision)
     for t in table.iter_rows(named=True):
-        r = run_of(t)
+        r = rows_by.get(key(t, t["tokens/s (real)"]))
         system = peer_of(r) if r else None
         if not system or t["status"] != "ok" or not t["tokens/s (real)"]:
             continue
@@ -700,20 +703,22 @@ def peer_table(table: pl.DataFrame, runs: pl.DataFrame) -> list:
             refused.append(f"{t['variant']} ({system}, {t['gpu']}): {UNSTATED.removeprefix('not compared: ')}")
             continue
         gemm = gemms_in(r)
-        same = [x for x in rungs if machine_key(run_of(x)) == machine_key(r)]
-        like = [x for x in same if gemms_in(run_of(x)) == gemm]
 
         def lead(pool):
             if not pool:
                 return None
-            top = max(pool, key=lambda x: x["tokens/s (real)"])
-            rt = run_of(top)
-            return (f"{_verdict(top['tokens/s (real)'] / t['tokens/s (real)'], tokens_noise(rt), tokens_noise(r))} "
-                    f"({top['variant']}, {top['tokens/s (real)']:,.0f})")
+            top = max(pool, key=lambda x: x["throughput.tokens_per_s"])
+            return (f"{_verdict(top['throughput.tokens_per_s'] / t['tokens/s (real)'], tokens_noise(top), tokens_noise(r))} "
+                    f"({top['variant']}, {top['throughput.tokens_per_s']:,.0f})")
+        mine = [x for (*m, g), x in own.items() if tuple(m) == machine_key(r)]
+        read.append((r, own.get((*machine_key(r), gemm)), max(mine, key=lambda x: x["throughput.tokens_per_s"])
+                     if mine else None))
         out.append({"peer": system, "version": r.get("peer.version"), "variant": t["variant"], "gpu": t["gpu"],
                     "GEMMs in": gemm, "tokens/s (real)": t["tokens/s (real)"], "peak memory GiB": t["peak memory GiB"],
-                    "settings": r["peer.settings"], "top rung's lead, same precision, same machine": lead(like),
-                    "top rung's lead, any precision, same machine": lead(same)})
+                    "settings": r["peer.settings"],
+                    "top rung's lead, same precision, same machine": lead(own.get((*machine_key(r), gemm)) and
+                                                                          [own[(*machine_key(r), gemm)]]),
+                    "top rung's lead, any precision, same machine": lead(mine)})
     note = ("Peers at their best, like with like: each peer's run whose record names the settings it ran with "
             "(the system's version, precision, checkpointing, the attention that ran, compilation, rows, the trainer's "
             "metrics, the optimizer), read against the fastest rung standing on the frontier measured on the same "
@@ -727,7 +732,29 @@ def peer_table(table: pl.DataFrame, runs: pl.DataFrame) -> list:
         return [note + " No peer's run with its settings recorded: the report claims no lead over any peer.",
                 ("Peers at their best", pl.DataFrame({"result": ["no peer run with its settings recorded"]}),
                  "frontier peers measured")]
-    return [note, ("Peers at their best", pl.DataFrame(out, infer_schema_length=None), "frontier peers measured")]
+    return [note.rstrip() + best_peer_line(read),
+            ("Peers at their best", pl.DataFrame(out, infer_schema_length=None), "frontier peers measured")]
+
+
+def best_peer_line(read: list) -> str:
+    """The sentence a reader of the frontier wants first: the fastest peer run at its best (with its settings), and
+    the project's lead over it on the same machine, in any precision and in the peer's own, each with both runs'
+    noise (their CV across windows) and its verdict. `read`: (peer run, same-precision top, any-precision top)."""
+    r, same, anyp = max(read, key=lambda x: x[0]["throughput.tokens_per_s"])
+    tps = r["throughput.tokens_per_s"]
+
+    def cv(x):
+        return f"CV {100 * tokens_noise(x):.1f} %" if tokens_noise(x) is not None else "CV unknown"
+
+    def lead(top):
+        if top is None:
+            return "no rung of ours measured on its machine"
+        ratio = top["throughput.tokens_per_s"] / tps
+        return (f"{_verdict(ratio, tokens_noise(top), tokens_noise(r))} ({top['variant']}, "
+                f"{top['throughput.tokens_per_s']:,.0f}, {cv(top)})")
+    return (f" The best peer at its best: {r['variant']} ({peer_of(r)} {r.get('peer.version') or ''}, {tps:,.0f} real "
+            f"tokens/s, {cv(r)}, {r['gpu']}); the top rung's lead over it on the same machine: {lead(anyp)} in any "
+            f"precision, {lead(same)} {gemms_in(r)} against {gemms_in(r)}.")
 
 
 def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=None, replaced=None, **_) -> list:
@@ -735,11 +762,12 @@ def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=N
     budget, CUDA graphs, no per-step metric syncs, fused projections and optimizer, activation offloading, FP8),
     each at its own batch; loss on the evaluation set. Then the published figures of other systems on one GPU
     (`frontier_peers` in the study's published file), each beside the fastest rung measured here on its GPU."""
+    own = {}
     out = ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows,
-                 replaced=replaced)
+                 replaced=replaced, own_tops=own)
     table = out[-1][1]
     if beside and "variant" in table.columns:
-        out += peer_table(table, df.filter(pl.col("variant").is_in(list(rungs) + list(beside))))
+        out += peer_table(table, df.filter(pl.col("variant").is_in(list(rungs) + list(beside))), own)
     peers = published.get("frontier_peers") or []
     if peers:
         out += peer_rows(table, peers)
