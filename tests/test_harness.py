@@ -66,6 +66,34 @@ def test_ranks_size_each_window_from_the_last_one_not_only_from_a_slow_warm_up()
     assert steps[1] == asked[1] >= 8 and steps[2] == asked[2] >= 8  # from the measured 0.01-s steps
 
 
+def test_windows_stop_once_their_noise_is_at_most_the_cv_target():
+    """cv_target: steady steps end the measurement after min_repeats windows (not `repeats`), the record says why
+    and is not truncated; noisy windows go on to `repeats`; several ranks stop only when every rank agrees."""
+    def run(durations, **knobs):
+        meter = Meter(CPU, MeasureSettings(warmup_steps=1, steps=4, repeats=5, **knobs))
+        measured_run(meter, durations)
+        rec = new_record({}, {})
+        summarize(meter, rec, None, None)
+        return meter, rec
+
+    meter, rec = run([0.02] + [0.01] * 40, cv_target=0.2)
+    assert len(meter.windows) == 2 and meter.done and rec["measure"]["truncated"] is False
+    stop = rec["extra"]["measure_stop"]
+    assert stop["cv_target"] == 0.2 and stop["windows"] == 2 and stop["cv"] <= 0.2
+    meter, rec = run([0.02] + [0.01] * 40, cv_target=0.2, min_repeats=3)
+    assert len(meter.windows) == 3
+    noisy = [0.02] + [0.005] * 4 + [0.03] * 4 + [0.005] * 4 + [0.03] * 4 + [0.005] * 4 + [0.03] * 8
+    meter, rec = run(noisy, cv_target=0.05)  # the windows' throughputs differ 6x: all five windows
+    assert len(meter.windows) == 5 and "measure_stop" not in rec["extra"] and not rec["measure"]["truncated"]
+    meter, rec = run([0.02] + [0.01] * 40)  # no target: `repeats` windows, as always
+    assert len(meter.windows) == 5
+    # several ranks: this rank's noise is low, another's is not (the collective returns the maximum)
+    meter = Meter(CPU, MeasureSettings(warmup_steps=1, steps=4, repeats=3, cv_target=0.2))
+    meter.agree = lambda n: max(n, 1)  # window steps pass through; on stopping, the other rank votes to go on
+    measured_run(meter, [0.02] + [0.01] * 40)
+    assert len(meter.windows) == 3 and meter.stopped_early is None
+
+
 def test_a_slow_step_is_an_outlier_with_its_reason_and_dominates_throughput():
     meter = Meter(CPU, MeasureSettings(warmup_steps=1, steps=6))
     meter.start()

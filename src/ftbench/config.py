@@ -50,7 +50,9 @@ class RunSpec:
 @dataclass(frozen=True)
 class MeasureSettings:
     """The measured window: warm-up steps first, then `repeats` windows, each closing once it holds at least
-    `steps` steps and `min_seconds` of wall time (at most `max_window_steps` steps)."""
+    `steps` steps and `min_seconds` of wall time (at most `max_window_steps` steps). `cv_target`: stop before
+    `repeats` once at least `min_repeats` windows agree, their throughputs' coefficient of variation at most this
+    (a campaign's windows end when their noise is low enough; `repeats` stays the most it takes)."""
 
     warmup_steps: int = 2
     steps: int = 3
@@ -58,6 +60,8 @@ class MeasureSettings:
     repeats: int = 1
     max_window_steps: int | None = None  # default: `steps`, or 20x `steps` when min_seconds extends a window
     outlier_factor: float = 3.0  # a step slower than this many medians is an outlier
+    cv_target: float | None = None  # None: always `repeats` windows
+    min_repeats: int = 2
 
     @property
     def window_cap(self) -> int:

@@ -492,11 +492,31 @@ class Meter:
         closed = len(self._pending)
         self._pending = []
         nxt = 0 if self._phase == "warmup" else self._phase + 1
-        if nxt >= self.measure.repeats:
+        if nxt >= self.measure.repeats or self._noise_low_enough():
             self.done = True
         elif self.agree is not None:  # every rank closes the same windows, so every rank agrees here
             self._agree_window(self.rows[-closed:] if self._phase != "warmup" and closed else self.rows[1:])
         self._open(prev_mark, host_end, nxt, prev_cpu)
+
+    stopped_early = None  # with cv_target: {"cv_target", "cv", "windows"} where the windows' noise ended them
+
+    def _noise_low_enough(self) -> bool:
+        """With `cv_target`, after `min_repeats` (at least two) measured windows: whether the coefficient of
+        variation of their throughputs (real tokens/s where the steps count tokens, else samples/s) is at most the
+        target. Several ranks decide together (one collective: any rank above the target keeps every rank going),
+        so that all stop at the same step."""
+        m = self.measure
+        if not m.cv_target or self._phase == "warmup" or len(self.windows) < max(2, m.min_repeats):
+            return False
+        rates = [w["tokens"] / w["device_s"] if w["tokens"] and w["device_s"] else w["samples_per_s"]
+                 for w in self.windows]
+        spread = cv(rates)
+        low = spread is not None and spread <= m.cv_target
+        if self.agree is not None:
+            low = self.agree(0 if low else 1) == 0
+        if low:
+            self.stopped_early = {"cv_target": m.cv_target, "cv": spread, "windows": len(self.windows)}
+        return low
 
     def _agree_window(self, rows: list[dict]) -> None:
         """Several ranks: the steps the next window takes, the same on every rank: the window's minimum steps, or

@@ -19,8 +19,11 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
     m, rows, windows = meter.measure, meter.measured, meter.windows
     record["measure"].update(timer="cuda_events" if meter.cuda else "host_clock", warmup_steps=m.warmup_steps,
                              min_steps=m.steps, min_seconds=m.min_seconds, repeats=m.repeats,
-                             truncated=any(w["truncated"] for w in windows) or len(windows) < m.repeats,
+                             truncated=any(w["truncated"] for w in windows) or (
+                                 len(windows) < m.repeats and not meter.stopped_early),
                              windows=[{k: v for k, v in w.items() if k != "host_span"} for w in windows])
+    if meter.stopped_early:  # fewer windows than `repeats`: their noise was already at most the target
+        record["extra"]["measure_stop"] = meter.stopped_early
     t = record["timing"]
     t.update({k: v for k, v in meter.timing.items() if k in t})
     if meter.rows:
