@@ -47,6 +47,22 @@ def test_two_data_parallel_ranks_train_and_rank_0_records_both(tmp_path, tiny_qw
 DDP2 = {"peft": "lora", "precision": "bf16", "gpus": 2, "parallel": "ddp"}
 
 
+def test_two_ranks_stop_together_once_their_windows_noise_is_low_enough(tmp_path, tiny_qwen, instruction_data):
+    """measure.cv_target over gloo ranks: the ranks decide in one collective after each window, so both stop after
+    min_repeats windows (not `repeats`), the job ends cleanly (no rank left waiting in a collective) and the record
+    says why it holds fewer windows; it is not truncated."""
+    cfg = one_run_config(measure={"warmup_steps": 2, "steps": 3, "repeats": 4, "cv_target": 10.0, "min_repeats": 2})
+    cfg["variants"]["lora-ddp2"] = DDP2
+    cfg["studies"]["llm"]["matrix"][0]["variants"] = ["lora-ddp2"]
+    cfg["studies"]["llm"]["matrix"][0]["batch_sizes"] = [2]
+    spec = ftc.RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", "lora-ddp2", 2)
+    rec = supervise_training(tmp_path, tiny_qwen, instruction_data, cfg, spec)
+    assert rec["status"] == "ok", (rec["reason"], (tmp_path / "job.log").read_text()[-3000:])
+    assert len(rec["measure"]["windows"]) == 2 and rec["measure"]["truncated"] is False
+    assert rec["extra"]["measure_stop"]["windows"] == 2 and rec["extra"]["measure_stop"]["cv_target"] == 10.0
+    assert rec["extra"]["supervision"]["exit_code"] == 0
+
+
 def test_a_rank_that_dies_after_its_record_keeps_the_measurement(tmp_path, tiny_qwen, instruction_data):
     """Rank 0 aborts in teardown, after writing its record (as gloo's threads made it do at exit): the run is still
     `ok`, with its figures, and the failure is stated beside them, not in their place."""
