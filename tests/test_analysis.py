@@ -736,11 +736,21 @@ def test_a_peer_stands_beside_the_frontier_only_with_its_settings_and_is_read_li
     assert ("The best peer at its best: unsloth-lora-tb (Unsloth 2026.10.9, 13,000 real tokens/s, CV 1.0 %" in note
             and "1.54x (lora-tb-cg-fp8, 20,000, CV 1.0 %) in any precision, 1.15x (lora-tb-cg-bf16-top, 15,000, "
                 "CV 1.0 %) bf16 against bf16" in note), note
+    # the front page's headline: the fastest run standing on the frontier, then the same best-peer sentence
+    from ftbench.compare import headline
+
+    line = headline(df, None, rungs=["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"],
+                    beside=["unsloth-lora-tb", "lora-tb-liger", "lora-tb-cg-bf16-top"], same_rows="lora-tb")
+    assert "<b>lora-tb-cg-fp8</b> at batch 2, 20,000 real tokens/s" in line
+    assert "The best peer at its best: unsloth-lora-tb" in line and "1.15x (lora-tb-cg-bf16-top" in line
     # without any peer's settings, no lead is claimed
     bare = [r for r in recs if r["run"]["variant"] != "unsloth-lora-tb"]
     out = frontier(pl.DataFrame([flatten(r) for r in bare], infer_schema_length=None), {},
                    rungs=["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"], beside=["lora-tb-liger"], same_rows="lora-tb")
     assert "claims no lead" in out[3] and out[4][1]["result"].to_list() == ["no peer run with its settings recorded"]
+    assert "no lead over any peer is claimed" in headline(
+        pl.DataFrame([flatten(r) for r in bare], infer_schema_length=None), None,
+        rungs=["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"], beside=["lora-tb-liger"], same_rows="lora-tb")
 
 
 def test_a_peers_record_names_the_settings_it_ran_with():

@@ -333,6 +333,9 @@ def test_the_front_page_leads_with_the_shipped_verdicts_while_the_users_runs_mea
     assert shipped_at < yours_at and "holds 1 of 42" in page[shipped_at:yours_at]
     assert "holds 0 of 42" in page[yours_at:] and "shipped_runs" in page and "2026-11-24" in page
     assert page.count("<svg") == 1  # one grid: the shipped cells'
+    fastest = coverage_html(mine, provenance_line(tiny), (theirs, line), "the top rung, 20,000 real tokens/s")
+    assert fastest.index("The fastest LoRA measured") < fastest.index("Your runs")  # in the shipped block
+    assert "The fastest LoRA measured" not in page
     assert "id='coverage'" not in page and 'id="coverage"' not in page  # your unmeasured cells: counts alone
     mine_measured = coverage_rows(shipped_df, studies)
     page = coverage_html(mine_measured, "mine", (theirs, line))

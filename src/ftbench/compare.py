@@ -677,23 +677,24 @@ def gemms_in(r: dict) -> str:
     return "fp8" if r.get("precision.gemm") == "fp8" else "bf16"
 
 
-def peer_table(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> list:
+def peer_reads(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> tuple[list, list, list]:
     """Each peer (Unsloth, Liger Kernel) beside the frontier, compared like with like: its runs whose records name the
     settings they ran with, against the project's fastest run standing on the frontier on the same machine in the
     same precision (bf16 against bf16, FP8 against FP8; a peer in NF4 against the bf16 rung: QLoRA's GEMMs are bf16)
-    and against the fastest in any; a peer's run without its settings is listed as refused, never divided.
+    and against the fastest in any; a peer's run without its settings is refused, never divided.
     `table`: the frontier's rows; `runs`: the runs they came from; `own`: {(machine key, GEMM precision): the
     project's fastest run there standing on the frontier} (`ladder`'s `own_tops`: a rung or beside the ladder, the
-    replaced runs of a machine included, never a peer)."""
+    replaced runs of a machine included, never a peer). Returns (the peer table's rows, the refused, and for each
+    row (the peer's run, its same-precision top, its any-precision top))."""
+    out, refused, read = [], [], []
     if table.is_empty() or "variant" not in table.columns or not runs.height:
-        return []
+        return out, refused, read
 
     def key(x, tokens):
         return x["variant"], x["gpu"], x["model"], x["dataset"], tokens
 
     rows_by = {key(r, r["throughput.tokens_per_s"] if r["status"] == "ok" else None): r
                for r in runs.iter_rows(named=True)}
-    out, refused, read = [], [], []  # read: (the peer's run, its tops: same precision, any precision)
     for t in table.iter_rows(named=True):
         r = rows_by.get(key(t, t["tokens/s (real)"]))
         system = peer_of(r) if r else None
@@ -711,14 +712,20 @@ def peer_table(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> list:
             return (f"{_verdict(top['throughput.tokens_per_s'] / t['tokens/s (real)'], tokens_noise(top), tokens_noise(r))} "
                     f"({top['variant']}, {top['throughput.tokens_per_s']:,.0f})")
         mine = [x for (*m, g), x in own.items() if tuple(m) == machine_key(r)]
-        read.append((r, own.get((*machine_key(r), gemm)), max(mine, key=lambda x: x["throughput.tokens_per_s"])
-                     if mine else None))
+        same = own.get((*machine_key(r), gemm))
+        read.append((r, same, max(mine, key=lambda x: x["throughput.tokens_per_s"]) if mine else None))
         out.append({"peer": system, "version": r.get("peer.version"), "variant": t["variant"], "gpu": t["gpu"],
                     "GEMMs in": gemm, "tokens/s (real)": t["tokens/s (real)"], "peak memory GiB": t["peak memory GiB"],
                     "settings": r["peer.settings"],
-                    "top rung's lead, same precision, same machine": lead(own.get((*machine_key(r), gemm)) and
-                                                                          [own[(*machine_key(r), gemm)]]),
+                    "top rung's lead, same precision, same machine": lead(same and [same]),
                     "top rung's lead, any precision, same machine": lead(mine)})
+    return out, refused, read
+
+
+def peer_table(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> list:
+    """The report's "Peers at their best" (`peer_reads`), its note opening with the best peer and the lead over it
+    (`best_peer_line`); without any peer's settings recorded it claims no lead."""
+    out, refused, read = peer_reads(table, runs, own)
     note = ("Peers at their best, like with like: each peer's run whose record names the settings it ran with "
             "(the system's version, precision, checkpointing, the attention that ran, compilation, rows, the trainer's "
             "metrics, the optimizer), read against the fastest rung standing on the frontier measured on the same "
@@ -734,6 +741,30 @@ def peer_table(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> list:
                  "frontier peers measured")]
     return [note.rstrip() + best_peer_line(read),
             ("Peers at their best", pl.DataFrame(out, infer_schema_length=None), "frontier peers measured")]
+
+
+def headline(df: pl.DataFrame, replaced: pl.DataFrame | None = None, rungs=(), beside=(), same_rows=None,
+             **_) -> str | None:
+    """For the report's front page, from the frontier's records (config compare.frontier) on the model and data of
+    its rung 0 (`same_rows`): its fastest run at full scale on each GPU kind (standing on the frontier: its loss
+    checked where it changes the arithmetic), and the best peer at its best with the lead over it, in any precision
+    and like with like. None without a full-scale GPU run."""
+    if df.is_empty() or "variant" not in df.columns:
+        return None
+    if same_rows:  # the frontier's own rows: the model and data its rung 0 ran on (not every run of a variant)
+        df = df.join(df.filter(pl.col("variant") == same_rows).select("model", "dataset").unique(),
+                     on=["model", "dataset"], how="semi")
+    own = {}
+    out = ladder(df, {}, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows,
+                 replaced=replaced, own_tops=own)
+    if len(out) < 3 or "none ran" in out[0]:
+        return None
+    fastest = out[0].split(" <br>")[0].removeprefix(  # (the smaller scales and CPUs apart: not the published model)
+        "Fastest configuration measured at full scale on a GPU: ")
+    _, refused, read = peer_reads(out[-1][1], df.filter(pl.col("variant").is_in(list(rungs) + list(beside))), own)
+    peers = best_peer_line(read).strip() if read else (
+        "No peer's run with its settings recorded: no lead over any peer is claimed.")
+    return f"{fastest} {peers}"
 
 
 def best_peer_line(read: list) -> str:

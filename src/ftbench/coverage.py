@@ -766,17 +766,22 @@ def provenance_line(df: pl.DataFrame, across_code: bool = False, dates: bool = F
             f"{', '.join(commits)}) on {where}{when}; {rule}.")
 
 
-def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: tuple | None = None) -> str:
+def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: tuple | None = None,
+                  fastest: str | None = None) -> str:
     """The fragment that leads the report (and the body of its page): where its records come from, per study the
     verdict counts, Study A's grid, then every cell. `shipped`: (table, provenance) of the records that ship in
     measurements/ (config shipped_runs), judged on their own: ahead of the user's cells while those measure none at
-    full scale (the default pipeline's tiny runs), after them otherwise, with one line on replacing them."""
+    full scale (the default pipeline's tiny runs), after them otherwise, with one line on replacing them;
+    `fastest`: the shipped records' fastest LoRA and its lead over the best peer at its best (compare.headline),
+    opening that block."""
     if shipped is None or shipped[0].is_empty() or not shipped[0]["measured"].any():
         return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>"
                 f"{_verdicts_block(table, provenance, 'coverage')}<p>{VERDICT_NOTE}</p></div>")
     measured = bool(table["measured"].any())  # your runs: unmeasured, their counts alone (every cell "not measured")
     mine = "<h4>Your runs</h4>" + _verdicts_block(table, provenance, "coverage", grid=measured, cells=measured)
     theirs = ("<h4>Measured on the project's lent GPUs (shipped in measurements/)</h4>"
+              + (f"<p><b>The fastest LoRA measured, and its peers at their best</b> (Study B's frontier; "
+                 f"docs/frontier.md): {fastest}</p>" if fastest else "")
               + _verdicts_block(shipped[0], shipped[1], "shipped_coverage", grid=not measured)
               + f"<p>{SHIPPED_NOTE}</p>")
     blocks = [mine, theirs] if measured else [theirs, mine]
