@@ -205,6 +205,12 @@ def coverage_tables():
     return ftc.coverage_tables(config)
 
 
+def llm_frontier():
+    """Study B's frontier (config compare.frontier of the llm study), for the front page's fastest-LoRA line."""
+    llm = (config.get("studies") or {}).get("llm") or {}
+    return llm.get("compare", {}).get("frontier")
+
+
 def coverage_published(wildcards):
     return sorted(
         {

@@ -148,6 +148,6 @@ rule coverage:
     params:
         tables=coverage_tables(),
         across_code=config.get("merge_across_code", False),
-        frontier=config.get("studies", {}).get("llm", {}).get("compare", {}).get("frontier"),
+        frontier=llm_frontier(),
     script:
         "../workflow/scripts/coverage.py"
