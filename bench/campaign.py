@@ -84,7 +84,7 @@ def at_tiny(camp: dict, folder: Path) -> dict:
 def only_variants(targets: list[str], variants: str) -> list[str]:
     """The targets of the variants named (comma-separated): a part of a campaign, e.g. a cell and its baseline."""
     keep = set(variants.split(","))
-    return [t for t in targets if TARGET.match(t) and TARGET.match(t).group(6) in keep]
+    return [t for t in targets if (m := TARGET.match(t)) and m.group(6) in keep]
 
 
 def code_tree(ref: str | None, workdir: Path = ROOT) -> tuple[Path, str | None]:

@@ -131,8 +131,11 @@ def typed(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def read_runs(path) -> pl.DataFrame:
-    """Runs measured elsewhere: a runs.parquet table, one metrics.json, or a folder searched for metrics.json. Records
-    of runs with a fault injected (`extra.fault_injected`: tests of the supervisor on a lent host) are left out."""
+    """Runs measured elsewhere: a runs.parquet table, one metrics.json, or a folder searched for metrics.json (or such
+    runs already read: a table, as it is). Records of runs with a fault injected (`extra.fault_injected`: tests of
+    the supervisor on a lent host) are left out."""
+    if isinstance(path, pl.DataFrame):
+        return path
     path = Path(path)
     if path.suffix == ".parquet":
         return pl.read_parquet(path)
@@ -247,8 +250,8 @@ def oldest_first(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def aggregate(paths, extra_tables=(), study: str | None = None, profiles=(), with_replaced: bool = False):
-    """All runs, plus runs from other machines (tables, records or folders of records; their rows of `study`
-    only); a run's GPU is part of its key, so the same run measured on two GPUs stays two rows, and a run
+    """All runs, plus runs from other machines (tables, records or folders of records, or runs already read; their
+    rows of `study` only); a run's GPU is part of its key, so the same run measured on two GPUs stays two rows, and a run
     measured here replaces the same run of a merged table. Profiles (`profile_rows`: the given summaries and every
     merged folder's profiles/) join their runs by key. `with_replaced`: also the runs a later copy of the same run
     replaced (another lease's measurement of it), as a second table: what each lease measured beside its peers
@@ -269,7 +272,8 @@ def aggregate(paths, extra_tables=(), study: str | None = None, profiles=(), wit
     kept = indexed.unique(subset=KEY, keep="last", maintain_order=True)
     replaced = indexed.join(kept.select("_row"), on="_row", how="anti").drop("_row")
     df = kept.drop("_row")
-    merged = [s for t in extra_tables if Path(t).is_dir() for s in merged_profile_summaries(t)]
+    merged = [s for t in extra_tables if not isinstance(t, pl.DataFrame) and Path(t).is_dir()
+              for s in merged_profile_summaries(t)]
     prof = profile_rows([*merged, *profiles])
     df = df.drop([c for c in PROFILE_COLUMNS if c in df.columns]).join(
         prof.with_columns(pl.col("batch_size").cast(df.schema["batch_size"])), on=KEY, how="left")

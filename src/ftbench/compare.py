@@ -480,16 +480,18 @@ def machine_key(r: dict) -> tuple:
     return r["model"], r["scale"], r["dataset"], r["gpu"], r.get("machine")
 
 
-def frontier_tops(runs, base: dict | None, refs: dict, key_of=machine_key) -> dict:
-    """Per machine (and model, scale, data, GPU; `key_of` may add more), the fastest ok run that may stand on the
-    frontier (`frontier_place`: its loss checked on the same rows where it changes the arithmetic), among every run
-    given: a faster run of the same variant on another machine does not hide this machine's."""
+def standing(runs, base: dict | None, refs: dict) -> list[dict]:
+    """The ok runs among `runs` that may stand on the frontier (`frontier_place`: their loss checked on the same rows
+    where they change the arithmetic)."""
+    return [r for r in runs if r["status"] == "ok" and r["throughput.tokens_per_s"]
+            and frontier_place(r, base, same_rows_check(r, refs)).startswith("yes")]
+
+
+def fastest_by(runs, key_of=machine_key) -> dict:
+    """The fastest run (real tokens/s) of each `key_of` (by default each machine, with its model, scale, data and
+    GPU): a faster run of the same variant on another machine does not hide this machine's."""
     tops = {}
     for r in runs:
-        if r["status"] != "ok" or not r["throughput.tokens_per_s"]:
-            continue
-        if not frontier_place(r, base, same_rows_check(r, refs)).startswith("yes"):
-            continue
         key = key_of(r)
         if key not in tops or r["throughput.tokens_per_s"] > tops[key]["throughput.tokens_per_s"]:
             tops[key] = r
@@ -509,7 +511,7 @@ UNSTATED = "not compared: the peer's settings are not in its record (a peer is c
 
 def against_top(rows: list[dict], runs: list[dict], tops: dict) -> None:
     """Each row's real tokens/s against the fastest run standing on the frontier measured on the same machine
-    (`frontier_tops`): a peer's ratio to the top rung of its own lease, never across machines, with whether the two
+    (`fastest_by` of the `standing` runs): a peer's ratio to the top rung of its own lease, never across machines, with whether the two
     runs' noise carries it (column "x top rung, same machine")."""
     for row, r in zip(rows, runs):
         top = tops.get(machine_key(r))
@@ -572,11 +574,11 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
             base = by.get(rungs[0]) if rungs else None
         if same_rows:  # every machine's fastest run that may stand on the frontier, from all the group's runs
             mine = earlier.get(tuple(group.row(0, named=True)[k] for k in keys), [])  # (and those replaced)
-            every_run = [*group.iter_rows(named=True), *mine]
-            tops.update(frontier_tops(every_run, base, refs))
+            stand = standing([*group.iter_rows(named=True), *mine], base, refs)
+            tops.update(fastest_by(stand))
             if own_tops is not None:
-                own_tops.update(frontier_tops([r for r in every_run if not peer_of(r)], base, refs,
-                                              key_of=lambda r: (*machine_key(r), gemms_in(r))))
+                own_tops.update(fastest_by([r for r in stand if not peer_of(r)],
+                                           lambda r: (*machine_key(r), gemms_in(r))))
         for i, name in enumerate(names):
             r = by.get(name)
             if r is None:
@@ -704,28 +706,36 @@ def peer_reads(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> tuple[list
             refused.append(f"{t['variant']} ({system}, {t['gpu']}): {UNSTATED.removeprefix('not compared: ')}")
             continue
         gemm = gemms_in(r)
-
-        def lead(pool):
-            if not pool:
-                return None
-            top = max(pool, key=lambda x: x["throughput.tokens_per_s"])
-            return (f"{_verdict(top['throughput.tokens_per_s'] / t['tokens/s (real)'], tokens_noise(top), tokens_noise(r))} "
-                    f"({top['variant']}, {top['throughput.tokens_per_s']:,.0f})")
         mine = [x for (*m, g), x in own.items() if tuple(m) == machine_key(r)]
-        same = own.get((*machine_key(r), gemm))
-        read.append((r, same, max(mine, key=lambda x: x["throughput.tokens_per_s"]) if mine else None))
+        same, anyp = own.get((*machine_key(r), gemm)), max(mine, key=lambda x: x["throughput.tokens_per_s"],
+                                                             default=None)
+        read.append((r, same, anyp))
         out.append({"peer": system, "version": r.get("peer.version"), "variant": t["variant"], "gpu": t["gpu"],
                     "GEMMs in": gemm, "tokens/s (real)": t["tokens/s (real)"], "peak memory GiB": t["peak memory GiB"],
                     "settings": r["peer.settings"],
-                    "top rung's lead, same precision, same machine": lead(same and [same]),
-                    "top rung's lead, any precision, same machine": lead(mine)})
+                    "top rung's lead, same precision, same machine": lead_over(same, r),
+                    "top rung's lead, any precision, same machine": lead_over(anyp, r)})
     return out, refused, read
 
 
-def peer_table(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> list:
-    """The report's "Peers at their best" (`peer_reads`), its note opening with the best peer and the lead over it
-    (`best_peer_line`); without any peer's settings recorded it claims no lead."""
-    out, refused, read = peer_reads(table, runs, own)
+def lead_over(top: dict | None, peer: dict, with_cv: bool = False) -> str | None:
+    """Our run `top` over a peer's run, with the noise verdict of the two: "1.64x (variant, 20,392)", and with
+    `with_cv` each run's CV across its windows beside it; None without a run of ours."""
+    if top is None:
+        return None
+    tps = top["throughput.tokens_per_s"]
+    cv = f", {_cv_text(top)}" if with_cv else ""
+    return (f"{_verdict(tps / peer['throughput.tokens_per_s'], tokens_noise(top), tokens_noise(peer))} "
+            f"({top['variant']}, {tps:,.0f}{cv})")
+
+
+def _cv_text(r: dict) -> str:
+    return f"CV {100 * tokens_noise(r):.1f} %" if tokens_noise(r) is not None else "CV unknown"
+
+
+def peer_table(out: list, refused: list, read: list) -> list:
+    """The report's "Peers at their best" from `peer_reads`, its note opening with the best peer and the lead over
+    it (`best_peer_line`); without any peer's settings recorded it claims no lead."""
     note = ("Peers at their best, like with like: each peer's run whose record names the settings it ran with "
             "(the system's version, precision, checkpointing, the attention that ran, compilation, rows, the trainer's "
             "metrics, the optimizer), read against the fastest rung standing on the frontier measured on the same "
@@ -754,14 +764,11 @@ def headline(df: pl.DataFrame, replaced: pl.DataFrame | None = None, rungs=(), b
     if same_rows:  # the frontier's own rows: the model and data its rung 0 ran on (not every run of a variant)
         df = df.join(df.filter(pl.col("variant") == same_rows).select("model", "dataset").unique(),
                      on=["model", "dataset"], how="semi")
-    own = {}
-    out = ladder(df, {}, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows,
-                 replaced=replaced, own_tops=own)
+    out, (_, _, read) = frontier_reads(df, {}, rungs, beside, same_rows, replaced)
     if len(out) < 3 or "none ran" in out[0]:
         return None
     fastest = out[0].split(" <br>")[0].removeprefix(  # (the smaller scales and CPUs apart: not the published model)
         "Fastest configuration measured at full scale on a GPU: ")
-    _, refused, read = peer_reads(out[-1][1], df.filter(pl.col("variant").is_in(list(rungs) + list(beside))), own)
     peers = best_peer_line(read).strip() if read else (
         "No peer's run with its settings recorded: no lead over any peer is claimed.")
     return f"{fastest} {peers}"
@@ -772,20 +779,12 @@ def best_peer_line(read: list) -> str:
     the project's lead over it on the same machine, in any precision and in the peer's own, each with both runs'
     noise (their CV across windows) and its verdict. `read`: (peer run, same-precision top, any-precision top)."""
     r, same, anyp = max(read, key=lambda x: x[0]["throughput.tokens_per_s"])
-    tps = r["throughput.tokens_per_s"]
-
-    def cv(x):
-        return f"CV {100 * tokens_noise(x):.1f} %" if tokens_noise(x) is not None else "CV unknown"
 
     def lead(top):
-        if top is None:
-            return "no rung of ours measured on its machine"
-        ratio = top["throughput.tokens_per_s"] / tps
-        return (f"{_verdict(ratio, tokens_noise(top), tokens_noise(r))} ({top['variant']}, "
-                f"{top['throughput.tokens_per_s']:,.0f}, {cv(top)})")
-    return (f" The best peer at its best: {r['variant']} ({peer_of(r)} {r.get('peer.version') or ''}, {tps:,.0f} real "
-            f"tokens/s, {cv(r)}, {r['gpu']}); the top rung's lead over it on the same machine: {lead(anyp)} in any "
-            f"precision, {lead(same)} {gemms_in(r)} against {gemms_in(r)}.")
+        return lead_over(top, r, with_cv=True) or "no rung of ours measured on its machine"
+    return (f" The best peer at its best: {r['variant']} ({peer_of(r)} {r.get('peer.version') or ''}, "
+            f"{r['throughput.tokens_per_s']:,.0f} real tokens/s, {_cv_text(r)}, {r['gpu']}); the top rung's lead over "
+            f"it on the same machine: {lead(anyp)} in any precision, {lead(same)} {gemms_in(r)} against {gemms_in(r)}.")
 
 
 def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=None, replaced=None, **_) -> list:
@@ -793,16 +792,26 @@ def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=N
     budget, CUDA graphs, no per-step metric syncs, fused projections and optimizer, activation offloading, FP8),
     each at its own batch; loss on the evaluation set. Then the published figures of other systems on one GPU
     (`frontier_peers` in the study's published file), each beside the fastest rung measured here on its GPU."""
-    own = {}
-    out = ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows,
-                 replaced=replaced, own_tops=own)
+    out, reads = frontier_reads(df, published, rungs, beside, same_rows, replaced)
     table = out[-1][1]
-    if beside and "variant" in table.columns:
-        out += peer_table(table, df.filter(pl.col("variant").is_in(list(rungs) + list(beside))), own)
+    out += peer_table(*reads)
     peers = published.get("frontier_peers") or []
     if peers:
         out += peer_rows(table, peers)
     return out
+
+
+def frontier_reads(df: pl.DataFrame, published: dict, rungs, beside, same_rows, replaced) -> tuple[list, tuple]:
+    """The frontier's ladder (each rung at its own batch, the evaluation loss) and its peers read like with like
+    (`peer_reads`, against the project's own fastest runs of each machine that `ladder` collects): what `frontier`
+    shows and `headline` sums up."""
+    own = {}
+    out = ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows,
+                 replaced=replaced, own_tops=own)
+    table = out[-1][1]
+    if not beside or "variant" not in table.columns:
+        return out, ([], [], [])
+    return out, peer_reads(table, df.filter(pl.col("variant").is_in(list(rungs) + list(beside))), own)
 
 
 def peer_rows(table: pl.DataFrame, peers: list[dict]) -> list:

@@ -34,7 +34,8 @@ def merged_records(parquets, extra=()) -> pl.DataFrame:
     return df.unique(subset=[k for k in KEY if k in df.columns] + ["_code"], keep="last", maintain_order=True)
 
 
-def shipped_records(folders, tables=()) -> tuple[pl.DataFrame, str | None, dict[str, pl.DataFrame]]:
+def shipped_records(folders, tables=(), frames: dict | None = None) -> tuple[pl.DataFrame, str | None,
+                                                                             dict[str, pl.DataFrame]]:
     """The records that ship in `folders` (config shipped_runs), merged as `merged_records` merges, where a campaign
     stands for what it measured, so that none of its ratios divides runs of other code or another host:
     - a campaign named after a published table (bench/campaign.py study_b: its campaign.json's `campaign`) stands for
@@ -43,7 +44,8 @@ def shipped_records(folders, tables=()) -> tuple[pl.DataFrame, str | None, dict[
       from it alone elsewhere too;
     - any other campaign stands for the studies it holds records of (`config.campaign_owners`).
     Returns the merged records, a line naming each such campaign with its own provenance (one commit, one host, its
-    dates), and {table: its campaign's records} for the tables a campaign stands for."""
+    dates), and {table: its campaign's records} for the tables a campaign stands for. `frames`: {folder: its runs}
+    where the caller has read them already (`read_runs`)."""
     from .config import campaign_of, campaign_owners
 
     named_tables = {t["table"] for t in tables} & set(TABLES)
@@ -59,7 +61,7 @@ def shipped_records(folders, tables=()) -> tuple[pl.DataFrame, str | None, dict[
         folders_of = {by_table.get(t) for t in mine}
         if len(folders_of) == 1 and None not in folders_of:  # every table of the study from one campaign
             owners[study] = folders_of.pop()
-    runs = {f: read_runs(f) for f in folders}  # each folder read once
+    runs = {f: read_runs((frames or {}).get(f, f)) for f in folders}  # each folder read once
     frames = []
     for f, df in runs.items():
         others = [s for s, c in owners.items() if c != f]

@@ -4,7 +4,7 @@ sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 from pathlib import Path  # noqa: E402
 
-from ftbench.analysis import aggregate, html_page  # noqa: E402
+from ftbench.analysis import aggregate, html_page, read_runs  # noqa: E402
 from ftbench.compare import headline  # noqa: E402
 from ftbench.config import load_yaml  # noqa: E402
 from ftbench.coverage import coverage_html, coverage_rows, merged_records, provenance_line  # noqa: E402
@@ -17,11 +17,12 @@ table = coverage_rows(runs, tables, across_code=snakemake.params.across_code)
 table.write_csv(snakemake.output.csv)
 shipped, fastest = None, None
 if snakemake.input.shipped:  # what ships in measurements/, judged on its own (config shipped_runs)
-    theirs, campaigns, only = shipped_records(snakemake.input.shipped, tables)
+    frames = {f: read_runs(f) for f in snakemake.input.shipped}  # each folder read once, for both uses below
+    theirs, campaigns, only = shipped_records(snakemake.input.shipped, tables, frames)
     shipped = (coverage_rows(theirs, tables, across_code=snakemake.params.across_code, only=only),
                " ".join(filter(None, [campaigns, provenance_line(theirs, snakemake.params.across_code, dates=True)])))
     if snakemake.params.frontier:  # the fastest LoRA measured and its peers at their best (Study B's frontier)
-        llm, replaced = aggregate([], snakemake.input.shipped, study="llm", with_replaced=True)
+        llm, replaced = aggregate([], list(frames.values()), study="llm", with_replaced=True)
         fastest = headline(llm, replaced, **snakemake.params.frontier)
 fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped, fastest)
 Path(snakemake.output.front).write_text(fragment)

@@ -239,7 +239,6 @@ def unsloth_flash_impl() -> dict | None:
         return None
     out = {"active": FLASH_IMPL_STATE.get("active"), "reason": FLASH_IMPL_STATE.get("reason")}
     try:  # the backend Unsloth's dispatch picks for packed rows (flash_varlen, xformers or sdpa) and SDPA's flags
-        import torch
         from unsloth.utils.attention_dispatch import select_attention_backend
 
         out["packed_backend"] = select_attention_backend(use_varlen=True)
