@@ -97,6 +97,26 @@ def test_a_run_over_its_host_memory_budget_is_killed_and_recorded(tmp_path, tiny
     assert rec["extra"]["supervision"]["launcher"] == launcher  # the forked child is measured and killed alike
 
 
+@pytest.mark.parametrize("launcher", ["subprocess", "fork server"])
+def test_a_variants_expandable_segments_reach_its_training_process_and_its_record(tmp_path, tiny_qwen,
+                                                                                  instruction_data, launcher,
+                                                                                  monkeypatch):
+    from ftbench.config import run_alloc_conf
+
+    monkeypatch.setenv("FTBENCH_FORK_SERVER", "1" if launcher == "fork server" else "0")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")  # the user's own setting is kept
+    cfg = one_run_config()
+    cfg["variants"]["lora"] = {**cfg["variants"]["lora"], "expandable_segments": True}
+    rec = supervise_training(tmp_path, tiny_qwen, instruction_data, cfg)
+    assert rec["status"] == "ok" and rec["extra"]["supervision"]["launcher"] == launcher
+    assert rec["provenance"]["cuda_alloc_conf"] == "max_split_size_mb:512,expandable_segments:True"
+    assert rec["variant"]["expandable_segments"] is True
+    # without the knob the environment's own setting passes through unchanged
+    assert run_alloc_conf({"variant": {}}, "max_split_size_mb:512") == "max_split_size_mb:512"
+    assert run_alloc_conf({"variant": {"expandable_segments": True}}, "expandable_segments:False") == \
+        "expandable_segments:True"
+
+
 def test_a_sigkilled_run_is_a_crashed_record_and_the_report_still_builds(tmp_path):
     cfg = tmp_path / "killed.yaml"
     cfg.write_text(yaml.safe_dump(one_run_config(inject={"kill_at_step": 3})))

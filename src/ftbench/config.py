@@ -562,6 +562,15 @@ def run_nodes(params: dict) -> int:
     return int((params.get("variant") or {}).get("nodes") or 1)
 
 
+def run_alloc_conf(params: dict, current: str | None) -> str | None:
+    """The training process's CUDA allocator settings (PYTORCH_ALLOC_CONF): what the environment sets (`current`),
+    with expandable segments where the run's variant asks for them (knob expandable_segments)."""
+    if not (params.get("variant") or {}).get("expandable_segments"):
+        return current
+    kept = [s for s in (current or "").split(",") if s and not s.startswith("expandable_segments:")]
+    return ",".join([*kept, "expandable_segments:True"])
+
+
 def run_gpus(params: dict) -> int:
     """The GPUs a run trains on (its variant's `gpus`): what its job asks Snakemake and SLURM for, and the
     ranks its supervisor starts."""

@@ -106,6 +106,10 @@ class Variant:
     # (gc.freeze): full collections stop walking the model's ~10^5-10^6 objects (ftbench.harness.GcClock)
     gc_freeze: bool = False
     time_limit_s: float | None = None  # the job's time budget, over the study's (ftbench.supervise)
+    # the CUDA caching allocator's expandable segments (PYTORCH_ALLOC_CONF=expandable_segments:True in the training
+    # process, set by the supervisor): memory freed inside a segment is reused by a larger request, where the default
+    # allocator can fail with gigabytes reserved but unallocated (the record's provenance.cuda_alloc_conf says it ran)
+    expandable_segments: bool = False
     gpus: int = 1  # GPUs (ranks) the job trains on; more than 1 needs `parallel`
     # torchrun launchers ("nodes") the ranks are spread over, gpus / nodes ranks each, joined by torchrun's c10d
     # rendezvous: in a SLURM allocation srun starts one a node, elsewhere they start side by side on this host, each
@@ -185,6 +189,7 @@ HONOURED = {
 }
 for _family in HONOURED.values():  # the supervisor, not the runner, honours the time limit
     _family["time_limit_s"] = ANY
+    _family["expandable_segments"] = ANY  # the supervisor sets the training process's allocator
     _family["gc_freeze"] = ANY  # the harness's Meter freezes (every runner goes through it)
     _family["compile_backend"] = ANY  # every runner compiles through torch.compile (ftbench.variants.compile_kwargs)
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Variant) if f.name != "name"}

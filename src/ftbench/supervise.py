@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from . import forkserver
-from .config import run_gpus, run_limits, run_nodes, stall_limit
+from .config import run_alloc_conf, run_gpus, run_limits, run_nodes, stall_limit
 from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu, this_machine
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
 from .source import code_identity, library_first
@@ -259,6 +259,11 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         job, progress = Path(tmp) / "job.json", Path(tmp) / "progress.json"
         job.write_text(json.dumps({"kind": kind, "params": params, "paths": paths}))
         env = library_first(Path(__file__).resolve().parents[1], dict(os.environ, FTBENCH_PROGRESS=str(progress)))
+        if kind in ("train", "profile"):  # the variant's allocator settings, in the unified variable torch reads first
+            conf = run_alloc_conf(params, env.get("PYTORCH_ALLOC_CONF") or env.get("PYTORCH_CUDA_ALLOC_CONF"))
+            if conf:
+                env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+                env["PYTORCH_ALLOC_CONF"] = conf
         # a job at tiny scale on a host whose GPUs are shared (tiny_jobs_per_gpu): one slot of one GPU
         scale = (params.get("run") or {}).get("scale") or params.get("scale")
         shared = shares_gpu(gpus, scale)
