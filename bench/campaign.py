@@ -132,11 +132,21 @@ def config_files(camp: dict, code: Path = ROOT) -> list[Path]:
     return list(dict.fromkeys(config_path(c, code) for c in ["config/config.yaml", *camp["configs"]]))
 
 
+def foreign(targets: list[str], out: Path, workdir: Path = ROOT) -> list[str]:
+    """The targets this call runs whose file the working directory holds already, left by another run (a part,
+    another campaign's call with other windows, a user's own run): the campaign's folder does not hold them, so this
+    campaign did not make them. They run again (Snakemake's --forcerun): a campaign's records are its own calls'.
+    (2026-11-27: study_b, run after study_d on one host, kept study_d's record of a cell both name, measured with
+    study_d's windows.)"""
+    return [t for t in pending(targets, out) if (workdir / t).exists()]
+
+
 def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_configs=(), forcerun=(),
-            first=(), code: Path = ROOT) -> list[str]:
+            first=(), code: Path = ROOT, fresh=()) -> list[str]:
     """The Snakemake call: every GPU of the host a `gpu` resource, jobs that fail leave the rest going, an interrupted
     job's output rerun, nothing finished started again (only a missing or older output reruns a job: a repeats pass's
-    records keep their place); `forcerun` reruns the targets named (the repeats pass, with its `extra_configs`);
+    records keep their place); `forcerun` reruns the targets named (the repeats pass, with its `extra_configs`), and
+    `fresh` the targets among the campaign's own that another run left in the working directory (foreign);
     `first` are started before the others (Snakemake's --prioritize: the longest jobs, so that the short ones fill
     the GPUs around them rather than one long job running alone at the end); `code`: the folder whose Snakefile
     runs (code_tree)."""
@@ -145,7 +155,7 @@ def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_confi
     # every config file named, the Snakefile's own too: it reads config/config.yaml from the working directory, which
     # is the project's, not the code folder's
     configs = [str(c) for c in [*config_files(camp, code), *extra_configs]]
-    again = ["--forcerun", *forcerun] if forcerun else []
+    again = ["--forcerun", *forcerun, *fresh] if forcerun or fresh else []
     early = ["--prioritize", *first] if first else []
     targets = list(forcerun) or camp["targets"]
     return [*snakemake, *where, "--cores", str(cores), "--resources", f"gpu={max(gpus, 1)}", "--scheduler", "greedy",
@@ -685,8 +695,11 @@ def main(argv: list[str]) -> int:
         print(f"held back, a package missing on this host: {len(held)} target(s) ("
               + ", ".join(sorted(set(held.values()))) + ")", file=sys.stderr)
     todo["targets"] = [t for t in todo["targets"] if t not in held]
+    stale = foreign(todo["targets"], out, workdir)
+    if stale:
+        print(f"run again: {len(stale)} target(s) whose file another run left in the working directory", file=sys.stderr)
     cmd = command(todo, len(gpus), os.cpu_count() or 1, workdir,
-                  first=longest_first(todo["targets"], len(gpus), sources, args.prefer), code=code)
+                  first=longest_first(todo["targets"], len(gpus), sources, args.prefer), code=code, fresh=stale)
     if args.dry_run:
         return subprocess.run([*cmd[:cmd.index("--")], "-n", *cmd[cmd.index("--"):]], cwd=ROOT,
                               env=job_env(code)).returncode
@@ -704,7 +717,7 @@ def main(argv: list[str]) -> int:
     state.setdefault("machines", {})[here] = host  # each machine's facts
     call = {"start": now(), "gpus": len(gpus), "command": shlex.join(cmd), "hostname": host.get("hostname"),
             "gpu_uuids": uuids, "batches": args.batches,
-            "held": held, "code": code_named}
+            "held": held, "code": code_named, "run_again": stale}
     state["calls"].append(call)
     state_path.write_text(json.dumps(state, indent=2))
     t0 = time.monotonic()

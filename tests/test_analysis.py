@@ -642,6 +642,42 @@ def test_a_peer_is_read_against_its_own_leases_top_rung_after_a_later_lease_meas
         "2.05x (lora-tb-top, 20,386)"), row
 
 
+def test_the_fastest_line_keeps_a_rung_that_stood_in_one_lease_when_a_later_lease_could_not_check_its_loss(tmp_path):
+    """A later lease (a campaign) measured the FP8 top rung again and its loss was not checked (or left the noise):
+    that run cannot lead, but the same variant's run that stood in an earlier lease still does, the latest run's
+    refusal said beside it (the front page named the rung below it, 2026-11-27)."""
+    from ftbench.compare import frontier, headline
+
+    ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
+
+    def run(folder, variant, tps, machine, at, precision="bf16", trace=True):
+        rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01, scale="full")
+        rec["throughput"]["tokens_per_s"] = tps
+        rec["timing"]["noise_cv_tokens"] = 0.01
+        rec["variant"]["precision"] = precision
+        rec["provenance"].update(machine=machine, timestamp=at)
+        rec["loss"].update(eval=8.0)
+        path = write(folder, rec)
+        if trace:  # each step's loss and real tokens: the record reads them from the steps.csv beside it
+            path.with_name("steps.csv").write_text("step,loss,tokens\n" + "".join(
+                f"{n + 1},{x},8191\n" for n, x in enumerate(ref)))
+
+    i, k = tmp_path / "h100-i", tmp_path / "h100x4-k"
+    run(i, "lora-tb", 12000, "vm/i", "2026-11-27T09:33:00+00:00")
+    run(i, "lora-tb-cg", 16000, "vm/i", "2026-11-27T09:34:00+00:00")
+    run(i, "lora-tb-top", 20386, "vm/i", "2026-11-27T09:36:00+00:00", precision="fp8")
+    run(k, "lora-tb-top", 20733, "vm/k", "2026-11-27T23:20:00+00:00", precision="fp8", trace=False)  # unchecked
+    df, replaced = aggregate([], [i, k], study="llm", with_replaced=True)
+    kwargs = dict(rungs=["lora-tb", "lora-tb-cg", "lora-tb-top"], beside=[], same_rows="lora-tb")
+    lead = frontier(df, {}, replaced=replaced, **kwargs)[0]
+    assert "<b>lora-tb-top</b> at batch 2, 20,386 real tokens/s" in lead, lead
+    assert ("Its latest run (20,733 real tokens/s) does not stand on the frontier (fp8 changes the arithmetic and has "
+            "no loss check on the same rows).") in lead
+    assert "<b>lora-tb-top</b> at batch 2, 20,386" in headline(df, replaced, **kwargs)
+    # without the replaced runs only the latest measurements count: the rung below leads
+    assert "<b>lora-tb-cg</b> at batch 2, 16,000" in frontier(df, {}, **kwargs)[0]
+
+
 def test_published_peers_stand_beside_the_frontier_with_their_conditions_and_the_fastest_rung_allowed():
     """frontier_peers (config/published/study_b.yaml): each published peer with its conditions and source, its MFU
     on its own FLOPs count, and the fastest full-scale rung here on its GPU that stands on the frontier: an FP8 rung

@@ -82,6 +82,23 @@ def test_a_campaign_resumes_after_a_cut_and_never_reruns_a_finished_job(tmp_path
     assert "python3 bench/campaign.py smoke --out" in text and "Cells with no record yet" not in text
 
 
+def test_a_record_another_run_left_in_the_working_directory_is_made_again_not_adopted(tmp_path):
+    work = tmp_path / "work"
+    first = call("smoke", "--out", str(tmp_path / "one"), "--workdir", str(work))
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    made = {r: r.stat().st_mtime_ns for r in (work / "results" / "runs").rglob("metrics.json")}
+    assert len(made) == 2
+    other = call("smoke", "--out", str(tmp_path / "two"), "--workdir", str(work))  # another campaign, same tree
+    assert other.returncode == 0, (other.stdout + other.stderr)[-3000:]
+    assert "run again: 2 target(s) whose file another run left in the working directory" in other.stderr
+    assert all(r.stat().st_mtime_ns > t for r, t in made.items())  # both jobs ran again
+    state = json.loads((tmp_path / "two" / "campaign.json").read_text())
+    assert len(state["calls"][0]["run_again"]) == 2 and "--forcerun" in state["calls"][0]["command"]
+    kept = {json.loads(r.read_text())["provenance"]["timestamp"] for r in (tmp_path / "two").rglob("metrics.json")}
+    assert kept.isdisjoint(json.loads(r.read_text())["provenance"]["timestamp"]
+                           for r in (tmp_path / "one").rglob("metrics.json"))
+
+
 def test_cells_whose_noise_cannot_carry_a_verdict_get_more_repeats_and_the_readme_says_which(tmp_path):
     """--repeat-noisy: the cells whose 2 x noise CV is over the bound rerun with twice the repeats (a config file
     beside the records); here the bound is 0, so no cell can get under it and the rounds end it; the README names

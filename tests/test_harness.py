@@ -54,16 +54,30 @@ def test_min_seconds_extends_a_window_until_it_holds_enough_time():
 
 
 def test_ranks_size_each_window_from_the_last_one_not_only_from_a_slow_warm_up():
-    """Several ranks close windows by agreed step counts. Warm-up steps four times a measured step sized the first
-    window short; the next windows are agreed from the window before them and hold `min_seconds`."""
+    """Several ranks close windows by agreed step counts. Warm-up steps four times a measured step size the first
+    window short: shorter than `min_seconds`, it counts as warm-up (the ranks decide together), and the windows
+    kept are agreed from the steps before them and hold `min_seconds`."""
     meter = Meter(CPU, MeasureSettings(warmup_steps=3, steps=2, min_seconds=0.1, repeats=3))
     asked = []
     meter.agree = lambda n: asked.append(n) or n  # one rank: the maximum over ranks is its own number
     measured_run(meter, [0.04] * 3 + [0.01] * 200)
     steps = [w["steps"] for w in meter.windows]
-    assert meter.done and len(asked) == 3  # after warm-up and after the first two windows, not after the last
-    assert steps[0] == asked[0] < 5  # from the slow warm-up: 0.1 s / 0.04 s
-    assert steps[1] == asked[1] >= 8 and steps[2] == asked[2] >= 8  # from the measured 0.01-s steps
+    assert meter.done and len(steps) == 3 and all(n >= 8 for n in steps)  # from the measured 0.01-s steps
+    assert all(w["host_s"] >= 0.1 for w in meter.windows)
+    # agreed: the first window's steps from warm-up (0.1 s / 0.04 s), "too short" (1), its successor's steps, then
+    # for each kept window "too short" (0) and, but after the last, the next window's steps
+    assert asked[0] < 5 and asked[1] == 1 and asked[2] >= 8 and asked[3] == 0
+    assert meter.calibrated == 1
+    calibration = [r for r in meter.rows if r["phase"] == "warmup"]
+    assert len(calibration) == 3 + asked[0] and all(r["repeat"] is None for r in calibration)
+    assert [r["repeat"] for r in meter.measured][:1] == [0]  # the first window kept is repeat 0
+    rec = new_record({}, {})
+    summarize(meter, rec, None, None)
+    assert rec["extra"]["measure_calibration"]["windows_as_warmup"] == 1 and not rec["measure"]["truncated"]
+    # one rank: windows end by time, never re-measured
+    meter = Meter(CPU, MeasureSettings(warmup_steps=3, steps=2, min_seconds=0.1, repeats=2))
+    measured_run(meter, [0.04] * 3 + [0.01] * 200)
+    assert meter.calibrated == 0 and len(meter.windows) == 2
 
 
 def test_windows_stop_once_their_noise_is_at_most_the_cv_target():

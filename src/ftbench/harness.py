@@ -473,10 +473,11 @@ class Meter:
         host_end = time.perf_counter()
         energy_end = self.sampler.energy_mj() if self._phase != "warmup" else None
         prev_mark, prev_host, prev_cpu = self._boundary, self._host_start, self._cpu_start
+        calibrating = self._too_short(host_end, truncated)
+        warm = self._phase == "warmup" or calibrating
         for p in self._pending:
             row = p["row"]
-            row.update(phase="warmup" if self._phase == "warmup" else "measure",
-                       repeat=None if self._phase == "warmup" else self._phase,
+            row.update(phase="warmup" if warm else "measure", repeat=None if warm else self._phase,
                        step_time_s=self._elapsed_s(prev_mark, p["mark"]), host_step_s=p["host"] - prev_host,
                        host_cpu_s=p["cpu"] - prev_cpu, t_end_s=p["host"] - self._origin_host)
             for k, v in list(row.items()):
@@ -485,18 +486,35 @@ class Meter:
                 row.update({k: _scalar(v) for k, v in p["lazy"]().items()})
             prev_mark, prev_host, prev_cpu = p["mark"], p["host"], p["cpu"]
             self.rows.append(row)
-        if self._phase != "warmup" and self._pending:
+        if not warm and self._pending:
             energy_j = (energy_end - self._energy_start) / 1e3 if None not in (energy_end, self._energy_start) else None
             self.windows.append(window_summary(self.rows[-len(self._pending):], self._phase,
                                                (self._host_start, host_end), energy_j, truncated))
         closed = len(self._pending)
         self._pending = []
-        nxt = 0 if self._phase == "warmup" else self._phase + 1
-        if nxt >= self.measure.repeats or self._noise_low_enough():
+        nxt = self._phase if calibrating else 0 if self._phase == "warmup" else self._phase + 1
+        if not calibrating and (nxt >= self.measure.repeats or self._noise_low_enough()):
             self.done = True
         elif self.agree is not None:  # every rank closes the same windows, so every rank agrees here
             self._agree_window(self.rows[-closed:] if self._phase != "warmup" and closed else self.rows[1:])
         self._open(prev_mark, host_end, nxt, prev_cpu)
+
+    calibrated = 0  # several ranks: measured windows found shorter than min_seconds and counted as warm-up instead
+    MAX_CALIBRATIONS = 3
+
+    def _too_short(self, host_end: float, truncated: bool) -> bool:
+        """Several ranks close windows by agreed step counts, sized from the steps before them: after warm-up steps
+        slower than a measured step (compiling, capturing CUDA graphs) a window can end before `min_seconds`
+        (8 steps in 3.3 s of a 20-s minimum on 2 H100s, 2026-11-27), and with `cv_target` such a window was half
+        the measurement. A window shorter than `min_seconds` on any rank (one collective: the maximum) is warm-up
+        instead, and the next is agreed from its steps; at most MAX_CALIBRATIONS times a run."""
+        m = self.measure
+        if (self.agree is None or self._phase == "warmup" or truncated or not m.min_seconds
+                or self.calibrated >= self.MAX_CALIBRATIONS):
+            return False
+        short = self.agree(1 if host_end - self._host_start < m.min_seconds else 0) > 0
+        self.calibrated += short
+        return short
 
     stopped_early = None  # with cv_target: {"cv_target", "cv", "windows"} where the windows' noise ended them
 

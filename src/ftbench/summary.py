@@ -22,6 +22,9 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
                              truncated=any(w["truncated"] for w in windows) or (
                                  len(windows) < m.repeats and not meter.stopped_early),
                              windows=[{k: v for k, v in w.items() if k != "host_span"} for w in windows])
+    if meter.calibrated:  # several ranks: windows that ended before min_seconds, counted as warm-up
+        record["extra"]["measure_calibration"] = {"windows_as_warmup": meter.calibrated,
+                                                  "why": "shorter than min_seconds on a rank"}
     if meter.stopped_early:  # fewer windows than `repeats`: their noise was already at most the target
         record["extra"]["measure_stop"] = meter.stopped_early
     t = record["timing"]
