@@ -671,8 +671,8 @@ def test_the_fastest_line_keeps_a_rung_that_stood_in_one_lease_when_a_later_leas
     kwargs = dict(rungs=["lora-tb", "lora-tb-cg", "lora-tb-top"], beside=[], same_rows="lora-tb")
     lead = frontier(df, {}, replaced=replaced, **kwargs)[0]
     assert "<b>lora-tb-top</b> at batch 2, 20,386 real tokens/s" in lead, lead
-    assert ("Its latest run (20,733 real tokens/s) does not stand on the frontier (fp8 changes the arithmetic and has "
-            "no loss check on the same rows).") in lead
+    assert ("Its latest run (20,733 real tokens/s) does not stand on the frontier: fp8 changes the arithmetic and has "
+            "no loss check on the same rows.") in lead
     assert "<b>lora-tb-top</b> at batch 2, 20,386" in headline(df, replaced, **kwargs)
     # without the replaced runs only the latest measurements count: the rung below leads
     assert "<b>lora-tb-cg</b> at batch 2, 16,000" in frontier(df, {}, **kwargs)[0]

@@ -679,7 +679,7 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                               "memory.host_peak_rss_gib") or 0.0,
                           # the same variant's latest run, shown in the table, that does not stand: said beside it
                           "then": (f" Its latest run ({latest['tokens/s (real)']:,.0f} real tokens/s) does not stand "
-                                   f"on the frontier ({latest['on the frontier'].removeprefix('no: ')})."
+                                   f"on the frontier: {latest['on the frontier'].removeprefix('no: ')}."
                                    if refused and latest.get("tokens/s (real)") else "")})
     for top in leads:
         best[top["scale"] == "full" and top["gpu"] != "cpu"].append(
