@@ -289,6 +289,12 @@ def test_regional_compile_shares_one_graph_across_layers(tmp_path):
     compiled = model.model.language_model(input_ids=ids, use_cache=False).last_hidden_state
     assert compiled_graphs() - before == 1  # one graph for all decoder layers
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    # the modes whose graphs run as CUDA graphs (a loop marks each step's start for them): Inductor's, not a backend's
+    from ftbench.variants import cuda_graphs
+
+    assert [cuda_graphs(Variant("x", compile=m)) for m in (None, "default", "reduce-overhead", "max-autotune")] == [
+        False, False, True, True]
+    assert not cuda_graphs(Variant("x", compile="max-autotune", compile_backend="aot_eager"))
 
 
 def test_causal_lm_compiles_its_decoder_layers_regionally(tmp_path, tiny_qwen, instruction_data, monkeypatch):

@@ -78,6 +78,13 @@ def attention_backend(variant: Variant):
                         "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[variant.sdpa_backend])
 
 
+def cuda_graphs(variant: Variant) -> bool:
+    """Whether the variant's compiled graphs run as CUDA graphs: Inductor's modes reduce-overhead and max-autotune
+    capture them (a training loop marks each step's start for them); max-autotune also tunes each GEMM's kernel
+    among cuBLAS and Triton templates, whose epilogues take the pointwise ops after it."""
+    return variant.compile_backend == "inductor" and variant.compile in ("reduce-overhead", "max-autotune")
+
+
 def compile_model(model, variant: Variant):
     """The callable a loop steps through: the model itself (no compile), one torch.compile of the whole
     model, or the model with each repeated block compiled in place (`compile_scope: layers`, regional

@@ -15,7 +15,8 @@ from ..profiling import SyncWatch
 from ..build import adapt_experts, build_model, group_experts, restore_renamed, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwargs, compile_kwargs, compile_model,
-                        compute_dtype, load_pretrained, parameter_counts, precision_ran, quantization_config)
+                        compute_dtype, cuda_graphs, load_pretrained, parameter_counts, precision_ran,
+                        quantization_config)
 
 
 def unsloth_checkpoint_routes() -> list:
@@ -432,7 +433,7 @@ def train(ctx, record, device, meter):
             return inputs
 
         def training_step(self, model, inputs, num_items_in_batch=None):
-            if v.compile == "reduce-overhead" and device.type == "cuda":
+            if cuda_graphs(v) and device.type == "cuda":
                 # CUDA graphs: a new training step begins here (their outputs from the last step may be reused)
                 torch.compiler.cudagraph_mark_step_begin()
             loss = super().training_step(model, inputs, num_items_in_batch)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..harness import TimedBatches
-from ..variants import DTYPE_NAMES, compile_kwargs, compute_dtype, parameter_counts, precision_ran
+from ..variants import DTYPE_NAMES, compile_kwargs, compute_dtype, cuda_graphs, parameter_counts, precision_ran
 
 
 class CaptionImages(torch.utils.data.Dataset):
@@ -148,8 +148,8 @@ def train(ctx, record, device, meter):
     # With CUDA graphs a first backward would hand each LoRA weight the graph's own output buffer as its .grad,
     # and the next micro-step's replay overwrites it (the published reduce-overhead failure). Gradients that
     # exist beforehand are accumulated into in place, so they stay ours.
-    cuda_graphs = v.compile == "reduce-overhead"
-    if cuda_graphs:
+    graphs = cuda_graphs(v)
+    if graphs:
         for p in params:
             p.grad = torch.zeros_like(p)
     meter.start()
@@ -170,7 +170,7 @@ def train(ctx, record, device, meter):
             noise = torch.randn_like(latents)
             t = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), device=device)
             noisy = scheduler.add_noise(latents, noise, t).contiguous(memory_format=layout)
-            if cuda_graphs:
+            if graphs:
                 # CUDA graphs reuse their output buffers; mark each micro-step so accumulation reads fresh ones
                 torch.compiler.cudagraph_mark_step_begin()
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
@@ -182,7 +182,7 @@ def train(ctx, record, device, meter):
         torch.nn.utils.clip_grad_norm_(params, s.max_grad_norm, foreach=True)
         scaler.step(optimizer)
         scaler.update()
-        optimizer.zero_grad(set_to_none=not cuda_graphs)
+        optimizer.zero_grad(set_to_none=not graphs)
         meter.step(ctx.spec.batch_size * accum, loss=torch.stack(losses).mean(), data_wait_s=data_wait)
     meter.finish()
     median = statistics.median(r["step_time_s"] for r in meter.measured) if meter.measured else None
