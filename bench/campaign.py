@@ -132,13 +132,13 @@ def config_files(camp: dict, code: Path = ROOT) -> list[Path]:
     return list(dict.fromkeys(config_path(c, code) for c in ["config/config.yaml", *camp["configs"]]))
 
 
-def foreign(targets: list[str], out: Path, workdir: Path = ROOT) -> list[str]:
-    """The targets this call runs whose file the working directory holds already, left by another run (a part,
-    another campaign's call with other windows, a user's own run): the campaign's folder does not hold them, so this
-    campaign did not make them. They run again (Snakemake's --forcerun): a campaign's records are its own calls'.
+def foreign(todo: list[str], workdir: Path = ROOT) -> list[str]:
+    """Of the targets this call runs (`todo`: those the campaign's folder does not hold, `pending`), those whose file
+    the working directory holds already, left by another run (a part, another campaign's call with other windows, a
+    user's own run): this campaign did not make them. They run again (Snakemake's --forcerun): a campaign's records are its own calls'.
     (2026-11-27: study_b, run after study_d on one host, kept study_d's record of a cell both name, measured with
     study_d's windows.)"""
-    return [t for t in pending(targets, out) if (workdir / t).exists()]
+    return [t for t in todo if (workdir / t).exists()]
 
 
 def command(camp: dict, gpus: int, cores: int, workdir: Path = ROOT, extra_configs=(), forcerun=(),
@@ -695,7 +695,7 @@ def main(argv: list[str]) -> int:
         print(f"held back, a package missing on this host: {len(held)} target(s) ("
               + ", ".join(sorted(set(held.values()))) + ")", file=sys.stderr)
     todo["targets"] = [t for t in todo["targets"] if t not in held]
-    stale = foreign(todo["targets"], out, workdir)
+    stale = foreign(todo["targets"], workdir)
     if stale:
         print(f"run again: {len(stale)} target(s) whose file another run left in the working directory", file=sys.stderr)
     cmd = command(todo, len(gpus), os.cpu_count() or 1, workdir,

@@ -656,31 +656,15 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     measured = table.filter(pl.col("tokens/s (real)").is_not_null())
     if "on the frontier" in table.columns:  # a rung that changes the arithmetic leads only with its loss check
         measured = measured.filter(pl.col("on the frontier").str.starts_with("yes"))
-    leads = [group.sort("tokens/s (real)", descending=True).row(0, named=True)
-             for group in measured.partition_by(["gpu", "model", "scale", "dataset"], maintain_order=True)]
     if tops:  # with same_rows: each machine's fastest standing run, replaced ones too (a later lease's measurement
         # of the top rung without rung 0 beside it cannot check its loss, yet the same variant stood on another)
-        fastest = {}
-        for r in tops.values():
-            key = (r["gpu"], r["model"], r["scale"], r["dataset"])
-            if key not in fastest or r["throughput.tokens_per_s"] > fastest[key]["throughput.tokens_per_s"]:
-                fastest[key] = r
-        shown = {(r["gpu"], r["model"], r["scale"], r["dataset"], r["variant"]): r
-                 for r in table.iter_rows(named=True)}
-        leads = []
-        for r in sorted(fastest.values(), key=lambda r: (r["gpu"] == "cpu", r["scale"] != "full")):
-            key = (r["gpu"], r["model"], r["scale"], r["dataset"], r["variant"])
-            latest = shown.get(key) or {}
-            refused = (latest.get("on the frontier") or "yes").startswith("no")
-            leads.append({"gpu": r["gpu"], "model": r["model"], "scale": r["scale"], "dataset": r["dataset"],
-                          "variant": r["variant"], "batch": r["batch_size"],
-                          "tokens/s (real)": r["throughput.tokens_per_s"],
-                          "peak memory GiB": r.get("memory.peak_reserved_gib") or r.get(
-                              "memory.host_peak_rss_gib") or 0.0,
-                          # the same variant's latest run, shown in the table, that does not stand: said beside it
-                          "then": (f" Its latest run ({latest['tokens/s (real)']:,.0f} real tokens/s) does not stand "
-                                   f"on the frontier: {latest['on the frontier'].removeprefix('no: ')}."
-                                   if refused and latest.get("tokens/s (real)") else "")})
+        shown = {(r["gpu"], r["model"], r["scale"], r["dataset"], r["variant"]): r for r in table.iter_rows(named=True)}
+        fastest = fastest_by(tops.values(), lambda r: (r["gpu"], r["model"], r["scale"], r["dataset"]))
+        leads = [standing_lead(r, shown.get((r["gpu"], r["model"], r["scale"], r["dataset"], r["variant"])) or {})
+                 for r in sorted(fastest.values(), key=lambda r: (r["gpu"] == "cpu", r["scale"] != "full"))]
+    else:
+        leads = [group.sort("tokens/s (real)", descending=True).row(0, named=True)
+                 for group in measured.partition_by(["gpu", "model", "scale", "dataset"], maintain_order=True)]
     for top in leads:
         best[top["scale"] == "full" and top["gpu"] != "cpu"].append(
             f"On {top['gpu']}, {top['model']} ({top['scale']} scale), {top['dataset']}: <b>{top['variant']}</b> at "
@@ -691,6 +675,17 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
         lead += (" <br>Smaller scales and CPUs, apart (their speed says nothing of the published model's): "
                  + " ".join(best[False]))
     return [lead, note, (title, table, kind)]
+
+
+def standing_lead(r: dict, latest: dict) -> dict:
+    """A fastest standing run `r` as the lead line's row, and where the same variant's latest run (`latest`, the row
+    the table shows) does not stand, why, said beside it."""
+    refused = (latest.get("on the frontier") or "yes").startswith("no") and latest.get("tokens/s (real)")
+    return {"gpu": r["gpu"], "model": r["model"], "scale": r["scale"], "dataset": r["dataset"], "variant": r["variant"],
+            "batch": r["batch_size"], "tokens/s (real)": r["throughput.tokens_per_s"],
+            "peak memory GiB": r.get("memory.peak_reserved_gib") or r.get("memory.host_peak_rss_gib") or 0.0,
+            "then": (f" Its latest run ({latest['tokens/s (real)']:,.0f} real tokens/s) does not stand on the "
+                     f"frontier: {latest['on the frontier'].removeprefix('no: ')}." if refused else "")}
 
 
 def scale_order() -> pl.Expr:

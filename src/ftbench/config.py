@@ -562,9 +562,15 @@ def run_nodes(params: dict) -> int:
     return int((params.get("variant") or {}).get("nodes") or 1)
 
 
+def alloc_conf(env) -> str | None:
+    """The CUDA allocator settings an environment sets: torch's unified PYTORCH_ALLOC_CONF first, then the older
+    PYTORCH_CUDA_ALLOC_CONF (torch reads them in that order)."""
+    return env.get("PYTORCH_ALLOC_CONF") or env.get("PYTORCH_CUDA_ALLOC_CONF")
+
+
 def run_alloc_conf(params: dict, current: str | None) -> str | None:
-    """The training process's CUDA allocator settings (PYTORCH_ALLOC_CONF): what the environment sets (`current`),
-    with expandable segments where the run's variant asks for them (knob expandable_segments)."""
+    """The training process's CUDA allocator settings (PYTORCH_ALLOC_CONF): what the environment sets (`current`,
+    `alloc_conf`), with expandable segments where the run's variant asks for them (knob expandable_segments)."""
     if not (params.get("variant") or {}).get("expandable_segments"):
         return current
     kept = [s for s in (current or "").split(",") if s and not s.startswith("expandable_segments:")]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .config import MeasureSettings
+from .config import MeasureSettings, alloc_conf
 from .gpus import HOST_MEMORY, cpu_name, host_cpu, this_machine
 from .ranks import rank
 from .source import code_identity
@@ -141,7 +141,7 @@ def provenance(device: torch.device, base_dir, config_hash: str, weights_source:
             "scale": scale, "host": platform.node(), "machine": this_machine(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             # the CUDA caching allocator's settings (expandable segments, ...): where an oom's fragmentation goes
-            "cuda_alloc_conf": os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            "cuda_alloc_conf": alloc_conf(os.environ),
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from . import forkserver
-from .config import run_alloc_conf, run_gpus, run_limits, run_nodes, stall_limit
+from .config import alloc_conf, run_alloc_conf, run_gpus, run_limits, run_nodes, stall_limit
 from .gpus import HOST_MEMORY, describe, gpu_slots, share, shares_gpu, this_machine
 from .records import COMPILE_CACHE_NOTES, compile_cache_kind, new_record_from_template, write_json_atomic
 from .source import code_identity, library_first
@@ -260,7 +260,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         job.write_text(json.dumps({"kind": kind, "params": params, "paths": paths}))
         env = library_first(Path(__file__).resolve().parents[1], dict(os.environ, FTBENCH_PROGRESS=str(progress)))
         if kind in ("train", "profile"):  # the variant's allocator settings, in the unified variable torch reads first
-            conf = run_alloc_conf(params, env.get("PYTORCH_ALLOC_CONF") or env.get("PYTORCH_CUDA_ALLOC_CONF"))
+            conf = run_alloc_conf(params, alloc_conf(env))
             if conf:
                 env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
                 env["PYTORCH_ALLOC_CONF"] = conf
