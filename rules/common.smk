@@ -151,10 +151,13 @@ def study_title(wildcards):
 
 
 def run_env(wildcards):
-    """Unsloth patches transformers on import and Transformer Engine builds against CUDA: own envs."""
+    """Unsloth patches transformers on import, NeMo AutoModel pins its own and Transformer Engine builds against
+    CUDA: own envs."""
     knobs = ftc.variant_knobs(config, wildcards.study, wildcards.variant)
     if knobs.get("framework") == "unsloth":
         return "../envs/unsloth.yaml"
+    if knobs.get("framework") == "nemo":  # NeMo AutoModel pins its own transformers
+        return "../envs/nemo.yaml"
     if knobs.get("precision") == "fp8" and knobs.get("fp8_backend") == "te":
         return "../envs/te.yaml"
     if MODEL_FAMILY[wildcards.model] == "diffusion":

@@ -819,3 +819,67 @@ def test_a_peers_record_names_the_settings_it_ran_with():
     assert liger["system"] == "Liger Kernel" and liger["settings"]["compile"] == "torch.compile default (layers)"
     assert liger["settings"]["attention"] == "flash" and liger["settings"]["rows"] == "padded batches"
     assert peer_record(Variant("mine"), {"extra": {}}, args, 2) is None
+
+
+def test_nemo_automodels_record_names_what_it_built_and_why_its_attention():
+    """NeMo AutoModel as a peer: its record names its LoRA (module, pattern, dim, alpha, Triton kernels, its
+    memory-efficient path) and the kernels its patches left, and on packed rows why the varlen attention ran; its
+    adapters start where PEFT's do (its parameter names mapped onto PEFT's) and count as adapted modules."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ftbench.config import Variant
+    from ftbench.parallel import seed_adapters
+    from ftbench.runners.causal_lm import nemo_peft_name, peer_record
+    from ftbench.variants import adapted_modules
+
+    build = {"nemo_lora": {"target_modules": ["*_proj"], "dim": 8, "alpha": 16, "use_triton": True,
+                           "use_memory_efficient_lora": False, "module": "PatchedLinearLoRA"},
+             "nemo_kernels": {"attention": "sdpa", "rms_norm": "LigerRMSNorm", "mlp": "LigerSwiGLUMLP"}}
+    v = Variant("n", framework="nemo", padding_free=True, attention="varlen", token_budget=4096,
+                trainer_metrics=False)
+    n = peer_record(v, {"model": {"build": build}, "extra": {"attention_kernel": "flash varlen"}},
+                    SimpleNamespace(optim="adamw_torch"), 2)
+    assert n["system"] == "NVIDIA NeMo AutoModel" and n["settings"]["attention"] == "flash varlen"
+    assert "flash-attn package" in n["settings"]["attention_why"]
+    assert n["settings"]["lora"] == ("NeMo's PatchedLinearLoRA on *_proj, dim 8, alpha 16, Triton kernels True, "
+                                     "memory-efficient path False")
+    assert n["settings"]["kernels"] == "built with sdpa attention, LigerRMSNorm norms, LigerSwiGLUMLP MLPs"
+    assert nemo_peft_name("model.layers.0.self_attn.q_proj.lora_A.weight") == \
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight"
+    assert nemo_peft_name("model.layers.0.mlp.up_proj.lora_B.weight", default=False) == \
+        "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight"
+
+    class NemoLoRA(torch.nn.Module):  # NeMo's LinearLoRA holds one lora_A / lora_B module, not PEFT's dicts
+        def __init__(self):
+            super().__init__()
+            self.lora_A, self.lora_B = torch.nn.Linear(16, 4, bias=False), torch.nn.Linear(4, 16, bias=False)
+
+    class PeftLike(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lora_A = torch.nn.ModuleDict({"default": torch.nn.Linear(16, 4, bias=False)})
+            self.lora_B = torch.nn.ModuleDict({"default": torch.nn.Linear(4, 16, bias=False)})
+
+    nemo = torch.nn.ModuleDict({"model": torch.nn.ModuleDict({"q_proj": NemoLoRA()})})
+    peft = torch.nn.ModuleDict({"base_model": torch.nn.ModuleDict({"model": torch.nn.ModuleDict(
+        {"model": torch.nn.ModuleDict({"q_proj": PeftLike()})})})})
+    assert adapted_modules(nemo) == {"count": 1, "names": ["q_proj"]}
+    assert seed_adapters(nemo, 7, nemo_peft_name) == seed_adapters(peft, 7) == 2
+    a_nemo, a_peft = nemo["model"]["q_proj"].lora_A.weight, peft["base_model"]["model"]["model"]["q_proj"].lora_A[
+        "default"].weight
+    assert torch.equal(a_nemo, a_peft) and not torch.equal(a_nemo, torch.zeros_like(a_nemo))
+    assert not nemo["model"]["q_proj"].lora_B.weight.any()
+
+
+def test_nemo_automodel_knobs_its_package_and_its_environment():
+    """framework 'nemo' needs NeMo AutoModel's package (run in envs/nemo.yaml, which keeps its transformers pin); it is
+    refused with knobs wired for PEFT's modules or with Liger on top of NeMo's own patches."""
+    from ftbench.config import Variant
+    from ftbench.knobs import knob_problems, required_packages
+
+    v = Variant("n", framework="nemo", padding_free=True, attention="varlen", token_budget=4096)
+    assert knob_problems("causal_lm", v) == [] and required_packages(v) == ["nemo_automodel"]
+    for bad in ({"liger": True}, {"precision": "nf4"}, {"fused_projections": True}, {"sync_free": True}):
+        assert any("framework='nemo'" in p for p in knob_problems("causal_lm", Variant("n", framework="nemo", **bad)))

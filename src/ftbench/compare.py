@@ -503,7 +503,8 @@ def peer_of(r: dict) -> str | None:
     it, its knobs; None for one of the project's own rungs."""
     if r.get("peer.system"):
         return r["peer.system"]
-    return "Unsloth" if r.get("variant.framework") == "unsloth" else "Liger Kernel" if r.get("variant.liger") else None
+    framework = {"unsloth": "Unsloth", "nemo": "NVIDIA NeMo AutoModel"}.get(r.get("variant.framework"))
+    return framework or ("Liger Kernel" if r.get("variant.liger") else None)
 
 
 UNSTATED = "not compared: the peer's settings are not in its record (a peer is compared at its best or not at all)"

@@ -47,7 +47,10 @@ class Variant:
     compile_scope: str = "model"  # model (one torch.compile of the whole model) | layers (each repeated block)
     shape_policy: str = "dynamic"  # dynamic (AnyRes, dynamic padding) | fixed | bucketed
     sdpa_backend: str | None = None  # None (PyTorch picks) | flash | efficient | cudnn | math
-    framework: str = "hf"  # hf | unsloth
+    # hf | unsloth | nemo (NVIDIA NeMo AutoModel: the model built by its NeMoAutoModelForCausalLM.from_pretrained,
+    # which applies its kernel patches, and LoRA from its own PeftConfig with its Triton kernels, as its LoRA
+    # benchmark recipe sets them; trained in the TRL loop; in its own environment, envs/nemo.yaml: its transformers pin)
+    framework: str = "hf"
     gradient_checkpointing: bool = False
     # with gradient_checkpointing, what the backward recomputes: full (the whole layer's forward) | selective (the
     # GEMM and attention outputs are kept, the cheap ops between them recomputed: PyTorch's selective activation
@@ -149,6 +152,7 @@ def required_packages(variant: Variant) -> list[str]:
     bitsandbytes for 4-bit, Liger Kernel, the flash attention implementation's): what `variants.check_supported`
     refuses a run without, and what a campaign holds a target back for."""
     needs = ["unsloth" if variant.framework == "unsloth" else None,
+             "nemo_automodel" if variant.framework == "nemo" else None,
              FP8_MODULES.get(variant.fp8_backend) if variant.precision == "fp8" else None,
              "bitsandbytes" if variant.precision == "nf4" else None,
              "liger_kernel" if variant.liger or variant.lm_head else None,
@@ -171,7 +175,7 @@ HONOURED = {
                   "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "nodes": ANY, "parallel": {None, "ddp", "fsdp2"},
                   "ddp_bucket_mb": ANY, "ddp_graph_split": ANY, "balance_ranks": ANY,
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
-                  "framework": {"hf", "unsloth"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
+                  "framework": {"hf", "unsloth", "nemo"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "fused_adapters": ANY, "lm_head": {None, "two-gemm", "fp8"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
@@ -280,6 +284,10 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
                         "head outside a compiled graph (no compile_scope 'model')")
     if variant.lm_head == "fp8" and variant.precision != "fp8":
         problems.append("lm_head='fp8' without precision='fp8' (its GEMMs are FP8; the record says what ran)")
+    if variant.framework == "nemo" and (variant.peft != "lora" or variant.precision != "bf16" or variant.parallel
+                                        or variant.liger or variant.fused_projections or variant.sync_free):
+        problems.append("framework='nemo' needs LoRA in bf16 on one GPU, without liger (NeMo AutoModel applies its "
+                        "own kernel patches), fused_projections or sync_free (wired for PEFT's modules)")
     if variant.parallel == "fsdp2" and (variant.fused_projections or variant.experts != "loop" or variant.expert_lora):
         problems.append("parallel='fsdp2' with fused_projections, experts or expert_lora (they rewrite the model "
                         "after it is built; the sharded build is not rewritten)")

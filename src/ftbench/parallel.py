@@ -235,10 +235,11 @@ def adapter_bound(p) -> float:
     return 1 / math.sqrt(p.shape[1])
 
 
-def seed_adapters(model, seed: int) -> int:
+def seed_adapters(model, seed: int, name_of=None) -> int:
     """Every LoRA A drawn uniformly in PEFT's bound from a generator seeded with the run's seed and the parameter's
     name (on the parameter's device type), every LoRA B zero: the model's output is unchanged until it trains, and
-    a sharded adapter starts where the one-process adapter starts. Returns the adapter matrices set."""
+    a sharded adapter starts where the one-process adapter starts. `name_of`: another system's parameter name ->
+    PEFT's, so that its adapters start where PEFT's do. Returns the adapter matrices set."""
     n = 0
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -248,7 +249,8 @@ def seed_adapters(model, seed: int) -> int:
             if ".lora_B." in name:
                 local.zero_()
             else:
-                g = torch.Generator(device=local.device).manual_seed(parameter_seed(seed, name))
+                key = name_of(name) if name_of else name
+                g = torch.Generator(device=local.device).manual_seed(parameter_seed(seed, key))
                 bound = adapter_bound(p)
                 full = torch.empty(tuple(p.shape), dtype=torch.float32, device=local.device).uniform_(
                     -bound, bound, generator=g)

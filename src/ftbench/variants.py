@@ -238,9 +238,16 @@ def unpackable_for_cpu(model) -> int:
     return n
 
 
+def has_adapter(module) -> bool:
+    """A module LoRA adapted: PEFT's (a non-empty dict of adapters `lora_A`) or another system's (one `lora_A`
+    module, as NeMo AutoModel's LinearLoRA holds it)."""
+    a = getattr(module, "lora_A", None)
+    return a is not None and (not isinstance(a, torch.nn.ModuleDict) or len(a) > 0)
+
+
 def adapted_modules(model) -> dict:
     """Which module names LoRA actually adapted (e.g. only attention in the published gpt-oss run)."""
-    names = [n for n, m in model.named_modules() if hasattr(m, "lora_A") and len(getattr(m, "lora_A", {}))]
+    names = [n for n, m in model.named_modules() if has_adapter(m)]
     leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
     return {"count": len(names), "names": leaves}
 

@@ -49,6 +49,64 @@ def unsloth_targets(variant, lora: dict, model_config) -> list | None:
     return [t for t in targets if t not in MLP_PROJECTIONS]
 
 
+NEMO_TARGETS = "*_proj"  # NeMo AutoModel's LoRA benchmark recipes' pattern: every projection of the decoder
+
+
+def nemo_peft_name(name: str, default: bool = True) -> str:
+    """The PEFT name of a NeMo AutoModel LoRA parameter (`model.layers.0.self_attn.q_proj.lora_A.weight` ->
+    `base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight`; without `default`, the name PEFT
+    saves it under)."""
+    if default:
+        for m in ("lora_A", "lora_B"):
+            name = name.replace(f".{m}.", f".{m}.default.")
+    return "base_model.model." + name
+
+
+def nemo_model(ctx, device, lora: dict):
+    """NeMo AutoModel's LoRA as its own benchmark recipes set it (examples/llm_benchmark/*_peft_benchmark.yaml): the
+    model from NeMoAutoModelForCausalLM.from_pretrained (force_hf: transformers' class, NeMo's Liger and SDPA patches
+    applied as it applies them), LoRA from its PeftConfig on every projection with its Triton kernels and without its
+    memory-efficient path (the recipe: the throughput benchmark is not activation-memory bound); r, alpha and dropout
+    the run's. Each LoRA A then drawn as PEFT's rungs draw theirs (the same start, so the losses compare)."""
+    from ..harness import Unsupported
+
+    if device.type != "cuda":  # (NeMo's from_pretrained places the model on torch.cuda.current_device())
+        raise Unsupported("framework 'nemo': NeMo AutoModel builds its model on a CUDA device")
+    from nemo_automodel import NeMoAutoModelForCausalLM
+    from nemo_automodel.components._peft.lora import PeftConfig
+    from transformers import AutoTokenizer
+
+    path = ctx.manifest["path"]
+    config = PeftConfig(target_modules=[NEMO_TARGETS], dim=lora.get("r", 8), alpha=lora.get("alpha", 16),
+                        dropout=lora.get("dropout", 0.0), use_triton=True, use_memory_efficient_lora=False)
+    model = NeMoAutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16, force_hf=True,
+                                                     peft_config=config)
+    layer = model.model.layers[0]
+    build = {"method": "checkpoint (NeMo AutoModel's NeMoAutoModelForCausalLM.from_pretrained, force_hf)",
+             "nemo_lora": {"target_modules": config.target_modules, "dim": config.dim, "alpha": config.alpha,
+                           "use_triton": config.use_triton,
+                           "use_memory_efficient_lora": config.use_memory_efficient_lora,
+                           "module": type(layer.self_attn.q_proj).__name__},
+             "nemo_kernels": {"attention": getattr(model.config, "_attn_implementation", None),
+                              "rms_norm": type(layer.input_layernorm).__name__, "mlp": type(layer.mlp).__name__},
+             "adapters_seeded": parallel.seed_adapters(model, ctx.settings.seed, nemo_peft_name)}
+    return model, AutoTokenizer.from_pretrained(path), {"build": build}
+
+
+def save_nemo_adapter(model, lora: dict, folder) -> None:
+    """A NeMo AutoModel adapter in PEFT's format (its LoRA scales by alpha / dim, as PEFT's by alpha / r), so that
+    `generate` loads it as it loads the others."""
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    tensors = {nemo_peft_name(n, default=False): p.detach().cpu().contiguous()
+               for n, p in model.named_parameters() if p.requires_grad}
+    targets = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.requires_grad})
+    LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
+               target_modules=targets).save_pretrained(folder)
+    save_file(tensors, f"{folder}/adapter_model.safetensors")
+
+
 def load_model(ctx, device):
     """Load the checkpoint (random or hub), or build the model in process (ftbench.build), with the variant's
     precision and adapters applied; with how it was built and the FP8 conversion's summary."""
@@ -80,6 +138,8 @@ def load_model(ctx, device):
         # its loss on the same rows compares step by step
         build["adapters_seeded"] = parallel.seed_adapters(model, ctx.settings.seed)
         return model, tokenizer, {"build": build}
+    if v.framework == "nemo":
+        return nemo_model(ctx, device, lora)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -263,7 +323,13 @@ def unsloth_attention(v, flash: dict | None) -> str:
     return f"Unsloth's {route} route ({allowed})" if route else f"Unsloth's own dispatch ({allowed})"
 
 
-PEER_SYSTEMS = {"unsloth": ("Unsloth", "unsloth"), "liger": ("Liger Kernel", "liger_kernel")}
+PEER_SYSTEMS = {"unsloth": ("Unsloth", "unsloth"), "liger": ("Liger Kernel", "liger_kernel"),
+                "nemo": ("NVIDIA NeMo AutoModel", "nemo_automodel")}
+
+# why a NeMo AutoModel run on packed rows takes the project's variable-length attention
+NEMO_VARLEN_WHY = ("NeMo's route for packed sequences is transformers' flash_attention_2, which needs the flash-attn "
+                   "package; PyPI has it only as source to compile against CUDA, so its FlashAttention-2 kernels run "
+                   "here through torch's variable-length flash attention (ftbench.attention)")
 
 
 def peer_record(v, record, args, batch_size) -> dict | None:
@@ -272,24 +338,34 @@ def peer_record(v, record, args, batch_size) -> dict | None:
     implementation and why, else the kernel), compilation, the rows (packed to a budget or padded batches), the
     trainer's per-step metrics, the optimizer and the batch. The frontier compares a peer only where its record
     names them (ftbench.compare.peer_table); None for one of the project's own rungs."""
-    kind = "unsloth" if v.framework == "unsloth" else "liger" if v.liger else None
+    kind = v.framework if v.framework in ("unsloth", "nemo") else "liger" if v.liger else None
     if kind is None:
         return None
     system, package = PEER_SYSTEMS[kind]
     extra = record["extra"]
+    build = (record.get("model") or {}).get("build") or {}
     settings = {
         "precision": v.precision,
         "gradient_checkpointing": ("unsloth (its offloaded checkpointing)" if kind == "unsloth" else "torch")
         if v.gradient_checkpointing else "off",
         "attention": unsloth_attention(v, extra.get("unsloth_flash_impl")) if kind == "unsloth" else (
-            extra.get("attention_kernel") or v.sdpa_backend or "transformers' default"),
-        "attention_why": (extra.get("unsloth_flash_impl") or {}).get("reason"),
+            extra.get("attention_kernel") or v.sdpa_backend or (build.get("nemo_kernels") or {}).get("attention")
+            or "transformers' default"),
+        "attention_why": (extra.get("unsloth_flash_impl") or {}).get("reason") if kind == "unsloth" else (
+            NEMO_VARLEN_WHY if kind == "nemo" and v.attention == "varlen" else None),
         "compile": ("unsloth's own" if v.unsloth_compile else "off") if kind == "unsloth" else (
             f"torch.compile {v.compile} ({v.compile_scope})" if v.compile else "off"),
         "rows": f"packed rows of {v.token_budget} tokens" if v.token_budget else (
             "padding-free rows" if v.padding_free else "padded batches"),
         "trainer_metrics": v.trainer_metrics, "optim": args.optim if isinstance(args.optim, str) else str(args.optim),
         "batch": batch_size}
+    if kind == "nemo":  # what NeMo AutoModel built: its LoRA settings and module, the kernels its patches left
+        lo, ke = build.get("nemo_lora") or {}, build.get("nemo_kernels") or {}
+        settings["lora"] = (f"NeMo's {lo.get('module')} on {', '.join(lo.get('target_modules') or [])}, dim "
+                            f"{lo.get('dim')}, alpha {lo.get('alpha')}, Triton kernels {lo.get('use_triton')}, "
+                            f"memory-efficient path {lo.get('use_memory_efficient_lora')}")
+        settings["kernels"] = (f"built with {ke.get('attention')} attention, {ke.get('rms_norm')} norms, "
+                               f"{ke.get('mlp')} MLPs")
     try:
         version = importlib.metadata.version(package.replace("_", "-"))
     except importlib.metadata.PackageNotFoundError:
@@ -378,6 +454,8 @@ def train(ctx, record, device, meter):
             ranks = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
             if v.lm_head and not return_outputs and model.training:  # (evaluation: the paths below)
                 return head_forward_loss(model, inputs, num_items_in_batch, ranks)
+            if v.framework == "nemo":  # the model's own loss: NeMo's patched forward (Liger's fused linear CE)
+                return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
             if (fused_head_available() and not v.trainer_metrics and not return_outputs
                     and not getattr(self, "aux_loss_enabled", False)):  # (an MoE's router loss: TRL's path)
                 return fused_head_loss(model, inputs, num_items_in_batch, ranks)
@@ -509,6 +587,7 @@ def train(ctx, record, device, meter):
     if v.parallel:  # what the trainer wrapped the model in: DistributedDataParallel, or FSDP2's FSDP<class>
         record["extra"]["parallel_wrapper"] = type(trainer.model_wrapped).__name__
     record["extra"]["loss_path"] = (f"ftbench.head ({v.lm_head}: two GEMMs a chunk of tokens)" if v.lm_head else
+                                    "the model's own (NeMo AutoModel's patched forward)" if v.framework == "nemo" else
                                     "model_cross_entropy" if not fused_head_available() else "trl_fused_lm_head" if
                                     v.trainer_metrics else "trl_fused_lm_head, without TRL's per-step metrics")
     n_train = len(train_ds)
@@ -531,5 +610,7 @@ def train(ctx, record, device, meter):
         record["loss"]["eval"] = trainer.evaluate()["eval_loss"]
     if v.parallel:  # every rank joins the gather of the LoRA state; rank 0 writes it (the others have no adapter_dir)
         record["extra"]["adapter_save"] = parallel.save_adapter(trainer.model, ctx.adapter_dir)
+    elif ctx.adapter_dir is not None and v.framework == "nemo":
+        save_nemo_adapter(model, ctx.settings.lora, ctx.adapter_dir)
     elif ctx.adapter_dir is not None:
         trainer.model.save_pretrained(ctx.adapter_dir)
