@@ -88,9 +88,15 @@ def nemo_model(ctx, device, lora: dict):
                            "use_memory_efficient_lora": config.use_memory_efficient_lora,
                            "module": type(layer.self_attn.q_proj).__name__},
              "nemo_kernels": {"attention": getattr(model.config, "_attn_implementation", None),
-                              "rms_norm": type(layer.input_layernorm).__name__, "mlp": type(layer.mlp).__name__},
+                              "rms_norm": forward_of(layer.input_layernorm), "mlp": forward_of(layer.mlp)},
              "adapters_seeded": parallel.seed_adapters(model, ctx.settings.seed, nemo_peft_name)}
     return model, AutoTokenizer.from_pretrained(path), {"build": build}
+
+
+def forward_of(module) -> str:
+    """Where a module's forward comes from (Liger's instance patch keeps the class and binds its own forward)."""
+    f = getattr(module.forward, "__func__", module.forward)
+    return f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', type(f).__name__)}"
 
 
 def save_nemo_adapter(model, lora: dict, folder) -> None:
