@@ -883,3 +883,10 @@ def test_nemo_automodel_knobs_its_package_and_its_environment():
     assert knob_problems("causal_lm", v) == [] and required_packages(v) == ["nemo_automodel"]
     for bad in ({"liger": True}, {"precision": "nf4"}, {"fused_projections": True}, {"sync_free": True}):
         assert any("framework='nemo'" in p for p in knob_problems("causal_lm", Variant("n", framework="nemo", **bad)))
+    import torch
+
+    from ftbench.harness import Unsupported
+    from ftbench.variants import check_supported
+
+    with pytest.raises(Unsupported, match="NeMo AutoModel builds its model on a CUDA device"):
+        check_supported(v, torch.device("cpu"))

@@ -26,6 +26,13 @@ def check_supported(variant: Variant, device: torch.device, manifest: dict | Non
             raise Unsupported("Unsloth needs a CUDA GPU; this machine has none")
         if importlib.util.find_spec("unsloth") is None:
             raise Unsupported("Unsloth is not installed (pip install '.[gpu]')")
+    if variant.framework == "nemo":
+        if not cuda:
+            raise Unsupported("NeMo AutoModel builds its model on a CUDA device (its from_pretrained places it on "
+                              "torch.cuda.current_device()); this machine has none")
+        if importlib.util.find_spec("nemo_automodel") is None:
+            raise Unsupported("NeMo AutoModel is not installed: it runs in its own environment, envs/nemo.yaml (its "
+                              "release pins transformers 5.18.0)")
     if variant.precision == "fp8":
         if not cuda:
             raise Unsupported("FP8 needs a CUDA GPU of compute capability 8.9 or newer; this machine has none")

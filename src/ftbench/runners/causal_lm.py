@@ -62,17 +62,13 @@ def nemo_peft_name(name: str, default: bool = True) -> str:
     return "base_model.model." + name
 
 
-def nemo_model(ctx, device, lora: dict):
+def nemo_model(ctx, lora: dict):
     """NeMo AutoModel's LoRA as its own benchmark recipes set it (examples/llm_benchmark/*_peft_benchmark.yaml): the
     model from NeMoAutoModelForCausalLM.from_pretrained (force_hf: transformers' class, NeMo's Liger and SDPA patches
     applied as it applies them), LoRA from its PeftConfig on every projection with its Triton kernels and without its
     memory-efficient path (the recipe: the throughput benchmark is not activation-memory bound); r, alpha and dropout
     the run's. Each LoRA A then drawn as PEFT's rungs draw theirs (the same start, so the losses compare)."""
-    from ..harness import Unsupported
-
-    if device.type != "cuda":  # (NeMo's from_pretrained places the model on torch.cuda.current_device())
-        raise Unsupported("framework 'nemo': NeMo AutoModel builds its model on a CUDA device")
-    from nemo_automodel import NeMoAutoModelForCausalLM
+    from nemo_automodel import NeMoAutoModelForCausalLM  # (on CUDA only: variants.check_supported)
     from nemo_automodel.components._peft.lora import PeftConfig
     from transformers import AutoTokenizer
 
@@ -145,7 +141,7 @@ def load_model(ctx, device):
         build["adapters_seeded"] = parallel.seed_adapters(model, ctx.settings.seed)
         return model, tokenizer, {"build": build}
     if v.framework == "nemo":
-        return nemo_model(ctx, device, lora)
+        return nemo_model(ctx, lora)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
