@@ -499,12 +499,11 @@ def fastest_by(runs, key_of=machine_key) -> dict:
 
 
 def peer_of(r: dict) -> str | None:
-    """The other system a run is (Unsloth, Liger Kernel's patch), from its record's `peer` or, for records older than
-    it, its knobs; None for one of the project's own rungs."""
+    """The other system a run is (Unsloth, Liger Kernel's patch, NeMo AutoModel), from its record's `peer` or, for
+    records older than it (Unsloth's and Liger's), its knobs; None for one of the project's own rungs."""
     if r.get("peer.system"):
         return r["peer.system"]
-    framework = {"unsloth": "Unsloth", "nemo": "NVIDIA NeMo AutoModel"}.get(r.get("variant.framework"))
-    return framework or ("Liger Kernel" if r.get("variant.liger") else None)
+    return "Unsloth" if r.get("variant.framework") == "unsloth" else "Liger Kernel" if r.get("variant.liger") else None
 
 
 UNSTATED = "not compared: the peer's settings are not in its record (a peer is compared at its best or not at all)"
