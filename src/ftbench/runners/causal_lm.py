@@ -84,7 +84,8 @@ def nemo_model(ctx, lora: dict):
                            "use_memory_efficient_lora": config.use_memory_efficient_lora,
                            "module": type(layer.self_attn.q_proj).__name__},
              "nemo_kernels": {"attention": getattr(model.config, "_attn_implementation", None),
-                              "rms_norm": forward_of(layer.input_layernorm), "mlp": forward_of(layer.mlp)},
+                              "rms_norm": forward_of(layer.input_layernorm), "mlp": forward_of(layer.mlp),
+                              "model": forward_of(model)},  # (Liger's fused linear cross-entropy replaces it)
              "adapters_seeded": parallel.seed_adapters(model, ctx.settings.seed, nemo_peft_name)}
     return model, AutoTokenizer.from_pretrained(path), {"build": build}
 
@@ -367,7 +368,7 @@ def peer_record(v, record, args, batch_size) -> dict | None:
                             f"{lo.get('dim')}, alpha {lo.get('alpha')}, Triton kernels {lo.get('use_triton')}, "
                             f"memory-efficient path {lo.get('use_memory_efficient_lora')}")
         settings["kernels"] = (f"built with {ke.get('attention')} attention, {ke.get('rms_norm')} norms, "
-                               f"{ke.get('mlp')} MLPs")
+                               f"{ke.get('mlp')} MLPs" + (f", the loss in {ke['model']}" if ke.get("model") else ""))
     try:
         version = importlib.metadata.version(package.replace("_", "-"))
     except importlib.metadata.PackageNotFoundError:
@@ -456,7 +457,7 @@ def train(ctx, record, device, meter):
             ranks = self.accelerator.num_processes if self.args.average_tokens_across_devices else 1
             if v.lm_head and not return_outputs and model.training:  # (evaluation: the paths below)
                 return head_forward_loss(model, inputs, num_items_in_batch, ranks)
-            if v.framework == "nemo":  # the model's own loss: NeMo's patched forward (Liger's fused linear CE)
+            if v.framework == "nemo":  # the model's own loss, through the forward NeMo's patches left (its record)
                 return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
             if (fused_head_available() and not v.trainer_metrics and not return_outputs
                     and not getattr(self, "aux_loss_enabled", False)):  # (an MoE's router loss: TRL's path)
