@@ -890,3 +890,31 @@ def test_nemo_automodel_knobs_its_package_and_its_environment():
 
     with pytest.raises(Unsupported, match="NeMo AutoModel builds its model on a CUDA device"):
         check_supported(v, torch.device("cpu"))
+
+
+def test_a_peer_is_read_from_its_latest_run_on_a_card_not_held_back_beside_a_rung_of_ours():
+    """A card slowed by something other than its power limit (a throttled card: low clock at low power while busy)
+    is named, and a peer's run on it is passed over for the peer's earlier run; so is a run on a machine where none of
+    our rungs ran. A card at its power limit clocks down too and is not held back."""
+    from ftbench.compare import held_back, peer_run
+
+    card = {"gpu_sm_clock_max_mhz": 1980, "gpu_power_limit_w": 700.0, "device_usage.gpu_util_mean_pct": 94.0}
+    slow = {**card, "device_usage.sm_clock_mean_mhz": 1261.0, "device_usage.power_mean_w": 470.0}
+    capped = {**card, "device_usage.sm_clock_mean_mhz": 1637.0, "device_usage.power_mean_w": 692.0}
+    idle = {**slow, "device_usage.gpu_util_mean_pct": 40.0}  # a host-bound run draws little at any clock
+    assert "1,261 MHz (64 % of its 1,980)" in held_back(slow) and "470 W (67 % of its 700-W limit)" in held_back(slow)
+    assert held_back(capped) is None and held_back(idle) is None and held_back({}) is None
+
+    def run(machine, when, **kw):
+        return {"variant": "p", "gpu": "H100 SXM5", "model": "m", "scale": "full", "dataset": "d", "machine": machine,
+                "timestamp": when, "peer.settings": "{}", **capped, **kw}
+
+    own = {("m", "full", "d", "H100 SXM5", "a", "bf16"): {}, ("m", "full", "d", "H100 SXM5", "b", "fp8"): {}}
+    early, late_slow = run("a", "2026-11-27"), run("b", "2026-11-28", **slow)
+    alone = run("c", "2026-11-29")  # no rung of ours on machine c
+    chosen, passed = peer_run([early, late_slow, alone], own)
+    assert chosen is early and len(passed) == 2
+    assert "no rung of ours ran on its machine" in passed[0] and "held back" in passed[1]
+    chosen, passed = peer_run([late_slow], own)  # its only run: read, and said to be held back
+    assert chosen is late_slow and "read all the same" in passed[0]
+    assert peer_run([run("a", "2026-11-28"), early], own) == (run("a", "2026-11-28"), [])  # the latest that qualifies

@@ -35,7 +35,8 @@ def flatten(record: dict) -> dict:
                source_digest=prov.get("source_digest") or prov.get("git_commit"),
                torch=prov.get("versions", {}).get("torch"), schema_version=record["schema_version"],
                timestamp=prov.get("timestamp"),
-               gpu_memory_gib=dev.get("total_memory_gib") if dev.get("type") == "cuda" else None)
+               gpu_memory_gib=dev.get("total_memory_gib") if dev.get("type") == "cuda" else None,
+               gpu_sm_clock_max_mhz=dev.get("sm_clock_max_mhz"), gpu_power_limit_w=dev.get("power_limit_w"))
     for group in ("timing", "throughput", "memory", "device_usage", "energy", "flops", "compile", "loss", "data",
                   "precision", "outliers", "measure"):
         for k, v in record[group].items():

@@ -518,6 +518,9 @@ def against_top(rows: list[dict], runs: list[dict], tops: dict) -> None:
         if peer_of(r) and not r.get("peer.settings") and row["tokens/s (real)"]:
             row["x top rung, same machine"] = UNSTATED
             continue
+        if row["tokens/s (real)"] and held_back(r):  # a throttled card's speed, not the code's
+            row["x top rung, same machine"] = f"not compared: {held_back(r)}"
+            continue
         if top is None or not row["tokens/s (real)"]:
             row["x top rung, same machine"] = None
             continue
@@ -699,15 +702,57 @@ def gemms_in(r: dict) -> str:
     return "fp8" if r.get("precision.gemm") == "fp8" else "bf16"
 
 
-def peer_reads(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> tuple[list, list, list]:
+HELD_BACK = {"clock": 0.75, "power": 0.85, "busy": 85.0}  # fractions of the card's maximum SM clock and power limit
+
+
+def held_back(r: dict) -> str | None:
+    """Why a run's card ran held back, or None: through its windows at least 85 % busy, yet under 75 % of the card's
+    maximum SM clock while drawing under 85 % of its power limit: slowed by something other than the power limit (a
+    throttled card), so its speed is the card's, not the code's. A card at its power limit clocks down too (the FP8
+    top rung: 83 % of its clock at 99 % of its power) and is not held back."""
+    clock, top = r.get("device_usage.sm_clock_mean_mhz"), r.get("gpu_sm_clock_max_mhz")
+    power, limit, busy = r.get("device_usage.power_mean_w"), r.get("gpu_power_limit_w"), r.get(
+        "device_usage.gpu_util_mean_pct")
+    if not (clock and top and power and limit and busy) or busy < HELD_BACK["busy"]:
+        return None
+    if clock < HELD_BACK["clock"] * top and power < HELD_BACK["power"] * limit:
+        return (f"its card ran at {clock:,.0f} MHz ({100 * clock / top:.0f} % of its {top:,.0f}) drawing {power:.0f} W "
+                f"({100 * power / limit:.0f} % of its {limit:.0f}-W limit) while {busy:.0f} % busy: held back by "
+                "something other than its power limit")
+    return None
+
+
+def peer_run(runs: list[dict], own: dict) -> tuple[dict, list[str]]:
+    """Of one peer's runs (a variant on one GPU kind, model and data; a later lease's and those it replaced), the
+    one to read: the latest that names its settings, ran on a card not held back (`held_back`) and has a run of ours
+    on its machine to be read against; else the latest. With why each later run was passed over."""
+    runs = sorted(runs, key=lambda r: r.get("timestamp") or "", reverse=True)
+    passed = []
+    for r in runs:
+        why = (None if r.get("peer.settings") else "its settings are not in its record") or held_back(r) or (
+            None if any(tuple(m) == machine_key(r) for (*m, _g) in own) else "no rung of ours ran on its machine")
+        if why is None:
+            return r, passed
+        passed.append(f"{run_label(r)}: {why}")
+    r = runs[0]  # none to prefer: the latest, read all the same (a held-back card's lead said so)
+    return r, [f"{run_label(r)}: {held_back(r)} (no other run of it to read: read all the same)"] if held_back(r) else []
+
+
+def run_label(r: dict) -> str:
+    return f"{r['variant']} ({r['gpu']}, {r.get('machine')}, {str(r.get('timestamp') or '')[:10]})"
+
+
+def peer_reads(table: pl.DataFrame, runs: pl.DataFrame, own: dict,
+               replaced: pl.DataFrame | None = None) -> tuple[list, list, list]:
     """Each peer (Unsloth, Liger Kernel) beside the frontier, compared like with like: its runs whose records name the
     settings they ran with, against the project's fastest run standing on the frontier on the same machine in the
     same precision (bf16 against bf16, FP8 against FP8; a peer in NF4 against the bf16 rung: QLoRA's GEMMs are bf16)
     and against the fastest in any; a peer's run without its settings is refused, never divided.
     `table`: the frontier's rows; `runs`: the runs they came from; `own`: {(machine key, GEMM precision): the
     project's fastest run there standing on the frontier} (`ladder`'s `own_tops`: a rung or beside the ladder, the
-    replaced runs of a machine included, never a peer). Returns (the peer table's rows, the refused, and for each
-    row (the peer's run, its same-precision top, its any-precision top))."""
+    replaced runs of a machine included, never a peer; `replaced`: the runs a later lease's replaced, among which a
+    peer's run is chosen too, `peer_run`). Returns (the peer table's rows, the refused and the passed over, and for
+    each row (the peer's run, its same-precision top, its any-precision top))."""
     out, refused, read = [], [], []
     if table.is_empty() or "variant" not in table.columns or not runs.height:
         return out, refused, read
@@ -717,11 +762,19 @@ def peer_reads(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> tuple[list
 
     rows_by = {key(r, r["throughput.tokens_per_s"] if r["status"] == "ok" else None): r
                for r in runs.iter_rows(named=True)}
+    every = {}  # each peer's ok runs: the latest and the ones it replaced
+    for r in runs.iter_rows(named=True) if replaced is None or not replaced.height else pl.concat(
+            [runs, replaced.select([c for c in runs.columns if c in replaced.columns])], how="diagonal_relaxed"
+    ).iter_rows(named=True):
+        if r["status"] == "ok" and r["throughput.tokens_per_s"] and peer_of(r):
+            every.setdefault(key(r, None), []).append(r)
     for t in table.iter_rows(named=True):
         r = rows_by.get(key(t, t["tokens/s (real)"]))
         system = peer_of(r) if r else None
         if not system or t["status"] != "ok" or not t["tokens/s (real)"]:
             continue
+        r, passed = peer_run(every.get(key(t, None)) or [r], own)
+        refused += passed
         if not r.get("peer.settings"):
             refused.append(f"{t['variant']} ({system}, {t['gpu']}): {UNSTATED.removeprefix('not compared: ')}")
             continue
@@ -731,7 +784,8 @@ def peer_reads(table: pl.DataFrame, runs: pl.DataFrame, own: dict) -> tuple[list
                                                              default=None)
         read.append((r, same, anyp))
         out.append({"peer": system, "version": r.get("peer.version"), "variant": t["variant"], "gpu": t["gpu"],
-                    "GEMMs in": gemm, "tokens/s (real)": t["tokens/s (real)"], "peak memory GiB": t["peak memory GiB"],
+                    "GEMMs in": gemm, "tokens/s (real)": r["throughput.tokens_per_s"],
+                    "peak memory GiB": r.get("memory.peak_reserved_gib") or r.get("memory.host_peak_rss_gib"),
                     "settings": r["peer.settings"],
                     "top rung's lead, same precision, same machine": lead_over(same, r),
                     "top rung's lead, any precision, same machine": lead_over(anyp, r)})
@@ -764,7 +818,7 @@ def peer_table(out: list, refused: list, read: list) -> list:
     if not out and not refused:  # no peer beside the frontier
         return []
     if refused:
-        note += "Refused a place (no settings in the record): " + "; ".join(refused) + "."
+        note += "Refused a place, or passed over for the peer's earlier run: " + "; ".join(refused) + "."
     if not out:
         return [note + " No peer's run with its settings recorded: the report claims no lead over any peer.",
                 ("Peers at their best", pl.DataFrame({"result": ["no peer run with its settings recorded"]}),
@@ -831,7 +885,10 @@ def frontier_reads(df: pl.DataFrame, published: dict, rungs, beside, same_rows, 
     table = out[-1][1]
     if not beside or "variant" not in table.columns:
         return out, ([], [], [])
-    return out, peer_reads(table, df.filter(pl.col("variant").is_in(list(rungs) + list(beside))), own)
+    names = list(rungs) + list(beside)
+    return out, peer_reads(table, df.filter(pl.col("variant").is_in(names)), own,
+                           replaced.filter(pl.col("variant").is_in(names)) if replaced is not None and replaced.height
+                           and "variant" in replaced.columns else None)
 
 
 def peer_rows(table: pl.DataFrame, peers: list[dict]) -> list:
