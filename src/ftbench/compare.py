@@ -518,8 +518,8 @@ def against_top(rows: list[dict], runs: list[dict], tops: dict) -> None:
         if peer_of(r) and not r.get("peer.settings") and row["tokens/s (real)"]:
             row["x top rung, same machine"] = UNSTATED
             continue
-        if row["tokens/s (real)"] and held_back(r):  # a throttled card's speed, not the code's
-            row["x top rung, same machine"] = f"not compared: {held_back(r)}"
+        if row["tokens/s (real)"] and (slowed := held_back(r)):  # a throttled card's speed, not the code's
+            row["x top rung, same machine"] = f"not compared: {slowed}"
             continue
         if top is None or not row["tokens/s (real)"]:
             row["x top rung, same machine"] = None
@@ -680,13 +680,18 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     return [lead, note, (title, table, kind)]
 
 
+def peak_gib(r: dict) -> float | None:
+    """A run row's peak memory, as `analysis.peak_memory` reads it: reserved on a GPU, the host's RSS on a CPU."""
+    return r.get("memory.peak_reserved_gib") or r.get("memory.host_peak_rss_gib")
+
+
 def standing_lead(r: dict, latest: dict) -> dict:
     """A fastest standing run `r` as the lead line's row, and where the same variant's latest run (`latest`, the row
     the table shows) does not stand, why, said beside it."""
     refused = (latest.get("on the frontier") or "yes").startswith("no") and latest.get("tokens/s (real)")
     return {"gpu": r["gpu"], "model": r["model"], "scale": r["scale"], "dataset": r["dataset"], "variant": r["variant"],
             "batch": r["batch_size"], "tokens/s (real)": r["throughput.tokens_per_s"],
-            "peak memory GiB": r.get("memory.peak_reserved_gib") or r.get("memory.host_peak_rss_gib") or 0.0,
+            "peak memory GiB": peak_gib(r) or 0.0,
             "then": (f" Its latest run ({latest['tokens/s (real)']:,.0f} real tokens/s) does not stand on the "
                      f"frontier: {latest['on the frontier'].removeprefix('no: ')}." if refused else "")}
 
@@ -730,12 +735,18 @@ def peer_run(runs: list[dict], own: dict) -> tuple[dict, list[str]]:
     passed = []
     for r in runs:
         why = (None if r.get("peer.settings") else "its settings are not in its record") or held_back(r) or (
-            None if any(tuple(m) == machine_key(r) for (*m, _g) in own) else "no rung of ours ran on its machine")
+            None if ours_on(own, r) else "no rung of ours ran on its machine")
         if why is None:
             return r, passed
         passed.append(f"{run_label(r)}: {why}")
     r = runs[0]  # none to prefer: the latest, read all the same (a held-back card's lead said so)
-    return r, [f"{run_label(r)}: {held_back(r)} (no other run of it to read: read all the same)"] if held_back(r) else []
+    slowed = held_back(r)
+    return r, [f"{run_label(r)}: {slowed} (no other run of it to read: read all the same)"] if slowed else []
+
+
+def ours_on(own: dict, r: dict) -> list[dict]:
+    """The project's own top runs (`own`: by machine key and GEMM precision) on run `r`'s machine."""
+    return [x for (*m, _), x in own.items() if tuple(m) == machine_key(r)]
 
 
 def run_label(r: dict) -> str:
@@ -762,10 +773,9 @@ def peer_reads(table: pl.DataFrame, runs: pl.DataFrame, own: dict,
 
     rows_by = {key(r, r["throughput.tokens_per_s"] if r["status"] == "ok" else None): r
                for r in runs.iter_rows(named=True)}
+    pool = runs if replaced is None or not replaced.height else pl.concat([runs, replaced], how="diagonal_relaxed")
     every = {}  # each peer's ok runs: the latest and the ones it replaced
-    for r in runs.iter_rows(named=True) if replaced is None or not replaced.height else pl.concat(
-            [runs, replaced.select([c for c in runs.columns if c in replaced.columns])], how="diagonal_relaxed"
-    ).iter_rows(named=True):
+    for r in pool.iter_rows(named=True):
         if r["status"] == "ok" and r["throughput.tokens_per_s"] and peer_of(r):
             every.setdefault(key(r, None), []).append(r)
     for t in table.iter_rows(named=True):
@@ -779,13 +789,12 @@ def peer_reads(table: pl.DataFrame, runs: pl.DataFrame, own: dict,
             refused.append(f"{t['variant']} ({system}, {t['gpu']}): {UNSTATED.removeprefix('not compared: ')}")
             continue
         gemm = gemms_in(r)
-        mine = [x for (*m, g), x in own.items() if tuple(m) == machine_key(r)]
-        same, anyp = own.get((*machine_key(r), gemm)), max(mine, key=lambda x: x["throughput.tokens_per_s"],
-                                                             default=None)
+        same = own.get((*machine_key(r), gemm))
+        anyp = max(ours_on(own, r), key=lambda x: x["throughput.tokens_per_s"], default=None)
         read.append((r, same, anyp))
         out.append({"peer": system, "version": r.get("peer.version"), "variant": t["variant"], "gpu": t["gpu"],
                     "GEMMs in": gemm, "tokens/s (real)": r["throughput.tokens_per_s"],
-                    "peak memory GiB": r.get("memory.peak_reserved_gib") or r.get("memory.host_peak_rss_gib"),
+                    "peak memory GiB": peak_gib(r),
                     "settings": r["peer.settings"],
                     "top rung's lead, same precision, same machine": lead_over(same, r),
                     "top rung's lead, any precision, same machine": lead_over(anyp, r)})

@@ -62,11 +62,11 @@ def shipped_records(folders, tables=(), frames: dict | None = None) -> tuple[pl.
         if len(folders_of) == 1 and None not in folders_of:  # every table of the study from one campaign
             owners[study] = folders_of.pop()
     runs = {f: read_runs((frames or {}).get(f, f)) for f in folders}  # each folder read once
-    frames = []
+    kept = []
     for f, df in runs.items():
         others = [s for s, c in owners.items() if c != f]
-        frames.append(df.filter(~pl.col("study").is_in(others)) if len(df) and others else df)
-    merged = merged_records([], frames)
+        kept.append(df.filter(~pl.col("study").is_in(others)) if len(df) and others else df)
+    merged = merged_records([], kept)
     study_of = {t["table"]: t.get("study") for t in tables}
     only = {table: merged_records([], [runs[f].filter(pl.col("study") == study_of[table])
                                        if study_of[table] and len(runs[f]) else runs[f]])

@@ -102,9 +102,9 @@ def save_nemo_adapter(model, lora: dict, folder) -> None:
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    tensors = {nemo_peft_name(n, default=False): p.detach().cpu().contiguous()
-               for n, p in model.named_parameters() if p.requires_grad}
-    targets = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.requires_grad})
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    tensors = {nemo_peft_name(n, default=False): p.detach().cpu().contiguous() for n, p in trained}
+    targets = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in trained})
     LoraConfig(r=lora.get("r", 8), lora_alpha=lora.get("alpha", 16), lora_dropout=lora.get("dropout", 0.0),
                target_modules=targets).save_pretrained(folder)
     save_file(tensors, f"{folder}/adapter_model.safetensors")
