@@ -1,5 +1,7 @@
 """FP8 conversion without Transformer Engine: which layers convert, the shape rule, token padding."""
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -237,3 +239,102 @@ def test_the_static_fp8_recipe_is_refused_where_it_cannot_hold():
     sharded = Variant("s2", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static", gpus=2,
                       parallel="fsdp2")
     assert any("fp8_recipe='static'" in p for p in knob_problems("causal_lm", sharded))
+
+
+def _graphs_of(module, x):
+    """The forward and backward graphs AOTAutograd hands the compiler for module(x).sum().backward()."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _):
+            graphs[name] = gm
+            return gm.forward
+        return compiler
+
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")))
+    compiled(x).sum().backward()
+    return graphs
+
+
+def test_rowwise_activation_scaling_casts_each_token_with_its_own_scale():
+    """fp8_activation_scaling: rowwise. The input is cast e4m3 and the output's gradient e5m2 with a scale a row (from
+    that row's amax alone), the weight stays tensorwise: the outputs and input gradients are those of the row-scaled
+    FP8 arithmetic written out, a token far smaller than the others keeps its precision (a tensor's scale rounds it
+    away), and a compiled step reduces over rows only, never over a whole tensor."""
+    import copy
+
+    from ftbench.fp8 import E4M3, E5M2, StaticFP8Linear, convert_static
+
+    torch.manual_seed(0)
+    plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    rows = StaticFP8Linear.from_linear(copy.deepcopy(plain), transpose_once=True, rows=True)
+    tensor = StaticFP8Linear.from_linear(copy.deepcopy(plain))
+    assert rows.col_out.shape == (1, 48) and rows.col_in.shape == (1, 64) and tensor.col_out is None
+    assert torch.equal(rows.w_fp8.view(torch.uint8), tensor.w_fp8.view(torch.uint8))  # the weight: tensorwise
+
+    def by_rows(t, dtype):  # the row-scaled cast, written out
+        top = torch.finfo(dtype).max
+        scale = top / t.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
+        return (t.float() * scale).clamp(-top, top).to(dtype).float() / scale
+
+    w = rows.w_fp8.float() * rows.w_inv
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    x[3] *= 1e-5  # one token far smaller than the rest
+    xr = x.clone().requires_grad_(True)
+    y = rows(xr)
+    torch.testing.assert_close(y.float(), by_rows(x, E4M3) @ w.t(), rtol=1e-2, atol=1e-3)
+    g = torch.randn_like(y)
+    y.backward(g)
+    torch.testing.assert_close(xr.grad.float(), by_rows(g, E5M2) @ w, rtol=1e-2, atol=1e-3)
+    exact = x.float() @ plain.weight.float().t()
+    err_rows = (y[3].float() - exact[3]).abs().max() / exact[3].abs().max()
+    err_tensor = (tensor(x)[3].float() - exact[3]).abs().max() / exact[3].abs().max()
+    assert err_rows < 0.1 and err_tensor > 0.3  # a tensor's scale flushes the small token's entries; a row's keeps them
+    # compiled: every amax of the step is over the last dimension (a row), none over a whole tensor
+    graphs = _graphs_of(rows, torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True))
+    for name in ("fw", "bw"):
+        reductions = [n for n in graphs[name].graph.nodes if n.target in (torch.ops.aten.amax.default,
+                                                                          torch.ops.aten.max.default)]
+        assert reductions and all(list(n.args[1]) in ([-1], [1]) for n in reductions), name
+    info = convert_static(nn.Sequential(copy.deepcopy(plain)), pattern=re.compile(""), rows=True)
+    assert info["activation_scaling"] == "rowwise" and "a scale a row" in info["recipe"]
+
+
+def test_fast_accumulation_runs_the_forward_gemm_alone_in_fast_mode():
+    """fp8_fast_accum: the forward's scaled GEMM asks for fast accumulation, the backward's does not (torchao's
+    default config); the record says which ran."""
+    import copy
+
+    from ftbench.fp8 import StaticFP8Linear, convert_static
+
+    plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    for fast in (False, True):
+        layer = StaticFP8Linear.from_linear(copy.deepcopy(plain), fast_accum=fast)
+        graphs = _graphs_of(layer, torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True))
+        modes = {}
+        for name in ("fw", "bw"):
+            (mm,) = [n for n in graphs[name].graph.nodes if n.target is torch.ops.aten._scaled_mm.default]
+            modes[name] = bool(mm.kwargs.get("use_fast_accum", mm.args[7] if len(mm.args) > 7 else False))
+        assert modes == {"fw": fast, "bw": False}
+    info = convert_static(nn.Sequential(copy.deepcopy(plain)), pattern=re.compile(""), fast_accum=True)
+    assert info["forward_accumulation"].startswith("fast")
+
+
+def test_the_static_recipes_per_step_knobs_are_refused_where_nothing_acts_on_them():
+    from ftbench.config import Variant
+    from ftbench.knobs import knob_problems
+
+    static = dict(peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static")
+    assert knob_problems("causal_lm", Variant("a", **static, fp8_activation_scaling="rowwise",
+                                              fp8_fast_accum=True)) == []
+    for bad in (Variant("b", peft="lora", precision="fp8", fp8_backend="torchao", fp8_fast_accum=True),
+                Variant("c", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="tensorwise",
+                        fp8_activation_scaling="rowwise"),
+                Variant("d", **static, fused_projections=True, fp8_fast_accum=True)):
+        assert any("fp8_fast_accum" in p for p in knob_problems("causal_lm", bad)), bad.name
+    assert any("lora_epilogue" in p for p in knob_problems("causal_lm", Variant("e", lora_epilogue=True)))
+    assert knob_problems("causal_lm", Variant("f", fused_adapters=True, lora_epilogue=True)) == []
+    assert any("fp8_fast_accum" in p for p in knob_problems("lmm", Variant("g", fp8_fast_accum=True)))

@@ -204,3 +204,40 @@ def test_fused_adapters_keep_the_static_fp8_projections_and_their_transposes(tin
     assert torch.isfinite(model(input_ids=ids).logits).all()
     assert knob_problems("causal_lm", Variant("f", fused_adapters=True)) == []
     assert knob_problems("causal_lm", Variant("g", fused_adapters=True, fused_projections=True))
+
+
+def test_the_lora_epilogue_adds_each_product_in_its_b_gemm_with_the_same_outputs_and_gradients(tiny_qwen):
+    """lora_epilogue: each fused projection's LoRA product is added by its B GEMM (addmm), five a layer (q, k, v,
+    gate, up), with the plain model's outputs and every gradient; under autocast too (LoRA's fp32 weights meet bf16
+    outputs: autocast gives addmm one dtype)."""
+    plain = _model(tiny_qwen)
+    fused = copy.deepcopy(plain)
+    counts = fuse_projections(fused, frozen=False, epilogue=True)
+    assert counts["lora_add"].startswith("in the LoRA B GEMM")
+    ids = torch.randint(5, plain.config.vocab_size, (2, 11))
+    calls = []
+    addmm = torch.addmm
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("alpha"))
+        return addmm(*args, **kwargs)
+
+    out_p = plain(input_ids=ids, labels=ids)
+    torch.addmm = counted
+    try:
+        out_f = fused(input_ids=ids, labels=ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            auto = fused(input_ids=ids, labels=ids)
+    finally:
+        torch.addmm = addmm
+    layers = plain.config.num_hidden_layers
+    scaling = plain.base_model.model.model.layers[0].self_attn.q_proj.scaling["default"]
+    assert calls == [scaling] * (2 * 5 * layers)
+    assert torch.isfinite(auto.logits).all() and auto.logits.dtype == torch.bfloat16
+    torch.testing.assert_close(out_f.logits, out_p.logits, rtol=1e-5, atol=1e-5)
+    out_p.loss.backward()
+    out_f.loss.backward()
+    grads_f = {n: p.grad for n, p in fused.named_parameters() if p.requires_grad}
+    for n, p in plain.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(grads_f[n], p.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{n}: {m}")

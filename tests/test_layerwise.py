@@ -180,3 +180,20 @@ def test_an_fp8_base_never_holds_its_projections_in_bf16_in_host_memory(tmp_path
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["bf16_proj_gib"] > 0.35
     assert got["growth_gib"] < got["expected_gib"] + 0.1 < 0.75 * got["bf16_proj_gib"] + 0.1, got
+
+
+def test_the_layer_by_layer_build_keeps_the_variants_per_step_fp8_settings(manifests):
+    """fp8_activation_scaling rowwise and fp8_fast_accum reach every projection the layer-by-layer build casts: each
+    lands with its column scales (the weight's tensorwise scale as rows of its out and in features)."""
+    variant = Variant("r", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static",
+                      fp8_activation_scaling="rowwise", fp8_fast_accum=True)
+    model, _, info = build_fp8_base(manifests["in_process"], 42, "cpu", variant)
+    assert info["activation_scaling"] == "rowwise" and info["forward_accumulation"].startswith("fast")
+    layers = [m for m in model.modules() if isinstance(m, StaticFP8Linear)]
+    assert layers and all(m.rows and m.fast_accum for m in layers)
+    for m in layers:
+        assert m.col_out.shape == (1, m.out_features) and m.col_in.shape == (1, m.in_features)
+        assert torch.all(m.col_out == m.w_inv) and torch.all(m.col_in == m.w_inv) and m.col_out.device.type == "cpu"
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=ids).logits).all()

@@ -120,12 +120,33 @@ def tensorwise_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, t
     return (x.to(torch.float32) * scale).clamp(-top, top).to(dtype), scale.reciprocal()
 
 
-def fp8_gemm(x: torch.Tensor, dtype: torch.dtype, w_fp8_t: torch.Tensor, w_inv: torch.Tensor) -> torch.Tensor:
-    """x @ w_fp8_t in `x`'s dtype, `x` cast to `dtype` tensorwise (`tensorwise_fp8`) and `w_fp8_t` an FP8 weight
-    laid out column-major (the transpose view of a row-major [out, in] weight; cuBLAS's FP8 GEMM takes its second
-    operand so)."""
-    x_fp8, x_inv = tensorwise_fp8(x, dtype)
-    return torch._scaled_mm(x_fp8, w_fp8_t, scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype)
+def rowwise_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` [rows, features] in `dtype` with one scale a row (a token), each from that row's amax (as
+    `tensorwise_fp8` computes a tensor's), and the inverse scales [rows, 1] the scaled GEMM takes. A row's scale
+    needs only that row: compiled, the amax and the cast are one pass over the tensor (fused into the kernel that
+    makes it), where a tensor's scale needs a reduction over all of it first."""
+    top = torch.finfo(dtype).max
+    amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float64)
+    scale = (top / torch.clamp(amax, min=1e-12)).to(torch.float32)
+    return (x.to(torch.float32) * scale).clamp(-top, top).to(dtype), scale.reciprocal()
+
+
+def fp8_gemm(x: torch.Tensor, dtype: torch.dtype, w_fp8_t: torch.Tensor, w_inv: torch.Tensor,
+             fast_accum: bool = False) -> torch.Tensor:
+    """x @ w_fp8_t in `x`'s dtype, `x` cast to `dtype` and `w_fp8_t` an FP8 weight laid out column-major (the
+    transpose view of a row-major [out, in] weight; cuBLAS's FP8 GEMM takes its second operand so). `w_inv`: the
+    weight's inverse scale, one value (x cast tensorwise, `tensorwise_fp8`) or one a column of the product, [1, N]
+    (x cast a row at a time, `rowwise_fp8`: the scaled GEMM takes row scales only beside column scales).
+    `fast_accum`: the tensor cores' fast FP8 accumulation (torchao runs its forward GEMM so by default)."""
+    x_fp8, x_inv = (rowwise_fp8 if w_inv.dim() == 2 else tensorwise_fp8)(x, dtype)
+    return torch._scaled_mm(x_fp8, w_fp8_t, scale_a=x_inv, scale_b=w_inv, out_dtype=x.dtype,
+                            use_fast_accum=fast_accum)
+
+
+def column_scales(w_inv: torch.Tensor, n: int) -> torch.Tensor:
+    """A tensorwise inverse scale as the [1, n] row of column scales a row-scaled GEMM takes (every entry the same:
+    the weight stays cast tensorwise)."""
+    return w_inv.reshape(1, 1).expand(1, n).contiguous()
 
 
 def frozen_fp8(weight: torch.Tensor, transpose: bool = False):
@@ -139,19 +160,22 @@ def frozen_fp8(weight: torch.Tensor, transpose: bool = False):
 class _StaticFP8Matmul(torch.autograd.Function):
     """y = x W^T with W already in FP8: x cast per step (e4m3), the output's gradient in e5m2, the input's gradient
     from W^T (cuBLAS's FP8 GEMM takes its second operand column-major: the FP8 weight transposed in every backward,
-    or `w_t`, that transpose kept from the start); no gradient for the frozen weight, and none computed."""
+    or `w_t`, that transpose kept from the start); no gradient for the frozen weight, and none computed. Without
+    `col_out`, `col_in` x and the gradient are cast tensorwise; with them (the weight's inverse scale as [1, out]
+    and [1, in] rows, `column_scales`) a row (a token) at a time. `fast_accum`: the forward GEMM with the tensor
+    cores' fast accumulation."""
 
     @staticmethod
-    def forward(ctx, x, w_fp8, w_inv, w_t=None):
-        ctx.save_for_backward(w_fp8, w_inv, w_t)
-        return fp8_gemm(x, E4M3, w_fp8.t(), w_inv)
+    def forward(ctx, x, w_fp8, w_inv, w_t=None, col_out=None, col_in=None, fast_accum=False):
+        ctx.save_for_backward(w_fp8, w_inv, w_t, col_in)
+        return fp8_gemm(x, E4M3, w_fp8.t(), w_inv if col_out is None else col_out, fast_accum)
 
     @staticmethod
     def backward(ctx, grad):
-        w_fp8, w_inv, w_t = ctx.saved_tensors
+        w_fp8, w_inv, w_t, col_in = ctx.saved_tensors
         if w_t is None:
             w_t = w_fp8.t().contiguous()  # [in, out] row-major: W column-major for the GEMM
-        return fp8_gemm(grad, E5M2, w_t.t(), w_inv), None, None, None
+        return fp8_gemm(grad, E5M2, w_t.t(), w_inv if col_in is None else col_in), None, None, None, None, None, None
 
 
 class StaticFP8Linear(nn.Linear):
@@ -162,32 +186,46 @@ class StaticFP8Linear(nn.Linear):
     torchao's tensorwise recipe, so the arithmetic is the same. The bf16 weight stays (PEFT, parameter counts, the
     state dict); the FP8 copy is a non-persistent buffer (+1 byte a weight). `transpose_once`: the FP8 weight's
     transpose, the backward's operand, kept too (+1 byte a weight more) rather than made in every backward (a read
-    and a write of every FP8 weight a step; knob fp8_transpose_once): the same numbers, bit for bit."""
+    and a write of every FP8 weight a step; knob fp8_transpose_once): the same numbers, bit for bit.
+
+    `rows` (knob fp8_activation_scaling: rowwise): activations and gradients cast with a scale a row (a token)
+    rather than one a tensor, so each is cast in one pass, with no reduction over the whole tensor before it; the
+    weight stays tensorwise, its inverse scale kept as the rows of column scales the row-scaled GEMM takes
+    (`col_out`, `col_in`: 4 bytes an input and an output feature). `fast_accum` (knob fp8_fast_accum): the forward
+    GEMM with the tensor cores' fast FP8 accumulation, as torchao's default config runs its output GEMM (the
+    backward's stays in the exact mode, as torchao's does)."""
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, transpose_once: bool = False) -> "StaticFP8Linear":
+    def from_linear(cls, linear: nn.Linear, transpose_once: bool = False, rows: bool = False,
+                    fast_accum: bool = False) -> "StaticFP8Linear":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias
         new.weight.requires_grad_(False)
-        w_fp8, w_inv, w_t = frozen_fp8(linear.weight, transpose_once)
-        new.register_buffer("w_fp8", w_fp8, persistent=False)
-        new.register_buffer("w_inv", w_inv, persistent=False)
-        new.register_buffer("w_t_fp8", w_t, persistent=False)
+        new.rows, new.fast_accum = rows, fast_accum
+        for name in ("w_fp8", "w_inv", "w_t_fp8", "col_out", "col_in"):
+            new.register_buffer(name, None, persistent=False)
+        new._cast(linear.weight, transpose_once)
         return new
+
+    def _cast(self, weight: torch.Tensor, transpose: bool) -> None:
+        self.w_fp8, self.w_inv, self.w_t_fp8 = frozen_fp8(weight, transpose)
+        if self.rows:
+            self.col_out = column_scales(self.w_inv, self.out_features)
+            self.col_in = column_scales(self.w_inv, self.in_features)
 
     def land(self, value: torch.Tensor, keep_weight: bool = True) -> None:
         """Give a layer converted on the meta device its frozen weight `value` (on its device): cast to FP8 as
         `from_linear` casts it (and transposed, where this layer keeps the transpose). `keep_weight` false: the bf16
         value is not kept; `weight` becomes a stand-in (`stand_in`) and the FP8 copy is the only one."""
-        w_fp8, w_inv, w_t = frozen_fp8(value, self.w_t_fp8 is not None)
-        self.w_fp8, self.w_inv, self.w_t_fp8 = w_fp8, w_inv, w_t
+        self._cast(value, self.w_t_fp8 is not None)
         self.weight = (nn.Parameter(value, requires_grad=False) if keep_weight
                        else stand_in(value.shape, value.dtype, value.device))
 
     def forward(self, x):
-        return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias, self.w_t_fp8)
+        return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias, self.w_t_fp8, self.col_out, self.col_in,
+                                 self.fast_accum)
 
 
 def stand_in(shape, dtype, device) -> nn.Parameter:
@@ -206,25 +244,32 @@ def is_stand_in(p) -> bool:
 
 
 def static_fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_inv: torch.Tensor, bias=None,
-                      w_t: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T (+ bias) with W already in FP8 (`w_inv`: its inverse scale; `w_t`: its transpose, contiguous, if kept),
+                      w_t: torch.Tensor | None = None, col_out: torch.Tensor | None = None,
+                      col_in: torch.Tensor | None = None, fast_accum: bool = False) -> torch.Tensor:
+    """x W^T (+ bias) with W already in FP8 (`w_inv`: its inverse scale; `w_t`: its transpose, contiguous, if kept;
+    `col_out`, `col_in`: that scale as column scales, where activations and gradients are cast a row at a time),
     for inputs of any leading shape: the one form StaticFP8Linear and a fused group of them (ftbench.fused)
     compute."""
     lead = x.shape[:-1]
-    y = _StaticFP8Matmul.apply(x.reshape(-1, x.shape[-1]), w_fp8, w_inv, w_t).reshape(*lead, w_fp8.shape[0])
+    y = _StaticFP8Matmul.apply(x.reshape(-1, x.shape[-1]), w_fp8, w_inv, w_t, col_out, col_in,
+                               fast_accum).reshape(*lead, w_fp8.shape[0])
     return y + bias if bias is not None else y
 
 
-def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN, transpose_once: bool = False) -> dict:
+def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN, transpose_once: bool = False,
+                   rows: bool = False, fast_accum: bool = False) -> dict:
     """The frozen projections `pattern` selects onto StaticFP8Linear (weights cast to FP8 once, and with
-    `transpose_once` their transposes too), before LoRA."""
+    `transpose_once` their transposes too; `rows`, `fast_accum`: StaticFP8Linear's), before LoRA."""
     names = select_linears(model, False, pattern)
-    swap_linears(model, names, lambda linear: StaticFP8Linear.from_linear(linear, transpose_once))
+    swap_linears(model, names, lambda linear: StaticFP8Linear.from_linear(linear, transpose_once, rows, fast_accum))
     fp8_bytes = sum(model.get_submodule(n).w_fp8.numel() for n in names) * (2 if transpose_once else 1)
+    scaling = "a scale a row (token), amax and cast in one pass" if rows else "tensorwise"
     return {"converted": len(names), "vision_converted": 0,
             "recipe": "static: weights cast to FP8 once (tensorwise e4m3), activations e4m3 and gradients e5m2 "
-                      "tensorwise per step", "fp8_weight_gib": fp8_bytes / 2**30,
-            "weight_transpose": "kept from the start" if transpose_once else "made in every backward"}
+                      f"per step, {scaling}", "fp8_weight_gib": fp8_bytes / 2**30,
+            "weight_transpose": "kept from the start" if transpose_once else "made in every backward",
+            "activation_scaling": "rowwise" if rows else "tensorwise",
+            "forward_accumulation": "fast (use_fast_accum)" if fast_accum else "exact (FP32 promotion)"}
 
 
 def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN,
@@ -243,12 +288,21 @@ def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern 
             "recipe": recipe if named else "tensorwise (torchao's default config)"}
 
 
-def convert_decoder(model: nn.Module, recipe: str | None, transpose_once: bool = False) -> dict:
+def static_options(variant) -> dict:
+    """The static recipe's per-step settings a variant's knobs ask for (fp8_activation_scaling, fp8_fast_accum), as
+    `convert_decoder` takes them."""
+    return {"rows": variant.fp8_activation_scaling == "rowwise", "fast_accum": variant.fp8_fast_accum}
+
+
+def convert_decoder(model: nn.Module, recipe: str | None, transpose_once: bool = False, rows: bool = False,
+                    fast_accum: bool = False) -> dict:
     """A causal LM's decoder projections in FP8, before LoRA wraps them: cast once (`recipe` static,
-    StaticFP8Linear, with `transpose_once` their transposes too) or by torchao's float8 linears in `recipe`'s
-    scaling; the one entry for every way a causal LM is built (one process, or sharded on the meta device)."""
+    StaticFP8Linear, with `transpose_once` their transposes too, `rows` and `fast_accum` its) or by torchao's float8
+    linears in `recipe`'s scaling; the one entry for every way a causal LM is built (one process, or sharded on the
+    meta device)."""
     if recipe == "static":
-        return convert_static(model, pattern=DECODER_PATTERN, transpose_once=transpose_once)
+        return convert_static(model, pattern=DECODER_PATTERN, transpose_once=transpose_once, rows=rows,
+                              fast_accum=fast_accum)
     return convert_torchao(model, include_vision=False, pattern=DECODER_PATTERN, recipe=recipe)
 
 

@@ -43,9 +43,10 @@ class FusedProjections(nn.Module):
     """Projections of one input, computed together. `projections`: PEFT LoRA linears (or plain nn.Linear), kept
     where they are in the model (held here in a plain list, not as submodules); returns one output each."""
 
-    def __init__(self, projections: list[nn.Module], frozen: bool = True):
+    def __init__(self, projections: list[nn.Module], frozen: bool = True, epilogue: bool = False):
         super().__init__()
         self._parts = list(projections)
+        self.epilogue = epilogue
         bases = [_base(p) for p in projections]
         self.sizes = [b.out_features for b in bases]
         self.frozen_fused = frozen
@@ -114,7 +115,18 @@ class FusedProjections(nn.Module):
         a_all = torch.cat([a for a, _, _ in adapters])
         xa = x.to(a_all.dtype) if not torch.is_autocast_enabled(x.device.type) else x
         low = F.linear(xa, a_all).split([a.shape[0] for a, _, _ in adapters], dim=-1)
+        if self.epilogue:
+            return tuple(_add_product(o, h, b, s) for o, h, (_, b, s) in zip(outs, low, adapters))
         return tuple((o + F.linear(h, b) * s).to(o.dtype) for o, h, (_, b, s) in zip(outs, low, adapters))
+
+
+def _add_product(o: torch.Tensor, h: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
+    """o + s * h B^T with the sum formed by the GEMM (addmm: o read in its epilogue, one rounding), where autocast
+    gives its operands one dtype or they share one; else as a separate add (addmm takes one dtype)."""
+    if not (torch.is_autocast_enabled(o.device.type) or o.dtype == h.dtype == b.dtype):
+        return (o + F.linear(h, b) * s).to(o.dtype)
+    flat = torch.addmm(o.reshape(-1, o.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=s)
+    return flat.reshape(o.shape).to(o.dtype)
 
 
 def _attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
@@ -149,24 +161,25 @@ ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Atten
 MLP = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 
 
-def fuse_projections(model, frozen: bool = True) -> dict:
+def fuse_projections(model, frozen: bool = True, epilogue: bool = False) -> dict:
     """Fuse every supported attention's q/k/v and MLP's gate/up in place (after LoRA is applied, before compile):
     their frozen weights and LoRA A matrices, or with `frozen` false the LoRA A matrices alone (knob
-    fused_adapters: each frozen projection keeps its own GEMM, weight and FP8 scale). Returns counts for the
-    record."""
+    fused_adapters: each frozen projection keeps its own GEMM, weight and FP8 scale); `epilogue` (knob
+    lora_epilogue): each LoRA product added by its B GEMM. Returns counts for the record."""
     counts = {"attention": 0, "mlp": 0, "left_unfused": [],
-              "fused": "frozen weights and LoRA A" if frozen else "LoRA A alone"}
+              "fused": "frozen weights and LoRA A" if frozen else "LoRA A alone",
+              "lora_add": "in the LoRA B GEMM (addmm)" if epilogue else "a pass of its own"}
     for module in list(model.modules()):  # a list: fusing adds submodules
         kind = type(module).__name__
         if kind in ATTENTION:
-            module.qkv = FusedProjections([module.q_proj, module.k_proj, module.v_proj], frozen)
+            module.qkv = FusedProjections([module.q_proj, module.k_proj, module.v_proj], frozen, epilogue)
             # the model file's own rotary embedding and eager attention, looked up once (not in the traced forward)
             source = importlib.import_module(type(module).__module__)
             module._fused_helpers = (source.apply_rotary_pos_emb, source.eager_attention_forward)
             module.forward = types.MethodType(_attention_forward, module)
             counts["attention"] += 1
         elif kind in MLP:
-            module.gate_up = FusedProjections([module.gate_proj, module.up_proj], frozen)
+            module.gate_up = FusedProjections([module.gate_proj, module.up_proj], frozen, epilogue)
             module.forward = types.MethodType(_mlp_forward, module)
             counts["mlp"] += 1
         elif kind.endswith(("Attention", "MLP")) and kind not in counts["left_unfused"]:

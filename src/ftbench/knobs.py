@@ -37,6 +37,13 @@ class Variant:
     # (+1 byte a weight) rather than made in every backward (a read and a write of every FP8 weight a step); the same
     # numbers bit for bit (ftbench.fp8.StaticFP8Linear)
     fp8_transpose_once: bool = False
+    # fp8_recipe static: how activations and output gradients are scaled each step: tensorwise (one scale a tensor:
+    # its amax, a reduction over all of it, before the cast) | rowwise (one scale a row, a token: amax and cast in one
+    # pass); the weights stay tensorwise (ftbench.fp8.StaticFP8Linear)
+    fp8_activation_scaling: str = "tensorwise"
+    # fp8_recipe static: the forward's FP8 GEMMs with the tensor cores' fast accumulation, as torchao's default config
+    # runs its output GEMM (the backward's stay exact)
+    fp8_fast_accum: bool = False
     # causal LM, PEFT, without trainer metrics: the LM head's loss in two GEMMs a chunk of tokens, the hidden states'
     # gradient formed in the forward (Liger Kernel's fused linear cross-entropy scheme, its cross-entropy kernel)
     # rather than TRL's fused head's three (None) | two-gemm (bf16 GEMMs) | fp8 (FP8 GEMMs, the head's weight cast
@@ -78,6 +85,9 @@ class Variant:
     # causal LM: the LoRA A matrices of q/k/v and of gate/up as one GEMM each, the frozen projections as they are
     # (ftbench.fused, frozen=False)
     fused_adapters: bool = False
+    # fused_adapters or fused_projections: each projection's LoRA product added to its frozen output by the LoRA B
+    # GEMM itself (addmm: cuBLAS's beta = 1 epilogue) rather than by a pass of its own over the output
+    lora_epilogue: bool = False
     # gpt-oss's frozen experts: loop (one expert at a time, ~10 launches each) | grouped (one grouped GEMM per
     # projection per layer over all experts, weights dequantized inside it: ftbench.build.SplitExperts)
     experts: str = "loop"
@@ -177,7 +187,8 @@ HONOURED = {
                   "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
                   "framework": {"hf", "unsloth", "nemo"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
-                  "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "fused_adapters": ANY, "lm_head": {None, "two-gemm", "fp8"},
+                  "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "fused_adapters": ANY,
+                  "fp8_activation_scaling": {"tensorwise", "rowwise"}, "fp8_fast_accum": ANY, "lora_epilogue": ANY, "lm_head": {None, "two-gemm", "fp8"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
                   "experts": {"loop", "grouped"}, "expert_lora": ANY, "unsloth_compile": ANY},
@@ -276,6 +287,14 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
     if variant.fp8_transpose_once and (variant.fp8_recipe != "static" or variant.fused_projections):
         problems.append("fp8_transpose_once without fp8_recipe='static', or with fused_projections (it keeps the "
                         "transpose of each weight cast once; a fused group casts its weights again)")
+    if ((variant.fp8_activation_scaling != DEFAULTS["fp8_activation_scaling"] or variant.fp8_fast_accum)
+            and (variant.fp8_recipe != "static" or variant.fused_projections)):
+        problems.append("fp8_activation_scaling or fp8_fast_accum without fp8_recipe='static', or with "
+                        "fused_projections (they set the per-step casts and GEMMs of each weight cast once; a fused "
+                        "group runs its own)")
+    if variant.lora_epilogue and not (variant.fused_adapters or variant.fused_projections):
+        problems.append("lora_epilogue without fused_adapters or fused_projections (it adds LoRA's product in the "
+                        "fused groups' LoRA B GEMMs)")
     if variant.lm_head and (variant.peft != "lora" or variant.framework != "hf" or variant.trainer_metrics
                             or variant.liger or variant.parallel == "fsdp2"
                             or (variant.compile and variant.compile_scope == "model")):

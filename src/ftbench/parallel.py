@@ -422,7 +422,7 @@ def build_fp8_base(manifest: dict, seed: int, device, variant) -> tuple:
 
     t0 = time.perf_counter()
     model, _, in_process = skeleton_of(manifest, seed)
-    info = fp8.convert_decoder(model, "static", variant.fp8_transpose_once)
+    info = fp8.convert_decoder(model, "static", variant.fp8_transpose_once, **fp8.static_options(variant))
     need = fp8_base_bytes(model)
     check_fits(model, device, f"{manifest.get('architecture_file') or manifest['path']} with an FP8 base", need=need)
     if torch.device(device).type == "cuda":

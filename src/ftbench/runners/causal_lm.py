@@ -168,7 +168,7 @@ def load_model(ctx, device):
             raise Unsupported("experts: grouped needs a model with split experts (gpt-oss built by ftbench.build)")
         info["experts"] = "grouped: one grouped GEMM per projection per layer (torch._grouped_mm)"
     if v.precision == "fp8" and "fp8" not in info:  # the decoder's frozen projections run FP8 GEMMs, before LoRA
-        info["fp8"] = fp8.convert_decoder(model, v.fp8_recipe, v.fp8_transpose_once)
+        info["fp8"] = fp8.convert_decoder(model, v.fp8_recipe, v.fp8_transpose_once, **fp8.static_options(v))
     model = apply_lora(model, v, lora)
     if v.peft == "lora":  # LoRA's A from per-name seeded draws: the same start on one GPU and sharded over several
         info["adapters_seeded"] = parallel.seed_adapters(model, ctx.settings.seed)
@@ -176,7 +176,7 @@ def load_model(ctx, device):
         info["expert_lora"] = adapt_experts(model, lora)
     if v.fused_projections or v.fused_adapters:  # q/k/v and gate/up as one GEMM each (or their LoRA A alone),
         # LoRA kept per projection (ftbench.fused)
-        info["fused_projections"] = fused.fuse_projections(model, frozen=v.fused_projections)
+        info["fused_projections"] = fused.fuse_projections(model, frozen=v.fused_projections, epilogue=v.lora_epilogue)
     info["trainer_args"] = parallel.parallelize(model, v.parallel, device,  # data parallel: the trainer's DDP
                                                 bucket_mb=v.ddp_bucket_mb)
     return model, tokenizer, info
