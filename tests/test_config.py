@@ -309,3 +309,28 @@ def test_a_record_says_how_many_batch_shapes_its_windows_saw_and_how_many_were_n
              {"phase": "measure", "shape": "1x3400"}, {"phase": "measure", "shape": "1x1800"}]
     assert window_shapes(steps) == {"shapes_measured": 3, "new_shapes_measured": 2}
     assert window_shapes([{"phase": "measure"}]) == {}
+
+
+def test_coordinate_descent_tuning_reaches_inductor_with_the_modes_own_options():
+    """coordinate_descent_tuning: torch.compile gets the mode's own Inductor options (reduce-overhead: CUDA graphs)
+    and coordinate-descent tuning, as options (it takes a mode or options, not both); a compiled layer runs with them;
+    refused where no layer is compiled by Inductor."""
+    import torch
+
+    from ftbench.knobs import Variant, knob_problems
+    from ftbench.variants import compile_kwargs
+
+    tuned = Variant("t", compile="reduce-overhead", compile_scope="layers", coordinate_descent_tuning=True)
+    assert compile_kwargs(tuned) == {"options": {"triton.cudagraphs": True, "coordinate_descent_tuning": True}}
+    assert compile_kwargs(Variant("p", compile="reduce-overhead", compile_scope="layers")) == {"mode": "reduce-overhead"}
+    assert knob_problems("causal_lm", tuned) == []
+    for bad in (Variant("m", compile="default", coordinate_descent_tuning=True),
+                Variant("n", coordinate_descent_tuning=True),
+                Variant("b", compile="default", compile_scope="layers", compile_backend="aot_eager",
+                        coordinate_descent_tuning=True)):
+        assert any("coordinate_descent_tuning" in p for p in knob_problems("causal_lm", bad)), bad.name
+    layer = torch.nn.Linear(8, 8)
+    compiled = torch.compile(layer, **compile_kwargs(Variant("d", compile="default", compile_scope="layers",
+                                                             coordinate_descent_tuning=True)))
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(compiled(x), layer(x))

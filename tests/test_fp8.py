@@ -303,24 +303,24 @@ def test_rowwise_activation_scaling_casts_each_token_with_its_own_scale():
     assert info["activation_scaling"] == "rowwise" and "a scale a row" in info["recipe"]
 
 
-def test_fast_accumulation_runs_the_forward_gemm_alone_in_fast_mode():
-    """fp8_fast_accum: the forward's scaled GEMM asks for fast accumulation, the backward's does not (torchao's
-    default config); the record says which ran."""
+def test_fast_accumulation_runs_in_the_gemms_the_knob_names():
+    """fp8_fast_accum: forward, the forward's scaled GEMM asks for fast accumulation and the backward's does not
+    (torchao's default config); all, both; none, neither. The record says which ran."""
     import copy
 
     from ftbench.fp8 import StaticFP8Linear, convert_static
 
     plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
-    for fast in (False, True):
+    for fast, expected in ((None, (False, False)), ("forward", (True, False)), ("all", (True, True))):
         layer = StaticFP8Linear.from_linear(copy.deepcopy(plain), fast_accum=fast)
         graphs = _graphs_of(layer, torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True))
-        modes = {}
+        modes = []
         for name in ("fw", "bw"):
             (mm,) = [n for n in graphs[name].graph.nodes if n.target is torch.ops.aten._scaled_mm.default]
-            modes[name] = bool(mm.kwargs.get("use_fast_accum", mm.args[7] if len(mm.args) > 7 else False))
-        assert modes == {"fw": fast, "bw": False}
-    info = convert_static(nn.Sequential(copy.deepcopy(plain)), pattern=re.compile(""), fast_accum=True)
-    assert info["forward_accumulation"].startswith("fast")
+            modes.append(bool(mm.kwargs.get("use_fast_accum", mm.args[7] if len(mm.args) > 7 else False)))
+        assert tuple(modes) == expected, fast
+    info = convert_static(nn.Sequential(copy.deepcopy(plain)), pattern=re.compile(""), fast_accum="forward")
+    assert info["fast_accumulation"].startswith("the forward's")
 
 
 def test_the_static_recipes_per_step_knobs_are_refused_where_nothing_acts_on_them():
@@ -329,12 +329,13 @@ def test_the_static_recipes_per_step_knobs_are_refused_where_nothing_acts_on_the
 
     static = dict(peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static")
     assert knob_problems("causal_lm", Variant("a", **static, fp8_activation_scaling="rowwise",
-                                              fp8_fast_accum=True)) == []
-    for bad in (Variant("b", peft="lora", precision="fp8", fp8_backend="torchao", fp8_fast_accum=True),
+                                              fp8_fast_accum="all")) == []
+    assert any("fp8_fast_accum" in p for p in knob_problems("causal_lm", Variant("a2", **static, fp8_fast_accum="x")))
+    for bad in (Variant("b", peft="lora", precision="fp8", fp8_backend="torchao", fp8_fast_accum="forward"),
                 Variant("c", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="tensorwise",
                         fp8_activation_scaling="rowwise"),
-                Variant("d", **static, fused_projections=True, fp8_fast_accum=True)):
+                Variant("d", **static, fused_projections=True, fp8_fast_accum="forward")):
         assert any("fp8_fast_accum" in p for p in knob_problems("causal_lm", bad)), bad.name
     assert any("lora_epilogue" in p for p in knob_problems("causal_lm", Variant("e", lora_epilogue=True)))
     assert knob_problems("causal_lm", Variant("f", fused_adapters=True, lora_epilogue=True)) == []
-    assert any("fp8_fast_accum" in p for p in knob_problems("lmm", Variant("g", fp8_fast_accum=True)))
+    assert any("fp8_fast_accum" in p for p in knob_problems("lmm", Variant("g", fp8_fast_accum="forward")))

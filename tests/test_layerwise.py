@@ -186,11 +186,11 @@ def test_the_layer_by_layer_build_keeps_the_variants_per_step_fp8_settings(manif
     """fp8_activation_scaling rowwise and fp8_fast_accum reach every projection the layer-by-layer build casts: each
     lands with its column scales (the weight's tensorwise scale as rows of its out and in features)."""
     variant = Variant("r", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static",
-                      fp8_activation_scaling="rowwise", fp8_fast_accum=True)
+                      fp8_activation_scaling="rowwise", fp8_fast_accum="forward")
     model, _, info = build_fp8_base(manifests["in_process"], 42, "cpu", variant)
-    assert info["activation_scaling"] == "rowwise" and info["forward_accumulation"].startswith("fast")
+    assert info["activation_scaling"] == "rowwise" and info["fast_accumulation"].startswith("the forward's")
     layers = [m for m in model.modules() if isinstance(m, StaticFP8Linear)]
-    assert layers and all(m.rows and m.fast_accum for m in layers)
+    assert layers and all(m.rows and m.fast_accum == "forward" for m in layers)
     for m in layers:
         assert m.col_out.shape == (1, m.out_features) and m.col_in.shape == (1, m.in_features)
         assert torch.all(m.col_out == m.w_inv) and torch.all(m.col_in == m.w_inv) and m.col_out.device.type == "cpu"

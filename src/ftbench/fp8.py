@@ -162,20 +162,22 @@ class _StaticFP8Matmul(torch.autograd.Function):
     from W^T (cuBLAS's FP8 GEMM takes its second operand column-major: the FP8 weight transposed in every backward,
     or `w_t`, that transpose kept from the start); no gradient for the frozen weight, and none computed. Without
     `col_out`, `col_in` x and the gradient are cast tensorwise; with them (the weight's inverse scale as [1, out]
-    and [1, in] rows, `column_scales`) a row (a token) at a time. `fast_accum`: the forward GEMM with the tensor
-    cores' fast accumulation."""
+    and [1, in] rows, `column_scales`) a row (a token) at a time. `fast_accum`: which of its GEMMs run with the tensor
+    cores' fast accumulation (a key of FAST_ACCUM: None, forward, all)."""
 
     @staticmethod
-    def forward(ctx, x, w_fp8, w_inv, w_t=None, col_out=None, col_in=None, fast_accum=False):
+    def forward(ctx, x, w_fp8, w_inv, w_t=None, col_out=None, col_in=None, fast_accum=None):
         ctx.save_for_backward(w_fp8, w_inv, w_t, col_in)
-        return fp8_gemm(x, E4M3, w_fp8.t(), w_inv if col_out is None else col_out, fast_accum)
+        forward, ctx.fast_backward = FAST_ACCUM[fast_accum]
+        return fp8_gemm(x, E4M3, w_fp8.t(), w_inv if col_out is None else col_out, forward)
 
     @staticmethod
     def backward(ctx, grad):
         w_fp8, w_inv, w_t, col_in = ctx.saved_tensors
         if w_t is None:
             w_t = w_fp8.t().contiguous()  # [in, out] row-major: W column-major for the GEMM
-        return fp8_gemm(grad, E5M2, w_t.t(), w_inv if col_in is None else col_in), None, None, None, None, None, None
+        grad_in = fp8_gemm(grad, E5M2, w_t.t(), w_inv if col_in is None else col_in, ctx.fast_backward)
+        return grad_in, None, None, None, None, None, None
 
 
 class StaticFP8Linear(nn.Linear):
@@ -191,13 +193,13 @@ class StaticFP8Linear(nn.Linear):
     `rows` (knob fp8_activation_scaling: rowwise): activations and gradients cast with a scale a row (a token)
     rather than one a tensor, so each is cast in one pass, with no reduction over the whole tensor before it; the
     weight stays tensorwise, its inverse scale kept as the rows of column scales the row-scaled GEMM takes
-    (`col_out`, `col_in`: 4 bytes an input and an output feature). `fast_accum` (knob fp8_fast_accum): the forward
-    GEMM with the tensor cores' fast FP8 accumulation, as torchao's default config runs its output GEMM (the
-    backward's stays in the exact mode, as torchao's does)."""
+    (`col_out`, `col_in`: 4 bytes an input and an output feature). `fast_accum` (knob fp8_fast_accum): forward, the
+    forward GEMM with the tensor cores' fast FP8 accumulation, as torchao's default config runs its output GEMM (the
+    backward's in the exact mode, as torchao's); all, the backward's too; None, neither."""
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, transpose_once: bool = False, rows: bool = False,
-                    fast_accum: bool = False) -> "StaticFP8Linear":
+                    fast_accum: str | None = None) -> "StaticFP8Linear":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
@@ -245,7 +247,7 @@ def is_stand_in(p) -> bool:
 
 def static_fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_inv: torch.Tensor, bias=None,
                       w_t: torch.Tensor | None = None, col_out: torch.Tensor | None = None,
-                      col_in: torch.Tensor | None = None, fast_accum: bool = False) -> torch.Tensor:
+                      col_in: torch.Tensor | None = None, fast_accum: str | None = None) -> torch.Tensor:
     """x W^T (+ bias) with W already in FP8 (`w_inv`: its inverse scale; `w_t`: its transpose, contiguous, if kept;
     `col_out`, `col_in`: that scale as column scales, where activations and gradients are cast a row at a time),
     for inputs of any leading shape: the one form StaticFP8Linear and a fused group of them (ftbench.fused)
@@ -257,7 +259,7 @@ def static_fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_inv: torch.Tensor,
 
 
 def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN, transpose_once: bool = False,
-                   rows: bool = False, fast_accum: bool = False) -> dict:
+                   rows: bool = False, fast_accum: str | None = None) -> dict:
     """The frozen projections `pattern` selects onto StaticFP8Linear (weights cast to FP8 once, and with
     `transpose_once` their transposes too; `rows`, `fast_accum`: StaticFP8Linear's), before LoRA."""
     names = select_linears(model, False, pattern)
@@ -269,7 +271,9 @@ def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN, transpose
                       f"per step, {scaling}", "fp8_weight_gib": fp8_bytes / 2**30,
             "weight_transpose": "kept from the start" if transpose_once else "made in every backward",
             "activation_scaling": "rowwise" if rows else "tensorwise",
-            "forward_accumulation": "fast (use_fast_accum)" if fast_accum else "exact (FP32 promotion)"}
+            "fast_accumulation": {None: "none: every FP8 GEMM exact (FP32 promotion)",
+                                  "forward": "the forward's GEMMs (use_fast_accum); the backward's exact",
+                                  "all": "every FP8 GEMM, forward and backward (use_fast_accum)"}[fast_accum]}
 
 
 def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN,
@@ -294,8 +298,11 @@ def static_options(variant) -> dict:
     return {"rows": variant.fp8_activation_scaling == "rowwise", "fast_accum": variant.fp8_fast_accum}
 
 
+FAST_ACCUM = {None: (False, False), "forward": (True, False), "all": (True, True)}  # (forward, backward)
+
+
 def convert_decoder(model: nn.Module, recipe: str | None, transpose_once: bool = False, rows: bool = False,
-                    fast_accum: bool = False) -> dict:
+                    fast_accum: str | None = None) -> dict:
     """A causal LM's decoder projections in FP8, before LoRA wraps them: cast once (`recipe` static,
     StaticFP8Linear, with `transpose_once` their transposes too, `rows` and `fast_accum` its) or by torchao's float8
     linears in `recipe`'s scaling; the one entry for every way a causal LM is built (one process, or sharded on the

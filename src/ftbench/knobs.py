@@ -41,9 +41,9 @@ class Variant:
     # its amax, a reduction over all of it, before the cast) | rowwise (one scale a row, a token: amax and cast in one
     # pass); the weights stay tensorwise (ftbench.fp8.StaticFP8Linear)
     fp8_activation_scaling: str = "tensorwise"
-    # fp8_recipe static: the forward's FP8 GEMMs with the tensor cores' fast accumulation, as torchao's default config
-    # runs its output GEMM (the backward's stay exact)
-    fp8_fast_accum: bool = False
+    # fp8_recipe static: which FP8 GEMMs run with the tensor cores' fast accumulation: None (every one exact) |
+    # forward (the forward's, as torchao's default config runs its output GEMM; the backward's exact) | all
+    fp8_fast_accum: str | None = None
     # causal LM, PEFT, without trainer metrics: the LM head's loss in two GEMMs a chunk of tokens, the hidden states'
     # gradient formed in the forward (Liger Kernel's fused linear cross-entropy scheme, its cross-entropy kernel)
     # rather than TRL's fused head's three (None) | two-gemm (bf16 GEMMs) | fp8 (FP8 GEMMs, the head's weight cast
@@ -52,6 +52,9 @@ class Variant:
     compile: str | None = None  # None | default | reduce-overhead | max-autotune
     compile_backend: str = "inductor"  # torch.compile's backend: inductor | aot_eager (graphs captured, no codegen)
     compile_scope: str = "model"  # model (one torch.compile of the whole model) | layers (each repeated block)
+    # Inductor's coordinate-descent tuning of each Triton kernel it generates (block sizes, warps: its config
+    # coordinate_descent_tuning), GEMMs left to cuBLAS and CUTLASS; compile_scope layers
+    coordinate_descent_tuning: bool = False
     shape_policy: str = "dynamic"  # dynamic (AnyRes, dynamic padding) | fixed | bucketed
     sdpa_backend: str | None = None  # None (PyTorch picks) | flash | efficient | cudnn | math
     # hf | unsloth | nemo (NVIDIA NeMo AutoModel: the model built by its NeMoAutoModelForCausalLM.from_pretrained,
@@ -188,7 +191,8 @@ HONOURED = {
                   "framework": {"hf", "unsloth", "nemo"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "fused_adapters": ANY,
-                  "fp8_activation_scaling": {"tensorwise", "rowwise"}, "fp8_fast_accum": ANY, "lora_epilogue": ANY, "lm_head": {None, "two-gemm", "fp8"},
+                  "fp8_activation_scaling": {"tensorwise", "rowwise"}, "fp8_fast_accum": {None, "forward", "all"},
+                  "lora_epilogue": ANY, "coordinate_descent_tuning": ANY, "lm_head": {None, "two-gemm", "fp8"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
                   "experts": {"loop", "grouped"}, "expert_lora": ANY, "unsloth_compile": ANY},
@@ -292,6 +296,10 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("fp8_activation_scaling or fp8_fast_accum without fp8_recipe='static', or with "
                         "fused_projections (they set the per-step casts and GEMMs of each weight cast once; a fused "
                         "group runs its own)")
+    if variant.coordinate_descent_tuning and (not variant.compile or variant.compile_scope != "layers"
+                                              or variant.compile_backend != "inductor"):
+        problems.append("coordinate_descent_tuning without Inductor compiling each layer (compile_scope 'layers': a "
+                        "whole-model compile goes through the Trainer, which takes a mode, not Inductor's options)")
     if variant.lora_epilogue and not (variant.fused_adapters or variant.fused_projections):
         problems.append("lora_epilogue without fused_adapters or fused_projections (it adds LoRA's product in the "
                         "fused groups' LoRA B GEMMs)")

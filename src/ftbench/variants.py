@@ -169,10 +169,15 @@ def checkpoint_kwargs(variant: Variant) -> dict:
 
 
 def compile_kwargs(variant: Variant) -> dict:
-    """torch.compile's arguments for the variant: Inductor takes the mode; other backends take none."""
-    if variant.compile_backend == "inductor":
+    """torch.compile's arguments for the variant: Inductor takes the mode (with coordinate_descent_tuning, the mode's
+    own options and that one: torch.compile takes a mode or options, not both); other backends take none."""
+    if variant.compile_backend != "inductor":
+        return {"backend": variant.compile_backend}
+    if not variant.coordinate_descent_tuning:
         return {"mode": variant.compile}
-    return {"backend": variant.compile_backend}
+    import torch._inductor
+
+    return {"options": {**torch._inductor.list_mode_options(variant.compile), "coordinate_descent_tuning": True}}
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
