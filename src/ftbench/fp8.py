@@ -185,7 +185,8 @@ class StaticFP8Linear(nn.Linear):
     computes) instead of every step: torchao's Float8Linear takes the weight's amax and casts it in every forward
     and casts its transpose in every backward, three passes over the 15 GB of Qwen3-8B's decoder weights a step
     that a frozen weight does not need (fp8_recipe: static). Activations and gradients are cast per step as in
-    torchao's tensorwise recipe, so the arithmetic is the same. The bf16 weight stays (PEFT, parameter counts, the
+    torchao's tensorwise recipe, so the casts are the same (its forward GEMM accumulates fast on a GPU, this one's
+    only with `fast_accum` forward: a CPU ignores the mode, where the outputs agree bit for bit). The bf16 weight stays (PEFT, parameter counts, the
     state dict); the FP8 copy is a non-persistent buffer (+1 byte a weight). `transpose_once`: the FP8 weight's
     transpose, the backward's operand, kept too (+1 byte a weight more) rather than made in every backward (a read
     and a write of every FP8 weight a step; knob fp8_transpose_once): the same numbers, bit for bit.
