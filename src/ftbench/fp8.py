@@ -143,6 +143,12 @@ def fp8_gemm(x: torch.Tensor, dtype: torch.dtype, w_fp8_t: torch.Tensor, w_inv: 
                             use_fast_accum=fast_accum)
 
 
+# fp8_fast_accum -> (the forward GEMM fast, the backward's fast, what the record says)
+FAST_ACCUM = {None: (False, False, "none: every FP8 GEMM exact (FP32 promotion)"),
+              "forward": (True, False, "the forward's GEMMs (use_fast_accum); the backward's exact"),
+              "all": (True, True, "every FP8 GEMM, forward and backward (use_fast_accum)")}
+
+
 def column_scales(w_inv: torch.Tensor, n: int) -> torch.Tensor:
     """A tensorwise inverse scale as the [1, n] row of column scales a row-scaled GEMM takes (every entry the same:
     the weight stays cast tensorwise)."""
@@ -168,7 +174,7 @@ class _StaticFP8Matmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_fp8, w_inv, w_t=None, col_out=None, col_in=None, fast_accum=None):
         ctx.save_for_backward(w_fp8, w_inv, w_t, col_in)
-        forward, ctx.fast_backward = FAST_ACCUM[fast_accum]
+        forward, ctx.fast_backward, _ = FAST_ACCUM[fast_accum]
         return fp8_gemm(x, E4M3, w_fp8.t(), w_inv if col_out is None else col_out, forward)
 
     @staticmethod
@@ -272,9 +278,7 @@ def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN, transpose
                       f"per step, {scaling}", "fp8_weight_gib": fp8_bytes / 2**30,
             "weight_transpose": "kept from the start" if transpose_once else "made in every backward",
             "activation_scaling": "rowwise" if rows else "tensorwise",
-            "fast_accumulation": {None: "none: every FP8 GEMM exact (FP32 promotion)",
-                                  "forward": "the forward's GEMMs (use_fast_accum); the backward's exact",
-                                  "all": "every FP8 GEMM, forward and backward (use_fast_accum)"}[fast_accum]}
+            "fast_accumulation": FAST_ACCUM[fast_accum][2]}
 
 
 def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN,
@@ -298,8 +302,6 @@ def static_options(variant) -> dict:
     `convert_decoder` takes them."""
     return {"rows": variant.fp8_activation_scaling == "rowwise", "fast_accum": variant.fp8_fast_accum}
 
-
-FAST_ACCUM = {None: (False, False), "forward": (True, False), "all": (True, True)}  # (forward, backward)
 
 
 def convert_decoder(model: nn.Module, recipe: str | None, transpose_once: bool = False, rows: bool = False,

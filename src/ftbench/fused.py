@@ -115,15 +115,14 @@ class FusedProjections(nn.Module):
         a_all = torch.cat([a for a, _, _ in adapters])
         xa = x.to(a_all.dtype) if not torch.is_autocast_enabled(x.device.type) else x
         low = F.linear(xa, a_all).split([a.shape[0] for a, _, _ in adapters], dim=-1)
-        if self.epilogue:
-            return tuple(_add_product(o, h, b, s) for o, h, (_, b, s) in zip(outs, low, adapters))
-        return tuple((o + F.linear(h, b) * s).to(o.dtype) for o, h, (_, b, s) in zip(outs, low, adapters))
+        return tuple(_add_product(o, h, b, s, self.epilogue) for o, h, (_, b, s) in zip(outs, low, adapters))
 
 
-def _add_product(o: torch.Tensor, h: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
-    """o + s * h B^T with the sum formed by the GEMM (addmm: o read in its epilogue, one rounding), where autocast
-    gives its operands one dtype or they share one; else as a separate add (addmm takes one dtype)."""
-    if not (torch.is_autocast_enabled(o.device.type) or o.dtype == h.dtype == b.dtype):
+def _add_product(o: torch.Tensor, h: torch.Tensor, b: torch.Tensor, s: float, epilogue: bool) -> torch.Tensor:
+    """o + s * h B^T: with `epilogue`, the sum formed by the GEMM (addmm: o read in its epilogue, one rounding), where
+    autocast gives its operands one dtype or they share one; else (or with mixed dtypes: addmm takes one) as an add of
+    its own."""
+    if not epilogue or not (torch.is_autocast_enabled(o.device.type) or o.dtype == h.dtype == b.dtype):
         return (o + F.linear(h, b) * s).to(o.dtype)
     flat = torch.addmm(o.reshape(-1, o.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=s)
     return flat.reshape(o.shape).to(o.dtype)
