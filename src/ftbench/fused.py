@@ -21,6 +21,10 @@ Knob `fused_adapters` fuses the LoRA A matrices alone: each frozen projection ke
 scale and kept transpose), so the frozen arithmetic is the unfused rung's, and the group's input is read once by one
 LoRA A GEMM rather than once a projection (the backward: one GEMM for the A matrices' gradients and one for the
 input's LoRA gradient a group).
+
+Knob `lora_b_one_read` gives every LoRA product of the layer (the groups' and o_proj's and down_proj's, each of those
+two as a group of one) a backward that reads its output gradient once for both B's gradient and the gradient into
+the adapter's rank (ftbench.lora_grads: one Triton kernel where PyTorch runs two GEMMs over it).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .fp8 import StaticFP8Linear, frozen_fp8, static_fp8_linear
+from .lora_grads import LoRAProduct
 
 
 def _base(p):
@@ -43,10 +48,12 @@ class FusedProjections(nn.Module):
     """Projections of one input, computed together. `projections`: PEFT LoRA linears (or plain nn.Linear), kept
     where they are in the model (held here in a plain list, not as submodules); returns one output each."""
 
-    def __init__(self, projections: list[nn.Module], frozen: bool = True, epilogue: bool = False):
+    def __init__(self, projections: list[nn.Module], frozen: bool = True, epilogue: bool = False,
+                 one_read: bool = False):
         super().__init__()
         self._parts = list(projections)
         self.epilogue = epilogue
+        self.one_read = one_read
         bases = [_base(p) for p in projections]
         self.sizes = [b.out_features for b in bases]
         self.frozen_fused = frozen
@@ -115,13 +122,17 @@ class FusedProjections(nn.Module):
         a_all = torch.cat([a for a, _, _ in adapters])
         xa = x.to(a_all.dtype) if not torch.is_autocast_enabled(x.device.type) else x
         low = F.linear(xa, a_all).split([a.shape[0] for a, _, _ in adapters], dim=-1)
-        return tuple(_add_product(o, h, b, s, self.epilogue) for o, h, (_, b, s) in zip(outs, low, adapters))
+        return tuple(_add_product(o, h, b, s, self.epilogue, self.one_read)
+                     for o, h, (_, b, s) in zip(outs, low, adapters))
 
 
-def _add_product(o: torch.Tensor, h: torch.Tensor, b: torch.Tensor, s: float, epilogue: bool) -> torch.Tensor:
+def _add_product(o: torch.Tensor, h: torch.Tensor, b: torch.Tensor, s: float, epilogue: bool,
+                 one_read: bool = False) -> torch.Tensor:
     """o + s * h B^T: with `epilogue`, the sum formed by the GEMM (addmm: o read in its epilogue, one rounding), where
     autocast gives its operands one dtype or they share one; else (or with mixed dtypes: addmm takes one) as an add of
-    its own."""
+    its own. `one_read`: the same sum, its backward reading the output gradient once (ftbench.lora_grads)."""
+    if one_read:
+        return LoRAProduct.apply(o, h, b, s, epilogue)
     if not epilogue or not (torch.is_autocast_enabled(o.device.type) or o.dtype == h.dtype == b.dtype):
         return (o + F.linear(h, b) * s).to(o.dtype)
     flat = torch.addmm(o.reshape(-1, o.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=s)
@@ -148,37 +159,52 @@ def _attention_forward(self, hidden_states, position_embeddings, attention_mask,
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
     out, weights = attend(self, q, k, v, attention_mask, dropout=0.0 if not self.training else self.attention_dropout,
                           scaling=self.scaling, sliding_window=getattr(self, "sliding_window", None), **kwargs)
-    return self.o_proj(out.reshape(*input_shape, -1).contiguous()), weights
+    return _single(self, "o_proj", out.reshape(*input_shape, -1).contiguous()), weights
 
 
 def _mlp_forward(self, x):
     gate, up = self.gate_up(x)
-    return self.down_proj(self.act_fn(gate) * up)
+    return _single(self, "down_proj", self.act_fn(gate) * up)
+
+
+def _single(module, name: str, x: torch.Tensor) -> torch.Tensor:
+    """The projection `name` of `module` applied to `x`: through its group of one where the layer has one
+    (lora_b_one_read), else the projection itself."""
+    group = getattr(module, f"{name}_single", None)
+    return group(x)[0] if group is not None else getattr(module, name)(x)
 
 
 ATTENTION = ("LlamaAttention", "MistralAttention", "Qwen2Attention", "Qwen3Attention")
 MLP = ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")
 
 
-def fuse_projections(model, frozen: bool = True, epilogue: bool = False) -> dict:
+def fuse_projections(model, frozen: bool = True, epilogue: bool = False, one_read: bool = False) -> dict:
     """Fuse every supported attention's q/k/v and MLP's gate/up in place (after LoRA is applied, before compile):
     their frozen weights and LoRA A matrices, or with `frozen` false the LoRA A matrices alone (knob
     fused_adapters: each frozen projection keeps its own GEMM, weight and FP8 scale); `epilogue` (knob
-    lora_epilogue): each LoRA product added by its B GEMM. Returns counts for the record."""
+    lora_epilogue): each LoRA product added by its B GEMM; `one_read` (knob lora_b_one_read): every LoRA product's
+    backward reads its output gradient once, o_proj's and down_proj's too (each a group of one). Returns counts
+    for the record."""
     counts = {"attention": 0, "mlp": 0, "left_unfused": [],
               "fused": "frozen weights and LoRA A" if frozen else "LoRA A alone",
-              "lora_add": "in the LoRA B GEMM (addmm)" if epilogue else "a pass of its own"}
+              "lora_add": "in the LoRA B GEMM (addmm)" if epilogue else "a pass of its own",
+              "lora_b_backward": ("one read of the output gradient (Triton, ftbench.lora_grads), o_proj and "
+                                  "down_proj included" if one_read else "two GEMMs (PyTorch's autograd)")}
     for module in list(model.modules()):  # a list: fusing adds submodules
         kind = type(module).__name__
         if kind in ATTENTION:
-            module.qkv = FusedProjections([module.q_proj, module.k_proj, module.v_proj], frozen, epilogue)
+            module.qkv = FusedProjections([module.q_proj, module.k_proj, module.v_proj], frozen, epilogue, one_read)
+            if one_read:
+                module.o_proj_single = FusedProjections([module.o_proj], False, epilogue, one_read)
             # the model file's own rotary embedding and eager attention, looked up once (not in the traced forward)
             source = importlib.import_module(type(module).__module__)
             module._fused_helpers = (source.apply_rotary_pos_emb, source.eager_attention_forward)
             module.forward = types.MethodType(_attention_forward, module)
             counts["attention"] += 1
         elif kind in MLP:
-            module.gate_up = FusedProjections([module.gate_proj, module.up_proj], frozen, epilogue)
+            module.gate_up = FusedProjections([module.gate_proj, module.up_proj], frozen, epilogue, one_read)
+            if one_read:
+                module.down_proj_single = FusedProjections([module.down_proj], False, epilogue, one_read)
             module.forward = types.MethodType(_mlp_forward, module)
             counts["mlp"] += 1
         elif kind.endswith(("Attention", "MLP")) and kind not in counts["left_unfused"]:

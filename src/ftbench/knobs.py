@@ -91,6 +91,10 @@ class Variant:
     # fused_adapters or fused_projections: each projection's LoRA product added to its frozen output by the LoRA B
     # GEMM itself (addmm: cuBLAS's beta = 1 epilogue) rather than by a pass of its own over the output
     lora_epilogue: bool = False
+    # fused_adapters or fused_projections: every LoRA product's backward (o_proj's and down_proj's too) reads its
+    # output gradient once for both B's gradient and the gradient into the adapter's rank (one Triton kernel where
+    # autograd runs two GEMMs over it: ftbench.lora_grads); CUDA only
+    lora_b_one_read: bool = False
     # gpt-oss's frozen experts: loop (one expert at a time, ~10 launches each) | grouped (one grouped GEMM per
     # projection per layer over all experts, weights dequantized inside it: ftbench.build.SplitExperts)
     experts: str = "loop"
@@ -192,7 +196,7 @@ HONOURED = {
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "fused_adapters": ANY,
                   "fp8_activation_scaling": {"tensorwise", "rowwise"}, "fp8_fast_accum": {None, "forward", "all"},
-                  "lora_epilogue": ANY, "coordinate_descent_tuning": ANY, "lm_head": {None, "two-gemm", "fp8"},
+                  "lora_epilogue": ANY, "lora_b_one_read": ANY, "coordinate_descent_tuning": ANY, "lm_head": {None, "two-gemm", "fp8"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
                   "experts": {"loop", "grouped"}, "expert_lora": ANY, "unsloth_compile": ANY},
@@ -300,6 +304,10 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
                                               or variant.compile_backend != "inductor"):
         problems.append("coordinate_descent_tuning without Inductor compiling each layer (compile_scope 'layers': a "
                         "whole-model compile goes through the Trainer, which takes a mode, not Inductor's options)")
+    if variant.lora_b_one_read and (variant.peft != "lora" or not (variant.fused_adapters
+                                                                   or variant.fused_projections)):
+        problems.append("lora_b_one_read without LoRA through fused_adapters or fused_projections (it is the backward "
+                        "of the fused layers' LoRA products)")
     if variant.lora_epilogue and not (variant.fused_adapters or variant.fused_projections):
         problems.append("lora_epilogue without fused_adapters or fused_projections (it adds LoRA's product in the "
                         "fused groups' LoRA B GEMMs)")

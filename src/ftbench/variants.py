@@ -65,6 +65,12 @@ def check_supported(variant: Variant, device: torch.device, manifest: dict | Non
                           "machine has no CUDA GPU")
     if variant.pin_memory and not cuda:
         raise Unsupported("pin_memory pins host memory for copies to a CUDA GPU; this machine has none")
+    if variant.lora_b_one_read:
+        if not cuda:
+            raise Unsupported("lora_b_one_read runs a Triton kernel on a CUDA GPU (LoRA B's backward in one read of "
+                              "its output gradient); this machine has none")
+        if importlib.util.find_spec("triton") is None:
+            raise Unsupported("lora_b_one_read runs a Triton kernel; triton is not installed")
     if variant.flash_impl:
         from .attention import flash_impl_problem
 

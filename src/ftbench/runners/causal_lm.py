@@ -176,7 +176,8 @@ def load_model(ctx, device):
         info["expert_lora"] = adapt_experts(model, lora)
     if v.fused_projections or v.fused_adapters:  # q/k/v and gate/up as one GEMM each (or their LoRA A alone),
         # LoRA kept per projection (ftbench.fused)
-        info["fused_projections"] = fused.fuse_projections(model, frozen=v.fused_projections, epilogue=v.lora_epilogue)
+        info["fused_projections"] = fused.fuse_projections(model, frozen=v.fused_projections, epilogue=v.lora_epilogue,
+                                                           one_read=v.lora_b_one_read)
     info["trainer_args"] = parallel.parallelize(model, v.parallel, device,  # data parallel: the trainer's DDP
                                                 bucket_mb=v.ddp_bucket_mb)
     return model, tokenizer, info

@@ -1,0 +1,86 @@
+"""LoRA B's backward on the frontier's step, two ways: PyTorch's two GEMMs over the output gradient (dy B for the
+gradient into the adapter's rank, dy^T h for B's) against ftbench.lora_grads' one Triton kernel that reads dy once
+(knob lora_b_one_read). Qwen3-8B's seven projections at two rows of 4,096 tokens (M = 8,192; r = 8; bf16 dy and h,
+fp32 B as PEFT keeps it), and a strided dy (a column slice of a wider gradient, as a fused group's split gives).
+
+Prints for each shape: the largest difference of each result from the fp32 reference over the reference's largest
+value (the kernel's and the GEMMs'), and the time of each way (CUDA events; 3 warm-up calls, then 20 timed; median
+and CV), with the bytes of dy each read over that time (GB/s: what a memory-bound pass is judged by).
+
+    python3 bench/lora_grads_check.py        (a CUDA GPU with Triton; ~20 s)
+
+Exit status 1 where a kernel result differs from the reference by more than 1e-2 of its largest value (bf16
+operands: the GEMMs' own difference is of that order) or is not finite; 2 without a CUDA GPU."""
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+
+from ftbench.lora_grads import reference_lora_b_grads, triton_lora_b_grads
+
+M, R, SCALE = 8192, 8, 2.0
+SHAPES = {"q_proj / o_proj / down_proj": 4096, "k_proj / v_proj": 1024, "gate_proj / up_proj": 12288}
+WARMUP, REPEATS = 3, 20
+
+
+def gemms(dy, h, b, scale):
+    """PyTorch's two GEMMs, as autograd runs them under autocast (bf16 operands, B's gradient rounded to bf16)."""
+    b16 = b.to(dy.dtype)
+    return (dy @ b16) * scale, ((dy.t() @ h) * scale).float()
+
+
+def timed(fn) -> tuple[float, float]:
+    for _ in range(WARMUP):
+        fn()
+    times = []
+    for _ in range(REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    med = statistics.median(times)
+    return med, statistics.stdev(times) / statistics.mean(times)
+
+
+def rel(x, ref) -> float:
+    return float((x.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA GPU")
+        return 2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bad = 0
+    cases = [(name, torch.randn(M, n, device="cuda", dtype=torch.bfloat16, generator=g)) for name, n in SHAPES.items()]
+    wide = torch.randn(M, 6144, device="cuda", dtype=torch.bfloat16, generator=g)
+    cases.append(("strided: v's slice of q/k/v's 6,144 columns", wide[:, 5120:]))
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; M={M}, r={R}")
+    for name, dy in cases:
+        n = dy.shape[1]
+        h = torch.randn(M, R, device="cuda", dtype=torch.bfloat16, generator=g)
+        b = torch.randn(n, R, device="cuda", generator=g) * 0.01
+        ref_dh, ref_db = reference_lora_b_grads(dy, h, b, SCALE)
+        dh, db = triton_lora_b_grads(dy, h, b, SCALE)
+        g_dh, g_db = gemms(dy, h, b, SCALE)
+        errs = (rel(dh, ref_dh), rel(db, ref_db))
+        finite = bool(torch.isfinite(dh).all() and torch.isfinite(db).all())
+        if not finite or max(errs) > 1e-2:
+            bad += 1
+        t_k, cv_k = timed(lambda: triton_lora_b_grads(dy, h, b, SCALE))
+        t_g, cv_g = timed(lambda: gemms(dy, h, b, SCALE))
+        gb = M * n * dy.element_size() / 1e9
+        print(f"{name} (N={n}): kernel dh {errs[0]:.2e}, dB {errs[1]:.2e} (GEMMs {rel(g_dh, ref_dh):.2e}, "
+              f"{rel(g_db, ref_db):.2e}){'' if finite else ', NOT FINITE'}; "
+              f"kernel {t_k * 1e3:.1f} us (CV {cv_k:.1%}, {gb / t_k * 1e3:.0f} GB/s of dy), "
+              f"two GEMMs {t_g * 1e3:.1f} us (CV {cv_g:.1%}, {2 * gb / t_g * 1e3:.0f} GB/s of dy read twice): "
+              f"{t_g / t_k:.2f}x")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

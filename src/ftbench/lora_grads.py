@@ -1,0 +1,146 @@
+"""LoRA B's backward in one read of the output gradient (variant knob `lora_b_one_read`).
+
+A LoRA adapter adds s * (x A^T) B^T to a frozen projection's output. With h = x A^T (tokens x r, r small), the
+backward of the B product needs two things from the output gradient dy (tokens x out features):
+
+    dh = s * dy B        (tokens x r: what flows on to A and to the input)
+    dB = s * dy^T h      (out features x r: B's gradient)
+
+PyTorch's autograd runs them as two GEMMs, each reading all of dy: at rank 8 each GEMM is a few FLOPs per byte,
+bound by memory, and dy is the largest tensor either touches (8,192 x 12,288 bf16, 192 MiB, for Qwen3-8B's gate at
+two rows of 4,096 tokens). Here one Triton kernel reads each tile of dy once and forms both: a program owns a block
+of columns (its dB block stays in registers across its rows) and a run of rows; each row tile's dh contribution is
+added atomically into an fp32 buffer of tokens x r (small enough to stay in L2). So the adapter's backward reads dy
+once, not twice: at the power limit a pass over memory saved is time saved.
+
+Arithmetic: both products accumulate in fp32 from operands in dy's dtype (B cast to it, as autocast casts it for
+PyTorch's GEMM), so the result is PyTorch's up to summation order; dB comes back in B's dtype (fp32 for PEFT's
+adapters: one rounding, where autocast's GEMM rounds to bf16 first). The atomic adds make dh's summation order vary
+between runs (as FlashAttention's backward does for dq).
+
+`lora_b_grads` is a PyTorch custom op (`torch.ops.ftbench.lora_b_grads`), so torch.compile keeps it whole in the
+compiled backward and CUDA graphs capture it; on a CPU (tests) it runs the reference arithmetic, and
+`triton_lora_b_grads` runs the kernel itself (on a CPU under Triton's interpreter, TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def reference_lora_b_grads(dy: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float):
+    """(dh, dB) by two matrix products in fp32: the arithmetic the kernel must give."""
+    dyf = dy.float()
+    op = dy.dtype  # operands as the GEMMs see them (B and h in dy's dtype), products in fp32
+    dh = dyf @ b.to(op).float() * scale
+    db = dyf.t() @ h.to(op).float() * scale
+    return dh.to(h.dtype), db.to(b.dtype)
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def lora_b_grads_kernel(dy_ptr, h_ptr, b_ptr, dh_ptr, db_ptr, M, N, R, tiles_per_prog,
+                            s_dym, s_dyn, s_hm, s_hr, s_bn, s_br,
+                            BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        offs_r = tl.arange(0, BR)
+        mask_n = offs_n < N
+        mask_r = offs_r < R
+        b = tl.load(b_ptr + offs_n[:, None] * s_bn + offs_r[None, :] * s_br,
+                    mask=mask_n[:, None] & mask_r[None, :], other=0.0).to(dy_ptr.dtype.element_ty)
+        acc_db = tl.zeros((BN, BR), dtype=tl.float32)
+        for i in range(tiles_per_prog):
+            # each column block starts at another of its row tiles: the atomic adds into dh's rows spread out
+            t = (i + pid_n) % tiles_per_prog
+            offs_m = (pid_m * tiles_per_prog + t) * BM + tl.arange(0, BM)
+            mask_m = offs_m < M
+            dy = tl.load(dy_ptr + offs_m[:, None] * s_dym + offs_n[None, :] * s_dyn,
+                         mask=mask_m[:, None] & mask_n[None, :], other=0.0)
+            h = tl.load(h_ptr + offs_m[:, None] * s_hm + offs_r[None, :] * s_hr,
+                        mask=mask_m[:, None] & mask_r[None, :], other=0.0).to(dy.dtype)
+            acc_db += tl.dot(tl.trans(dy), h)
+            part = tl.dot(dy, b)
+            tl.atomic_add(dh_ptr + offs_m[:, None] * R + offs_r[None, :], part,
+                          mask=mask_m[:, None] & mask_r[None, :])
+        tl.atomic_add(db_ptr + offs_n[:, None] * R + offs_r[None, :], acc_db,
+                      mask=mask_n[:, None] & mask_r[None, :])
+
+    return lora_b_grads_kernel
+
+
+BLOCK_M, BLOCK_N = 64, 256
+
+
+def _grid(m: int, n: int, programs: int) -> tuple[int, int, int]:
+    """(column blocks, row runs, row tiles a run): enough programs to fill `programs` slots, each run at least
+    two row tiles long so that B's block and the dB atomics are spread over some rows."""
+    col_blocks = -(-n // BLOCK_N)
+    row_tiles = -(-m // BLOCK_M)
+    runs = max(1, min(-(-programs // col_blocks), row_tiles // 2 or 1))
+    per_run = -(-row_tiles // runs)
+    return col_blocks, -(-row_tiles // per_run), per_run
+
+
+def triton_lora_b_grads(dy: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float):
+    """(dh, dB) from one read of dy by the Triton kernel. dy: [M, N]; h: [M, r]; b: [N, r]; r at most 64."""
+    m, n = dy.shape
+    r = h.shape[1]
+    if r > 64:
+        raise ValueError(f"lora_b_grads: rank {r} over the kernel's 64")
+    if dy.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"lora_b_grads: output gradient in {dy.dtype}")
+    dh = torch.zeros(m, r, device=dy.device, dtype=torch.float32)
+    db = torch.zeros(n, r, device=dy.device, dtype=torch.float32)
+    slots = 2 * (torch.cuda.get_device_properties(dy.device).multi_processor_count if dy.is_cuda else 4)
+    cols, runs, per_run = _grid(m, n, slots)
+    _kernel()[(cols, runs)](dy, h, b, dh, db, m, n, r, per_run,
+                            dy.stride(0), dy.stride(1), h.stride(0), h.stride(1), b.stride(0), b.stride(1),
+                            BM=BLOCK_M, BN=BLOCK_N, BR=max(16, 1 << (r - 1).bit_length()),
+                            **({"num_warps": 8, "num_stages": 3} if dy.is_cuda else {}))
+    return (dh * scale).to(h.dtype), (db * scale).to(b.dtype)
+
+
+@torch.library.custom_op("ftbench::lora_b_grads", mutates_args=())
+def lora_b_grads(dy: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s dy B, s dy^T h): the kernel on a CUDA device, the reference arithmetic elsewhere."""
+    if dy.is_cuda:
+        return triton_lora_b_grads(dy, h, b, scale)
+    return reference_lora_b_grads(dy, h, b, scale)
+
+
+@lora_b_grads.register_fake
+def _(dy, h, b, scale):
+    return h.new_empty(h.shape), b.new_empty(b.shape)
+
+
+class LoRAProduct(torch.autograd.Function):
+    """o + s * h B^T (a LoRA adapter's product added to its frozen projection's output `o`), whose backward forms B's
+    gradient and h's from one read of the output gradient (`lora_b_grads`). `epilogue`: the sum formed by the GEMM
+    (addmm), else as an add of its own. h and B^T meet in h's dtype (B cast, as autocast casts it)."""
+
+    @staticmethod
+    def forward(ctx, o, h, b, scale: float, epilogue: bool):
+        flat_o, flat_h = o.reshape(-1, o.shape[-1]), h.reshape(-1, h.shape[-1])
+        b_op = b.to(flat_h.dtype)
+        if epilogue:
+            out = torch.addmm(flat_o.to(flat_h.dtype), flat_h, b_op.t(), alpha=scale)
+        else:
+            out = flat_o + (flat_h @ b_op.t()) * scale
+        ctx.save_for_backward(h, b)
+        ctx.scale = scale
+        return out.reshape(o.shape).to(o.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, b = ctx.saved_tensors
+        dh, db = torch.ops.ftbench.lora_b_grads(grad.reshape(-1, grad.shape[-1]), h.reshape(-1, h.shape[-1]), b,
+                                                ctx.scale)
+        return grad, dh.reshape(h.shape), db, None, None
