@@ -4,10 +4,13 @@ gradient into the adapter's rank, dy^T h for B's) against ftbench.lora_grads' on
 fp32 B as PEFT keeps it), and a strided dy (a column slice of a wider gradient, as a fused group's split gives).
 
 Prints for each shape: the largest difference of each result from the fp32 reference over the reference's largest
-value (the kernel's and the GEMMs'), and the time of each way (CUDA events; 3 warm-up calls, then 20 timed; median
-and CV), with the bytes of dy each read over that time (GB/s: what a memory-bound pass is judged by).
+value (the kernel's and the GEMMs'), and the time of each way as a training step runs it, replayed from a CUDA graph
+(so no host launch cost: 3 warm-up calls, capture, then 5 timings of 20 replays each by CUDA events; median and CV
+across the 5), with the bytes of dy each read over that time (GB/s: what a memory-bound pass is judged by).
 
-    python3 bench/lora_grads_check.py        (a CUDA GPU with Triton; ~20 s)
+    python3 bench/lora_grads_check.py          (a CUDA GPU with Triton; ~30 s)
+    python3 bench/lora_grads_check.py --sweep  (also the kernel's tile and launch settings, each timed the same way:
+                                                how ftbench.lora_grads.CONFIG was chosen)
 
 Exit status 1 where a kernel result differs from the reference by more than 1e-2 of its largest value (bf16
 operands: the GEMMs' own difference is of that order) or is not finite; 2 without a CUDA GPU."""
@@ -18,11 +21,14 @@ import sys
 
 import torch
 
-from ftbench.lora_grads import reference_lora_b_grads, triton_lora_b_grads
+from ftbench.lora_grads import CONFIG, reference_lora_b_grads, triton_lora_b_grads
 
 M, R, SCALE = 8192, 8, 2.0
 SHAPES = {"q_proj / o_proj / down_proj": 4096, "k_proj / v_proj": 1024, "gate_proj / up_proj": 12288}
-WARMUP, REPEATS = 3, 20
+WARMUP, REPLAYS, TIMINGS = 3, 20, 5
+SWEEP = [{"BM": bm, "BN": bn, "HT": ht, "num_warps": w, "num_stages": st}
+         for bm, bn in ((64, 256), (32, 512), (128, 128), (64, 128), (128, 256))
+         for ht in (False, True) for w, st in ((4, 3), (8, 3), (8, 4))]
 
 
 def gemms(dy, h, b, scale):
@@ -32,25 +38,33 @@ def gemms(dy, h, b, scale):
 
 
 def timed(fn) -> tuple[float, float]:
-    for _ in range(WARMUP):
+    """(median ms a call, CV) replayed from a CUDA graph of one call."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(WARMUP):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
         fn()
     times = []
-    for _ in range(REPEATS):
+    for _ in range(TIMINGS):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(REPLAYS):
+            graph.replay()
         end.record()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    med = statistics.median(times)
-    return med, statistics.stdev(times) / statistics.mean(times)
+        times.append(start.elapsed_time(end) / REPLAYS)
+    return statistics.median(times), statistics.stdev(times) / statistics.mean(times)
 
 
 def rel(x, ref) -> float:
     return float((x.float() - ref.float()).abs().max() / ref.float().abs().max())
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU")
         return 2
@@ -79,8 +93,18 @@ def main() -> int:
               f"kernel {t_k * 1e3:.1f} us (CV {cv_k:.1%}, {gb / t_k * 1e3:.0f} GB/s of dy), "
               f"two GEMMs {t_g * 1e3:.1f} us (CV {cv_g:.1%}, {2 * gb / t_g * 1e3:.0f} GB/s of dy read twice): "
               f"{t_g / t_k:.2f}x")
+        if "--sweep" in argv:
+            for cfg in SWEEP:
+                try:
+                    t, cv = timed(lambda: triton_lora_b_grads(dy, h, b, SCALE, cfg))
+                    out = triton_lora_b_grads(dy, h, b, SCALE, cfg)
+                    err = max(rel(out[0], ref_dh), rel(out[1], ref_db))
+                    print(f"  {cfg}: {t * 1e3:.1f} us (CV {cv:.1%}, {gb / t * 1e3:.0f} GB/s), error {err:.1e}"
+                          f"{'  <- CONFIG' if cfg == CONFIG else ''}")
+                except Exception as e:  # a setting the compiler refuses (shared memory, registers): say so, go on
+                    print(f"  {cfg}: failed: {type(e).__name__}: {str(e)[:160]}")
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

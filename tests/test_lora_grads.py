@@ -41,33 +41,36 @@ KERNEL_CHECK = textwrap.dedent("""
     torch.manual_seed(0)
     cases = [(300, 520, 8, torch.float16, None), (128, 256, 8, torch.float32, None), (1000, 70, 5, torch.float16, None),
              (64, 1024, 16, torch.float32, None), (700, 512, 8, torch.float16, (900, 100))]
-    for m, n, r, dt, wide in cases:
+    configs = [None, {"HT": True}, {"BM": 32, "BN": 64}, {"BM": 16, "BN": 128, "HT": True}]
+    for (m, n, r, dt, wide), config in [(c, k) for c in cases for k in configs]:
         if wide:  # a column slice of a wider gradient (a fused group's split): strided rows
             dy = torch.randn(m, wide[0], dtype=dt)[:, wide[1]:wide[1] + n]
             assert not dy.is_contiguous()
         else:
             dy = torch.randn(m, n, dtype=dt)
         h, b = torch.randn(m, r, dtype=dt), torch.randn(n, r)
-        dh, db = triton_lora_b_grads(dy, h, b, 0.5)
+        dh, db = triton_lora_b_grads(dy, h, b, 0.5, config)
         rh, rb = reference_lora_b_grads(dy, h, b, 0.5)
         assert dh.dtype == h.dtype and db.dtype == b.dtype, (dh.dtype, db.dtype)
         tol = 1e-5 if dt == torch.float32 else 2e-3
         for got, ref in ((dh, rh), (db, rb)):
             err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
-            assert err < tol, (m, n, r, dt, err)
-    print("kernel ok", len(cases))
+            assert err < tol, (m, n, r, dt, config, err)
+        again = triton_lora_b_grads(dy, h, b, 0.5, config)
+        assert torch.equal(again[0], dh) and torch.equal(again[1], db)  # fixed summation order
+    print("kernel ok", len(cases) * len(configs))
 """)
 
 
 def test_the_triton_kernel_gives_both_products_from_one_pass_under_the_interpreter():
     """The kernel itself, on this CPU under Triton's interpreter (TRITON_INTERPRET=1, set before Triton loads: a
-    process of its own): row and column counts off the tiles, ranks padded to the dot's 16, a strided gradient;
-    fp32 and fp16 operands (the interpreter's bf16 dot is not numpy's: bf16 runs on the GPU, bench/lora_grads_check.py)."""
+    process of its own): row and column counts off the tiles, ranks padded to the dot's 16, a strided gradient,
+    B's gradient formed either way round, several tile shapes, the same bits on a second call; fp32 and fp16 operands (the interpreter's bf16 dot is not numpy's: bf16 runs on the GPU, bench/lora_grads_check.py)."""
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "kernel ok 5" in done.stdout
+    assert "kernel ok 20" in done.stdout
 
 
 def _product(o, h, b, s, epilogue):

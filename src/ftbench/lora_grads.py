@@ -9,14 +9,14 @@ backward of the B product needs two things from the output gradient dy (tokens x
 PyTorch's autograd runs them as two GEMMs, each reading all of dy: at rank 8 each GEMM is a few FLOPs per byte,
 bound by memory, and dy is the largest tensor either touches (8,192 x 12,288 bf16, 192 MiB, for Qwen3-8B's gate at
 two rows of 4,096 tokens). Here one Triton kernel reads each tile of dy once and forms both: a program owns a block
-of columns (its dB block stays in registers across its rows) and a run of rows; each row tile's dh contribution is
-added atomically into an fp32 buffer of tokens x r (small enough to stay in L2). So the adapter's backward reads dy
-once, not twice: at the power limit a pass over memory saved is time saved.
+of columns (its dB block stays in registers across its rows) and a run of rows; each column block writes its fp32
+share of dh (tokens x r) and each run its share of dB, summed after (no atomics: the same sums every run; the shares
+are ~6 % of dy's bytes at 256 columns a block). So the adapter's backward reads dy once, not twice: at the power
+limit a pass over memory saved is time saved.
 
 Arithmetic: both products accumulate in fp32 from operands in dy's dtype (B cast to it, as autocast casts it for
 PyTorch's GEMM), so the result is PyTorch's up to summation order; dB comes back in B's dtype (fp32 for PEFT's
-adapters: one rounding, where autocast's GEMM rounds to bf16 first). The atomic adds make dh's summation order vary
-between runs (as FlashAttention's backward does for dq).
+adapters: one rounding, where autocast's GEMM rounds to bf16 first).
 
 `lora_b_grads` is a PyTorch custom op (`torch.ops.ftbench.lora_b_grads`), so torch.compile keeps it whole in the
 compiled backward and CUDA graphs capture it; on a CPU (tests) it runs the reference arithmetic, and
@@ -45,9 +45,9 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def lora_b_grads_kernel(dy_ptr, h_ptr, b_ptr, dh_ptr, db_ptr, M, N, R, tiles_per_prog,
+    def lora_b_grads_kernel(dy_ptr, h_ptr, b_ptr, p_ptr, q_ptr, M, N, R, tiles_per_prog, scale,
                             s_dym, s_dyn, s_hm, s_hr, s_bn, s_br,
-                            BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
+                            BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, HT: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         offs_n = pid_n * BN + tl.arange(0, BN)
@@ -56,56 +56,70 @@ def _kernel():
         mask_r = offs_r < R
         b = tl.load(b_ptr + offs_n[:, None] * s_bn + offs_r[None, :] * s_br,
                     mask=mask_n[:, None] & mask_r[None, :], other=0.0).to(dy_ptr.dtype.element_ty)
-        acc_db = tl.zeros((BN, BR), dtype=tl.float32)
+        if HT:  # B's gradient formed transposed (h^T dy): dy in its own layout as the second operand
+            acc = tl.zeros((BR, BN), dtype=tl.float32)
+        else:
+            acc = tl.zeros((BN, BR), dtype=tl.float32)
         for i in range(tiles_per_prog):
-            # each column block starts at another of its row tiles: the atomic adds into dh's rows spread out
-            t = (i + pid_n) % tiles_per_prog
-            offs_m = (pid_m * tiles_per_prog + t) * BM + tl.arange(0, BM)
+            offs_m = (pid_m * tiles_per_prog + i) * BM + tl.arange(0, BM)
             mask_m = offs_m < M
             dy = tl.load(dy_ptr + offs_m[:, None] * s_dym + offs_n[None, :] * s_dyn,
                          mask=mask_m[:, None] & mask_n[None, :], other=0.0)
             h = tl.load(h_ptr + offs_m[:, None] * s_hm + offs_r[None, :] * s_hr,
                         mask=mask_m[:, None] & mask_r[None, :], other=0.0).to(dy.dtype)
-            acc_db += tl.dot(tl.trans(dy), h)
-            part = tl.dot(dy, b)
-            tl.atomic_add(dh_ptr + offs_m[:, None] * R + offs_r[None, :], part,
-                          mask=mask_m[:, None] & mask_r[None, :])
-        tl.atomic_add(db_ptr + offs_n[:, None] * R + offs_r[None, :], acc_db,
-                      mask=mask_n[:, None] & mask_r[None, :])
+            if HT:
+                acc += tl.dot(tl.trans(h), dy)
+            else:
+                acc += tl.dot(tl.trans(dy), h)
+            # this column block's share of dh for these rows, a plane of its own (summed after: no atomics)
+            tl.store(p_ptr + pid_n * M * R + offs_m[:, None] * R + offs_r[None, :], tl.dot(dy, b) * scale,
+                     mask=mask_m[:, None] & mask_r[None, :])
+        if HT:
+            tl.store(q_ptr + pid_m * N * R + offs_n[None, :] * R + offs_r[:, None], acc * scale,
+                     mask=mask_n[None, :] & mask_r[:, None])
+        else:
+            tl.store(q_ptr + pid_m * N * R + offs_n[:, None] * R + offs_r[None, :], acc * scale,
+                     mask=mask_n[:, None] & mask_r[None, :])
 
     return lora_b_grads_kernel
 
 
-BLOCK_M, BLOCK_N = 64, 256
+# tiles and launch settings (BM rows by BN columns of dy a step; HT: B's gradient as h^T dy), chosen on an H100 by
+# bench/lora_grads_check.py --sweep over Qwen3-8B's shapes under CUDA graphs
+CONFIG = {"BM": 64, "BN": 256, "HT": False, "num_warps": 8, "num_stages": 3}
 
 
-def _grid(m: int, n: int, programs: int) -> tuple[int, int, int]:
+def _grid(m: int, n: int, programs: int, bm: int = 64, bn: int = 256) -> tuple[int, int, int]:
     """(column blocks, row runs, row tiles a run): enough programs to fill `programs` slots, each run at least
-    two row tiles long so that B's block and the dB atomics are spread over some rows."""
-    col_blocks = -(-n // BLOCK_N)
-    row_tiles = -(-m // BLOCK_M)
+    two row tiles long; fewer runs where the column blocks alone fill the slots (each run writes a partial dB)."""
+    col_blocks = -(-n // bn)
+    row_tiles = -(-m // bm)
     runs = max(1, min(-(-programs // col_blocks), row_tiles // 2 or 1))
     per_run = -(-row_tiles // runs)
     return col_blocks, -(-row_tiles // per_run), per_run
 
 
-def triton_lora_b_grads(dy: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float):
-    """(dh, dB) from one read of dy by the Triton kernel. dy: [M, N]; h: [M, r]; b: [N, r]; r at most 64."""
+def triton_lora_b_grads(dy: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float, config: dict | None = None):
+    """(dh, dB) from one read of dy by the Triton kernel. dy: [M, N]; h: [M, r]; b: [N, r]; r at most 64. Each
+    column block writes its fp32 share of dh and each run of rows its fp32 share of dB; the shares are summed after
+    (a fixed order: the same result every run)."""
     m, n = dy.shape
     r = h.shape[1]
     if r > 64:
         raise ValueError(f"lora_b_grads: rank {r} over the kernel's 64")
     if dy.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"lora_b_grads: output gradient in {dy.dtype}")
-    dh = torch.zeros(m, r, device=dy.device, dtype=torch.float32)
-    db = torch.zeros(n, r, device=dy.device, dtype=torch.float32)
+    cfg = {**CONFIG, **(config or {})}
     slots = 2 * (torch.cuda.get_device_properties(dy.device).multi_processor_count if dy.is_cuda else 4)
-    cols, runs, per_run = _grid(m, n, slots)
-    _kernel()[(cols, runs)](dy, h, b, dh, db, m, n, r, per_run,
+    cols, runs, per_run = _grid(m, n, slots, cfg["BM"], cfg["BN"])
+    p = torch.empty(cols, m, r, device=dy.device, dtype=torch.float32)
+    q = torch.empty(runs, n, r, device=dy.device, dtype=torch.float32)
+    launch = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if dy.is_cuda else {}
+    _kernel()[(cols, runs)](dy, h, b, p, q, m, n, r, per_run, scale,
                             dy.stride(0), dy.stride(1), h.stride(0), h.stride(1), b.stride(0), b.stride(1),
-                            BM=BLOCK_M, BN=BLOCK_N, BR=max(16, 1 << (r - 1).bit_length()),
-                            **({"num_warps": 8, "num_stages": 3} if dy.is_cuda else {}))
-    return (dh * scale).to(h.dtype), (db * scale).to(b.dtype)
+                            BM=cfg["BM"], BN=cfg["BN"], BR=max(16, 1 << (r - 1).bit_length()), HT=cfg["HT"],
+                            **launch)
+    return p.sum(0).to(h.dtype), q.sum(0).to(b.dtype)
 
 
 @torch.library.custom_op("ftbench::lora_b_grads", mutates_args=())
