@@ -9,8 +9,10 @@ value (the kernel's and the GEMMs'), and the time of each way as a training step
 across the 5), with the bytes of dy each read over that time (GB/s: what a memory-bound pass is judged by).
 
     python3 bench/lora_grads_check.py          (a CUDA GPU with Triton; ~30 s)
-    python3 bench/lora_grads_check.py --sweep  (also the kernel's tile and launch settings, each timed the same way:
-                                                how ftbench.lora_grads.CONFIG was chosen)
+    python3 bench/lora_grads_check.py --sweep [--only=4096,12288]
+                                               (also the kernel's tile and launch settings, each timed the same way,
+                                               for the shapes with those column counts: how
+                                               ftbench.lora_grads.CONFIG was chosen)
 
 Exit status 1 where a kernel result differs from the reference by more than 1e-2 of its largest value (bf16
 operands: the GEMMs' own difference is of that order) or is not finite; 2 without a CUDA GPU."""
@@ -26,9 +28,9 @@ from ftbench.lora_grads import CONFIG, reference_lora_b_grads, triton_lora_b_gra
 M, R, SCALE = 8192, 8, 2.0
 SHAPES = {"q_proj / o_proj / down_proj": 4096, "k_proj / v_proj": 1024, "gate_proj / up_proj": 12288}
 WARMUP, REPLAYS, TIMINGS = 3, 20, 5
-SWEEP = [{"BM": bm, "BN": bn, "HT": ht, "num_warps": w, "num_stages": st}
-         for bm, bn in ((64, 256), (32, 512), (128, 128), (64, 128), (128, 256))
-         for ht in (False, True) for w, st in ((4, 3), (8, 3), (8, 4))]
+SWEEP = [{"BM": bm, "BN": bn, "HT": False, "num_warps": w, "num_stages": st}
+         for bm, bn in ((64, 256), (32, 512), (16, 512), (16, 1024), (32, 256), (64, 128), (128, 256))
+         for w, st in ((2, 3), (4, 3), (4, 4), (8, 3))]
 
 
 def gemms(dy, h, b, scale):
@@ -74,8 +76,11 @@ def main(argv: list[str]) -> int:
     wide = torch.randn(M, 6144, device="cuda", dtype=torch.bfloat16, generator=g)
     cases.append(("strided: v's slice of q/k/v's 6,144 columns", wide[:, 5120:]))
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; M={M}, r={R}")
+    only = [int(x) for a in argv if a.startswith("--only=") for x in a.removeprefix("--only=").split(",")]
     for name, dy in cases:
         n = dy.shape[1]
+        if only and n not in only:
+            continue
         h = torch.randn(M, R, device="cuda", dtype=torch.bfloat16, generator=g)
         b = torch.randn(n, R, device="cuda", generator=g) * 0.01
         ref_dh, ref_db = reference_lora_b_grads(dy, h, b, SCALE)
