@@ -12,7 +12,7 @@ across the 5), with the bytes of dy each read over that time (GB/s: what a memor
     python3 bench/lora_grads_check.py --sweep [--only=4096,12288]
                                                (also the kernel's tile and launch settings, each timed the same way,
                                                for the shapes with those column counts: how
-                                               ftbench.lora_grads.CONFIG was chosen)
+                                               ftbench.lora_grads.config_for was chosen)
 
 Exit status 1 where a kernel result differs from the reference by more than 1e-2 of its largest value (bf16
 operands: the GEMMs' own difference is of that order) or is not finite; 2 without a CUDA GPU."""
@@ -23,7 +23,7 @@ import sys
 
 import torch
 
-from ftbench.lora_grads import CONFIG, reference_lora_b_grads, triton_lora_b_grads
+from ftbench.lora_grads import config_for, reference_lora_b_grads, triton_lora_b_grads
 
 M, R, SCALE = 8192, 8, 2.0
 SHAPES = {"q_proj / o_proj / down_proj": 4096, "k_proj / v_proj": 1024, "gate_proj / up_proj": 12288}
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
                     out = triton_lora_b_grads(dy, h, b, SCALE, cfg)
                     err = max(rel(out[0], ref_dh), rel(out[1], ref_db))
                     print(f"  {cfg}: {t * 1e3:.1f} us (CV {cv:.1%}, {gb / t * 1e3:.0f} GB/s), error {err:.1e}"
-                          f"{'  <- CONFIG' if cfg == CONFIG else ''}")
+                          f"{'  <- chosen' if cfg == config_for(n) else ''}")
                 except Exception as e:  # a setting the compiler refuses (shared memory, registers): say so, go on
                     print(f"  {cfg}: failed: {type(e).__name__}: {str(e)[:160]}")
     return 1 if bad else 0

@@ -85,8 +85,16 @@ def _kernel():
 
 
 # tiles and launch settings (BM rows by BN columns of dy a step; HT: B's gradient as h^T dy), chosen on an H100 by
-# bench/lora_grads_check.py --sweep over Qwen3-8B's shapes under CUDA graphs
-CONFIG = {"BM": 64, "BN": 256, "HT": False, "num_warps": 8, "num_stages": 3}
+# bench/lora_grads_check.py --sweep over Qwen3-8B's shapes at M = 8,192, replayed from CUDA graphs (2026-11-28): at
+# 4,096 and 1,024 columns 64 x 256 with 4 warps (43.0 and 16.7 us against the two GEMMs' 64.1 and 25.5); at 12,288
+# columns 32 x 512 (94.2 us against 159.7; 64 x 256 took 117.3)
+CONFIG = {"BM": 64, "BN": 256, "HT": False, "num_warps": 4, "num_stages": 3}
+WIDE = {"BM": 32, "BN": 512, "HT": False, "num_warps": 4, "num_stages": 3}  # from 8,192 columns
+
+
+def config_for(n: int) -> dict:
+    """The kernel's settings for an output gradient of `n` columns."""
+    return WIDE if n >= 8192 else CONFIG
 
 
 def _grid(m: int, n: int, programs: int, bm: int = 64, bn: int = 256) -> tuple[int, int, int]:
@@ -109,7 +117,7 @@ def triton_lora_b_grads(dy: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scal
         raise ValueError(f"lora_b_grads: rank {r} over the kernel's 64")
     if dy.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"lora_b_grads: output gradient in {dy.dtype}")
-    cfg = {**CONFIG, **(config or {})}
+    cfg = {**config_for(n), **(config or {})}
     slots = 2 * (torch.cuda.get_device_properties(dy.device).multi_processor_count if dy.is_cuda else 4)
     cols, runs, per_run = _grid(m, n, slots, cfg["BM"], cfg["BN"])
     p = torch.empty(cols, m, r, device=dy.device, dtype=torch.float32)
