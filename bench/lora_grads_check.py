@@ -9,12 +9,15 @@ value (the kernel's and the GEMMs'), and the time of each way as a training step
 across the 5), with the bytes of dy each read over that time (GB/s: what a memory-bound pass is judged by).
 
     python3 bench/lora_grads_check.py          (a CUDA GPU with Triton; ~30 s)
+    python3 bench/lora_grads_check.py --aliased-form   (also the first form of the autograd function, compiled)
     python3 bench/lora_grads_check.py --sweep [--only=4096,12288]
                                                (also the kernel's tile and launch settings, each timed the same way,
                                                for the shapes with those column counts: how
                                                ftbench.lora_grads.config_for was chosen)
 
-Exit status 1 where a kernel result differs from the reference by more than 1e-2 of its largest value (bf16
+First, the product through autograd under torch.compile against eager (compiled_autograd_check: what a training
+step needs of it beyond the kernel). Exit status 1 where a compiled gradient differs from eager's by more than 2e-2
+of its largest value, or a kernel result differs from the reference by more than 1e-2 of its largest value (bf16
 operands: the GEMMs' own difference is of that order) or is not finite; 2 without a CUDA GPU."""
 from __future__ import annotations
 
@@ -66,16 +69,74 @@ def rel(x, ref) -> float:
     return float((x.float() - ref.float()).abs().max() / ref.float().abs().max())
 
 
+class AliasedForm(torch.autograd.Function):
+    """The first form of lora_grads.LoRAProduct (ftbench 45b9027): reshapes and casts inside, its output a view of an
+    intermediate. Kept here to show what torch 2.11's Dynamo did with it (--aliased-form)."""
+
+    @staticmethod
+    def forward(ctx, o, h, b, scale, epilogue):
+        flat_o, flat_h = o.reshape(-1, o.shape[-1]), h.reshape(-1, h.shape[-1])
+        b_op = b.to(flat_h.dtype)
+        out = (torch.addmm(flat_o.to(flat_h.dtype), flat_h, b_op.t(), alpha=scale) if epilogue
+               else flat_o + (flat_h @ b_op.t()) * scale)
+        ctx.save_for_backward(h, b)
+        ctx.scale = scale
+        return out.reshape(o.shape).to(o.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, b = ctx.saved_tensors
+        dh, db = torch.ops.ftbench.lora_b_grads(grad.reshape(-1, grad.shape[-1]), h.reshape(-1, h.shape[-1]), b,
+                                                ctx.scale)
+        return grad, dh.reshape(h.shape), db, None, None
+
+
+def compiled_autograd_check(g, aliased: bool = False) -> bool:
+    """The product through autograd as a training step runs it: a frozen projection in FP8 (ftbench.fp8's static
+    linear, an autograd.Function of its own), LoRA A, `lora_grads.product` under autocast, eager against
+    torch.compile (Inductor); the input's and both adapters' gradients must agree. (Under torch 2.11 a first form,
+    whose output aliased an intermediate, lost the frozen projection's input gradient when compiled.)"""
+    from ftbench.fp8 import frozen_fp8, static_fp8_linear
+    from ftbench.lora_grads import product
+
+    m, k, n = 1024, 512, 768
+    w8, w_inv, _ = frozen_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.05)
+    x0 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    a0 = torch.randn(R, k, device="cuda", generator=g) * 0.05
+    b0 = torch.randn(n, R, device="cuda", generator=g) * 0.05
+    ok = True
+    for epilogue in (False, True):
+        def step(x, a, b):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                o = static_fp8_linear(x, w8, w_inv, None)
+                h = torch.nn.functional.linear(x, a)
+                out = AliasedForm.apply(o, h, b, SCALE, epilogue) if aliased else product(o, h, b, SCALE, epilogue)
+            return (out.float() ** 2).mean()
+
+        grads = []
+        for fn in (step, torch.compile(step)):
+            leaves = [t.clone().requires_grad_() for t in (x0, a0, b0)]
+            fn(*leaves).backward()
+            grads.append([t.grad for t in leaves])
+        errs = [rel(c, e) for e, c in zip(*grads)]
+        ok &= max(errs) < 2e-2
+        print(f"compiled against eager{' (the aliased form)' if aliased else ''}, epilogue {epilogue}: gradient differences x {errs[0]:.1e}, A {errs[1]:.1e}, "
+              f"B {errs[2]:.1e}{'' if max(errs) < 2e-2 else '  WRONG'}")
+    return ok
+
+
 def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU")
         return 2
     g = torch.Generator(device="cuda").manual_seed(0)
-    bad = 0
     cases = [(name, torch.randn(M, n, device="cuda", dtype=torch.bfloat16, generator=g)) for name, n in SHAPES.items()]
     wide = torch.randn(M, 6144, device="cuda", dtype=torch.bfloat16, generator=g)
     cases.append(("strided: v's slice of q/k/v's 6,144 columns", wide[:, 5120:]))
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; M={M}, r={R}")
+    bad = 0 if compiled_autograd_check(g) else 1
+    if "--aliased-form" in argv:
+        compiled_autograd_check(g, aliased=True)
     only = [int(x) for a in argv if a.startswith("--only=") for x in a.removeprefix("--only=").split(",")]
     for name, dy in cases:
         n = dy.shape[1]

@@ -37,7 +37,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .fp8 import StaticFP8Linear, frozen_fp8, static_fp8_linear
-from .lora_grads import LoRAProduct
+from . import lora_grads
 
 
 def _base(p):
@@ -132,7 +132,7 @@ def _add_product(o: torch.Tensor, h: torch.Tensor, b: torch.Tensor, s: float, ep
     autocast gives its operands one dtype or they share one; else (or with mixed dtypes: addmm takes one) as an add of
     its own. `one_read`: the same sum, its backward reading the output gradient once (ftbench.lora_grads)."""
     if one_read:
-        return LoRAProduct.apply(o, h, b, s, epilogue)
+        return lora_grads.product(o, h, b, s, epilogue)
     if not epilogue or not (torch.is_autocast_enabled(o.device.type) or o.dtype == h.dtype == b.dtype):
         return (o + F.linear(h, b) * s).to(o.dtype)
     flat = torch.addmm(o.reshape(-1, o.shape[-1]), h.reshape(-1, h.shape[-1]), b.t(), alpha=s)

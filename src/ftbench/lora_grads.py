@@ -144,25 +144,32 @@ def _(dy, h, b, scale):
 
 
 class LoRAProduct(torch.autograd.Function):
-    """o + s * h B^T (a LoRA adapter's product added to its frozen projection's output `o`), whose backward forms B's
-    gradient and h's from one read of the output gradient (`lora_b_grads`). `epilogue`: the sum formed by the GEMM
-    (addmm), else as an add of its own. h and B^T meet in h's dtype (B cast, as autocast casts it)."""
+    """o + s * h B^T for 2-D o (tokens x out features) and h (tokens x r): a LoRA adapter's product added to its frozen
+    projection's output, whose backward forms B's gradient and h's from one read of the output gradient
+    (`lora_b_grads`). `epilogue`: the sum formed by the GEMM (addmm), else as an add of its own. h and B^T meet in
+    h's dtype (B cast, as autocast casts it); o must be in h's dtype. The forward returns a tensor of its own, never
+    a view or an input: torch 2.11's Dynamo routes the gradient of an autograd.Function whose output aliases one of
+    its intermediates to the wrong slot (pytorch/pytorch#180642), which here dropped o's gradient (the frozen
+    projection's input gradient) and trained nothing. Reshape and cast outside (`product`)."""
 
     @staticmethod
     def forward(ctx, o, h, b, scale: float, epilogue: bool):
-        flat_o, flat_h = o.reshape(-1, o.shape[-1]), h.reshape(-1, h.shape[-1])
-        b_op = b.to(flat_h.dtype)
-        if epilogue:
-            out = torch.addmm(flat_o.to(flat_h.dtype), flat_h, b_op.t(), alpha=scale)
-        else:
-            out = flat_o + (flat_h @ b_op.t()) * scale
+        b_op = b.to(h.dtype)
+        out = torch.addmm(o, h, b_op.t(), alpha=scale) if epilogue else o + (h @ b_op.t()) * scale
         ctx.save_for_backward(h, b)
         ctx.scale = scale
-        return out.reshape(o.shape).to(o.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
         h, b = ctx.saved_tensors
-        dh, db = torch.ops.ftbench.lora_b_grads(grad.reshape(-1, grad.shape[-1]), h.reshape(-1, h.shape[-1]), b,
-                                                ctx.scale)
-        return grad, dh.reshape(h.shape), db, None, None
+        dh, db = torch.ops.ftbench.lora_b_grads(grad, h, b, ctx.scale)
+        return grad, dh, db, None, None
+
+
+def product(o: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float, epilogue: bool) -> torch.Tensor:
+    """o + s * h B^T through `LoRAProduct` for o and h of any leading shape, in o's dtype."""
+    flat_o, flat_h = o.reshape(-1, o.shape[-1]), h.reshape(-1, h.shape[-1])
+    if flat_o.dtype != flat_h.dtype:
+        flat_o = flat_o.to(flat_h.dtype)
+    return LoRAProduct.apply(flat_o, flat_h, b, scale, epilogue).reshape(o.shape).to(o.dtype)
