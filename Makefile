@@ -13,6 +13,10 @@ $(BIN)/snakemake: pyproject.toml
 	# torch first and pinned, so nothing below pulls another build with its CUDA packages
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev]"
+	# Triton for the test of ftbench.lora_grads' kernel, run by Triton's interpreter on a CPU, in a folder of its own
+	# that only that test's process puts on its path: importable beside a CPU build of torch, Triton breaks the CPU
+	# training runs (its runtime finds no GPU driver)
+	test -d $(VENV)/triton-interp || $(BIN)/pip install -q --no-deps --target $(VENV)/triton-interp triton==3.9.0
 	touch $@
 
 install: $(BIN)/snakemake

@@ -12,6 +12,6 @@ gpu=${3:-}
 tree=/tmp/ftb$gpu
 mkdir -p "$tree" && tar --exclude=./.venv --exclude=./results --exclude=./logs --exclude=./.snakemake \
   --exclude=./.device-wheels -cf - . | tar -xf - -C "$tree"
-cd "$tree" && PYTHONPATH=${2:-/tmp/site} ${gpu:+FTBENCH_GPU_IDS=$gpu} nohup setsid bash bench/measure_check.sh mc "$part" \
+cd "$tree" && env PYTHONPATH="${2:-/tmp/site}" ${gpu:+FTBENCH_GPU_IDS=$gpu} nohup setsid bash bench/measure_check.sh mc "$part" \
   > "/tmp/stage-$part.out" 2>&1 < /dev/null &
 echo "started $part in $tree${gpu:+ on GPU $gpu}"
