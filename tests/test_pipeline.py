@@ -166,7 +166,8 @@ def test_token_budget_rows_have_one_shape_and_compile_once(pipeline):
     fused = json.loads((runs / "lora-tb-cg-lean-fused/bs1/metrics.json").read_text())
     assert fused["extra"]["fused_projections"] == {"attention": 2, "mlp": 2, "left_unfused": [],
                                                    "fused": "frozen weights and LoRA A",
-                                                   "lora_add": "a pass of its own"}
+                                                   "lora_add": "a pass of its own",
+                                                   "lora_b_backward": "two GEMMs (PyTorch's autograd)"}
     plain = json.loads((runs / "lora-tb/bs1/metrics.json").read_text())
     assert fused["loss"]["eval"] == pytest.approx(plain["loss"]["eval"], rel=1e-4)
     top = json.loads((runs / "lora-pf-varlen-compile/bs4/metrics.json").read_text())

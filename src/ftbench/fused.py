@@ -36,8 +36,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .fp8 import StaticFP8Linear, frozen_fp8, static_fp8_linear
 from . import lora_grads
+from .fp8 import StaticFP8Linear, frozen_fp8, static_fp8_linear
 
 
 def _base(p):
