@@ -10,6 +10,7 @@ across the 5), with the bytes of dy each read over that time (GB/s: what a memor
 
     python3 bench/lora_grads_check.py          (a CUDA GPU with Triton; ~30 s)
     python3 bench/lora_grads_check.py --aliased-form   (also the first form of the autograd function, compiled)
+    python3 bench/lora_grads_check.py --copies --only=1   (device-to-device copies of a compiled step, each form)
     python3 bench/lora_grads_check.py --sweep [--only=4096,12288]
                                                (also the kernel's tile and launch settings, each timed the same way,
                                                for the shapes with those column counts: how
@@ -125,6 +126,65 @@ def compiled_autograd_check(g, aliased: bool = False) -> bool:
     return ok
 
 
+class ProductWithoutO(torch.autograd.Function):
+    """s * h B^T alone, its backward the one-read op: the form whose caller adds o itself (--copies compares it)."""
+
+    @staticmethod
+    def forward(ctx, h, b, scale):
+        ctx.save_for_backward(h, b)
+        ctx.scale = scale
+        return (h @ b.to(h.dtype).t()) * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, b = ctx.saved_tensors
+        dh, db = torch.ops.ftbench.lora_b_grads(grad, h, b, ctx.scale)
+        return dh, db, None
+
+
+def copies_check(g) -> None:
+    """Device-to-device copies and kernel time of one compiled step (reduce-overhead: CUDA graphs) through each form
+    of the product, at the gate projection's shape: a frozen FP8 projection, LoRA A, the product, a loss; counted
+    by PyTorch's profiler over 3 replayed steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ftbench.fp8 import frozen_fp8, static_fp8_linear
+    from ftbench.lora_grads import product
+
+    k, n = 4096, 12288
+    w8, w_inv, _ = frozen_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02)
+    forms = {"product, epilogue": lambda o, h, b: product(o, h, b, SCALE, True),
+             "product, add": lambda o, h, b: product(o, h, b, SCALE, False),
+             "without o, add outside": lambda o, h, b: o + ProductWithoutO.apply(h, b, SCALE),
+             "two GEMMs (autograd), add": lambda o, h, b: o + torch.nn.functional.linear(h, b) * SCALE}
+    for name, form in forms.items():
+        x = torch.randn(M, k, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+        a = (torch.randn(R, k, device="cuda", generator=g) * 0.02).requires_grad_()
+        b = (torch.randn(n, R, device="cuda", generator=g) * 0.02).requires_grad_()
+
+        def step(x, a, b):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                o = static_fp8_linear(x, w8, w_inv, None)
+                out = form(o, torch.nn.functional.linear(x, a), b)
+            return out.float().square().mean()
+
+        compiled = torch.compile(step, mode="reduce-overhead")
+        for _ in range(4):
+            torch.compiler.cudagraph_mark_step_begin()
+            compiled(x, a, b).backward()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                torch.compiler.cudagraph_mark_step_begin()
+                compiled(x, a, b).backward()
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        copies = [e for e in events if "Memcpy DtoD" in e.key]
+        total = sum(e.device_time_total for e in events) / 3e3
+        print(f"{name}: {sum(e.count for e in copies) / 3:.0f} device copies a step "
+              f"({sum(e.device_time_total for e in copies) / 3e3:.3f} ms), kernels {total:.3f} ms a step")
+
+
 def main(argv: list[str]) -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU")
@@ -137,6 +197,8 @@ def main(argv: list[str]) -> int:
     bad = 0 if compiled_autograd_check(g) else 1
     if "--aliased-form" in argv:
         compiled_autograd_check(g, aliased=True)
+    if "--copies" in argv:
+        copies_check(g)
     only = [int(x) for a in argv if a.startswith("--only=") for x in a.removeprefix("--only=").split(",")]
     for name, dy in cases:
         n = dy.shape[1]
