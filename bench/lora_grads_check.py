@@ -32,7 +32,7 @@ from ftbench.lora_grads import config_for, reference_lora_b_grads, triton_lora_b
 M, R, SCALE = 8192, 8, 2.0
 SHAPES = {"q_proj / o_proj / down_proj": 4096, "k_proj / v_proj": 1024, "gate_proj / up_proj": 12288}
 WARMUP, REPLAYS, TIMINGS = 3, 20, 5
-SWEEP = [{"BM": bm, "BN": bn, "HT": False, "num_warps": w, "num_stages": st}
+SWEEP = [{"BM": bm, "BN": bn, "num_warps": w, "num_stages": st}
          for bm, bn in ((64, 256), (32, 512), (16, 512), (16, 1024), (32, 256), (64, 128), (128, 256))
          for w, st in ((2, 3), (4, 3), (4, 4), (8, 3))]
 

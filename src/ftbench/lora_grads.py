@@ -12,7 +12,9 @@ two rows of 4,096 tokens). Here one Triton kernel reads each tile of dy once and
 of columns (its dB block stays in registers across its rows) and a run of rows; each column block writes its fp32
 share of dh (tokens x r) and each run its share of dB, summed after (no atomics: the same sums every run; the shares
 are ~6 % of dy's bytes at 256 columns a block). So the adapter's backward reads dy once, not twice: at the power
-limit a pass over memory saved is time saved.
+limit a pass over memory saved is time saved. Measured: 1.5-1.7x the two GEMMs alone on an H100, but within noise in
+the step at the card's power limit (1.003x; measurements/h100-2026-11-28-d), its profile with device-to-device copies
+that came with it (-e).
 
 Arithmetic: both products accumulate in fp32 from operands in dy's dtype (B cast to it, as autocast casts it for
 PyTorch's GEMM), so the result is PyTorch's up to summation order; dB comes back in B's dtype (fp32 for PEFT's
@@ -47,7 +49,7 @@ def _kernel():
     @triton.jit
     def lora_b_grads_kernel(dy_ptr, h_ptr, b_ptr, p_ptr, q_ptr, M, N, R, tiles_per_prog, scale,
                             s_dym, s_dyn, s_hm, s_hr, s_bn, s_br,
-                            BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, HT: tl.constexpr):
+                            BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         offs_n = pid_n * BN + tl.arange(0, BN)
@@ -56,10 +58,7 @@ def _kernel():
         mask_r = offs_r < R
         b = tl.load(b_ptr + offs_n[:, None] * s_bn + offs_r[None, :] * s_br,
                     mask=mask_n[:, None] & mask_r[None, :], other=0.0).to(dy_ptr.dtype.element_ty)
-        if HT:  # B's gradient formed transposed (h^T dy): dy in its own layout as the second operand
-            acc = tl.zeros((BR, BN), dtype=tl.float32)
-        else:
-            acc = tl.zeros((BN, BR), dtype=tl.float32)
+        acc = tl.zeros((BN, BR), dtype=tl.float32)
         for i in range(tiles_per_prog):
             offs_m = (pid_m * tiles_per_prog + i) * BM + tl.arange(0, BM)
             mask_m = offs_m < M
@@ -67,29 +66,23 @@ def _kernel():
                          mask=mask_m[:, None] & mask_n[None, :], other=0.0)
             h = tl.load(h_ptr + offs_m[:, None] * s_hm + offs_r[None, :] * s_hr,
                         mask=mask_m[:, None] & mask_r[None, :], other=0.0).to(dy.dtype)
-            if HT:
-                acc += tl.dot(tl.trans(h), dy)
-            else:
-                acc += tl.dot(tl.trans(dy), h)
+            acc += tl.dot(tl.trans(dy), h)
             # this column block's share of dh for these rows, a plane of its own (summed after: no atomics)
             tl.store(p_ptr + pid_n * M * R + offs_m[:, None] * R + offs_r[None, :], tl.dot(dy, b) * scale,
                      mask=mask_m[:, None] & mask_r[None, :])
-        if HT:
-            tl.store(q_ptr + pid_m * N * R + offs_n[None, :] * R + offs_r[:, None], acc * scale,
-                     mask=mask_n[None, :] & mask_r[:, None])
-        else:
-            tl.store(q_ptr + pid_m * N * R + offs_n[:, None] * R + offs_r[None, :], acc * scale,
-                     mask=mask_n[:, None] & mask_r[None, :])
+        tl.store(q_ptr + pid_m * N * R + offs_n[:, None] * R + offs_r[None, :], acc * scale,
+                 mask=mask_n[:, None] & mask_r[None, :])
 
     return lora_b_grads_kernel
 
 
-# tiles and launch settings (BM rows by BN columns of dy a step; HT: B's gradient as h^T dy), chosen on an H100 by
-# bench/lora_grads_check.py --sweep over Qwen3-8B's shapes at M = 8,192, replayed from CUDA graphs (2026-11-28): at
-# 4,096 and 1,024 columns 64 x 256 with 4 warps (43.0 and 16.7 us against the two GEMMs' 64.1 and 25.5); at 12,288
-# columns 32 x 512 (94.2 us against 159.7; 64 x 256 took 117.3)
-CONFIG = {"BM": 64, "BN": 256, "HT": False, "num_warps": 4, "num_stages": 3}
-WIDE = {"BM": 32, "BN": 512, "HT": False, "num_warps": 4, "num_stages": 3}  # from 8,192 columns
+# tiles and launch settings (BM rows by BN columns of dy a step), chosen on an H100 by bench/lora_grads_check.py
+# --sweep over Qwen3-8B's shapes at M = 8,192, replayed from CUDA graphs (2026-11-28): at 4,096 and 1,024 columns
+# 64 x 256 with 4 warps (43.0 and 16.7 us against the two GEMMs' 64.1 and 25.5); at 12,288 columns 32 x 512 (94.2 us
+# against 159.7; 64 x 256 took 117.3). B's gradient formed the other way round (h^T dy) was no faster, and far slower
+# at 32 x 512.
+CONFIG = {"BM": 64, "BN": 256, "num_warps": 4, "num_stages": 3}
+WIDE = {"BM": 32, "BN": 512, "num_warps": 4, "num_stages": 3}  # from 8,192 columns
 
 
 def config_for(n: int) -> dict:
@@ -125,8 +118,7 @@ def triton_lora_b_grads(dy: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scal
     launch = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]} if dy.is_cuda else {}
     _kernel()[(cols, runs)](dy, h, b, p, q, m, n, r, per_run, scale,
                             dy.stride(0), dy.stride(1), h.stride(0), h.stride(1), b.stride(0), b.stride(1),
-                            BM=cfg["BM"], BN=cfg["BN"], BR=max(16, 1 << (r - 1).bit_length()), HT=cfg["HT"],
-                            **launch)
+                            BM=cfg["BM"], BN=cfg["BN"], BR=max(16, 1 << (r - 1).bit_length()), **launch)
     return p.sum(0).to(h.dtype), q.sum(0).to(b.dtype)
 
 
