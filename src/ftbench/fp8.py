@@ -112,23 +112,26 @@ TORCHAO_RECIPES = ("tensorwise", "rowwise")  # torchao's named Float8LinearConfi
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
-def tensorwise_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x` in `dtype` with one scale for the tensor, as torchao's tensorwise recipe casts it (scale = the dtype's
-    largest value / amax, computed in float64; saturated), and the inverse scale the scaled GEMM takes."""
+def _cast_scaled(x: torch.Tensor, dtype: torch.dtype, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in `dtype` scaled by the dtype's largest value / `amax` (computed in float64; saturated), and the inverse
+    scale the scaled GEMM takes: the one cast `tensorwise_fp8` and `rowwise_fp8` make with their own amax."""
     top = torch.finfo(dtype).max
-    scale = (top / torch.clamp(x.abs().max().to(torch.float64), min=1e-12)).to(torch.float32)
+    scale = (top / torch.clamp(amax.to(torch.float64), min=1e-12)).to(torch.float32)
     return (x.to(torch.float32) * scale).clamp(-top, top).to(dtype), scale.reciprocal()
+
+
+def tensorwise_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in `dtype` with one scale for the tensor, as torchao's tensorwise recipe casts it, and the inverse scale
+    the scaled GEMM takes."""
+    return _cast_scaled(x, dtype, x.abs().max())
 
 
 def rowwise_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x` [rows, features] in `dtype` with one scale a row (a token), each from that row's amax (as
-    `tensorwise_fp8` computes a tensor's), and the inverse scales [rows, 1] the scaled GEMM takes. A row's scale
-    needs only that row: compiled, the amax and the cast are one pass over the tensor (fused into the kernel that
-    makes it), where a tensor's scale needs a reduction over all of it first."""
-    top = torch.finfo(dtype).max
-    amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float64)
-    scale = (top / torch.clamp(amax, min=1e-12)).to(torch.float32)
-    return (x.to(torch.float32) * scale).clamp(-top, top).to(dtype), scale.reciprocal()
+    """`x` [rows, features] in `dtype` with one scale a row (a token), each from that row's amax, and the inverse
+    scales [rows, 1] the scaled GEMM takes. A row's scale needs only that row: compiled, the amax and the cast are one
+    pass over the tensor (fused into the kernel that makes it), where a tensor's scale needs a reduction over all of
+    it first."""
+    return _cast_scaled(x, dtype, x.abs().amax(dim=-1, keepdim=True))
 
 
 def fp8_gemm(x: torch.Tensor, dtype: torch.dtype, w_fp8_t: torch.Tensor, w_inv: torch.Tensor,
@@ -188,21 +191,21 @@ class _StaticFP8Matmul(torch.autograd.Function):
 
 class StaticFP8Linear(nn.Linear):
     """A frozen linear whose weight is cast to FP8 once (tensorwise e4m3, the scale torchao's tensorwise recipe
-    computes) instead of every step: torchao's Float8Linear takes the weight's amax and casts it in every forward
-    and casts its transpose in every backward, three passes over the 15 GB of Qwen3-8B's decoder weights a step
-    that a frozen weight does not need (fp8_recipe: static). Activations and gradients are cast per step as in
-    torchao's tensorwise recipe, so the casts are the same (its forward GEMM accumulates fast on a GPU, this one's
-    only with `fast_accum` forward: a CPU ignores the mode, where the outputs agree bit for bit). The bf16 weight stays (PEFT, parameter counts, the
-    state dict); the FP8 copy is a non-persistent buffer (+1 byte a weight). `transpose_once`: the FP8 weight's
-    transpose, the backward's operand, kept too (+1 byte a weight more) rather than made in every backward (a read
-    and a write of every FP8 weight a step; knob fp8_transpose_once): the same numbers, bit for bit.
+    computes) instead of every step: torchao's Float8Linear takes the weight's amax and casts it in every forward and
+    casts its transpose in every backward, three passes over the 15 GB of Qwen3-8B's decoder weights a step that a
+    frozen weight does not need (fp8_recipe: static). Activations and gradients are cast per step as in torchao's
+    tensorwise recipe, so the casts are the same (its forward GEMM accumulates fast on a GPU, this one's only with
+    `fast_accum` forward: a CPU ignores the mode, where the outputs agree bit for bit). The bf16 weight stays (PEFT,
+    parameter counts, the state dict); the FP8 copy is a non-persistent buffer (+1 byte a weight). `transpose_once`:
+    the FP8 weight's transpose, the backward's operand, kept too (+1 byte a weight more) rather than made in every
+    backward (a read and a write of every FP8 weight a step; knob fp8_transpose_once): the same numbers, bit for bit.
 
-    `rows` (knob fp8_activation_scaling: rowwise): activations and gradients cast with a scale a row (a token)
-    rather than one a tensor, so each is cast in one pass, with no reduction over the whole tensor before it; the
-    weight stays tensorwise, its inverse scale kept as the rows of column scales the row-scaled GEMM takes
-    (`col_out`, `col_in`: 4 bytes an input and an output feature). `fast_accum` (knob fp8_fast_accum): forward, the
-    forward GEMM with the tensor cores' fast FP8 accumulation, as torchao's default config runs its output GEMM (the
-    backward's in the exact mode, as torchao's); all, the backward's too; None, neither."""
+    `rows` (knob fp8_activation_scaling: rowwise): activations and gradients cast with a scale a row (a token) rather
+    than one a tensor, so each is cast in one pass, with no reduction over the whole tensor before it; the weight stays
+    tensorwise, its inverse scale kept as the rows of column scales the row-scaled GEMM takes (`col_out`, `col_in`: 4
+    bytes an input and an output feature). `fast_accum` (knob fp8_fast_accum): forward, the forward GEMM with the tensor
+    cores' fast FP8 accumulation, as torchao's default config runs its output GEMM (the backward's in the exact mode, as
+    torchao's); all, the backward's too; None, neither."""
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, transpose_once: bool = False, rows: bool = False,
@@ -301,7 +304,6 @@ def static_options(variant) -> dict:
     """The static recipe's per-step settings a variant's knobs ask for (fp8_activation_scaling, fp8_fast_accum), as
     `convert_decoder` takes them."""
     return {"rows": variant.fp8_activation_scaling == "rowwise", "fast_accum": variant.fp8_fast_accum}
-
 
 
 def convert_decoder(model: nn.Module, recipe: str | None, transpose_once: bool = False, rows: bool = False,

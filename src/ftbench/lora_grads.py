@@ -100,6 +100,13 @@ def _grid(m: int, n: int, programs: int, bm: int = 64, bn: int = 256) -> tuple[i
     return col_blocks, -(-row_tiles // per_run), per_run
 
 
+@functools.cache
+def _sm_count(index: int | None) -> int:
+    """The streaming multiprocessors of CUDA device `index` (the current one for None), asked once."""
+    device = torch.cuda.current_device() if index is None else index
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def triton_lora_b_grads(dy: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: float, config: dict | None = None):
     """(dh, dB) from one read of dy by the Triton kernel. dy: [M, N]; h: [M, r]; b: [N, r]; r at most 64. Each
     column block writes its fp32 share of dh and each run of rows its fp32 share of dB; the shares are summed after
@@ -111,7 +118,7 @@ def triton_lora_b_grads(dy: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scal
     if dy.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"lora_b_grads: output gradient in {dy.dtype}")
     cfg = {**config_for(n), **(config or {})}
-    slots = 2 * (torch.cuda.get_device_properties(dy.device).multi_processor_count if dy.is_cuda else 4)
+    slots = 2 * (_sm_count(dy.device.index) if dy.is_cuda else 4)
     cols, runs, per_run = _grid(m, n, slots, cfg["BM"], cfg["BN"])
     p = torch.empty(cols, m, r, device=dy.device, dtype=torch.float32)
     q = torch.empty(runs, n, r, device=dy.device, dtype=torch.float32)
