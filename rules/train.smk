@@ -55,5 +55,6 @@ rule generate:
     params:
         generation=generation_settings,
         seed=config["seed"],
+        kind=dataset_kind,
     script:
         "../workflow/scripts/generate.py"

@@ -77,6 +77,12 @@ def flatten(record: dict) -> dict:
     row["extra.shapes_measured"] = (record.get("extra") or {}).get("shapes_measured")
     row["extra.new_shapes_measured"] = (record.get("extra") or {}).get("new_shapes_measured")
     row["extra.gradient_accumulation_steps"] = record.get("extra", {}).get("gradient_accumulation_steps") or 1
+    # the quality study's held-out curve (ftbench.heldout) as JSON text, and a GGUF model's origin
+    held_out = (record.get("loss") or {}).get("held_out")
+    row["loss.held_out"] = json.dumps(held_out) if held_out else None
+    gguf = model.get("gguf") or {}
+    row["model.gguf"] = f"{gguf.get('file')} ({gguf.get('quantization')}, sha256 {gguf.get('sha256', '')[:12]})" \
+        if gguf else None
     return row
 
 

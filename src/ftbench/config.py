@@ -89,6 +89,9 @@ class TrainSettings:
     gradient_accumulation_steps: int = 1
     logging_steps: int = 1
     memory_log_every: int = 10
+    # the held-out loss every this many optimizer steps, and before the first and after the last (None: only the
+    # trainer's evaluation at the end): the quality study's curve (ftbench.heldout, ftbench.quality)
+    held_out_every_steps: int | None = None
     profile_active_steps: int | None = None  # profiled steps of a profile job (None: ftbench.profiling.SCHEDULE's 3)
     seed: int = 42
     lora: dict = field(default_factory=dict)
@@ -167,9 +170,15 @@ def checkpoint_family(path: Path) -> str:
                       "a LLaVA model or a diffusers pipeline")
 
 
+def brings_own_config(config: dict, model: str) -> bool:
+    """Whether a model brings its own architecture (a local checkpoint folder or a GGUF file): no architecture file,
+    trained at its own size."""
+    return config["models"][model]["source"] == "gguf" or local_checkpoint(config, model) is not None
+
+
 def model_scale(config: dict, model: str) -> str:
-    """A model's scale; a local checkpoint trains at its own size, which the run records as `full`."""
-    if local_checkpoint(config, model) is not None:
+    """A model's scale; a local checkpoint or GGUF file trains at its own size, which the run records as `full`."""
+    if brings_own_config(config, model):
         return "full"
     return config["models"][model].get("scale", config["scale"])
 
@@ -398,6 +407,12 @@ def check_config(config: dict, base_dir) -> None:
         if name not in config["studies"]:
             raise ConfigError(f"only_studies: unknown study '{name}' (defined: {sorted(config['studies'])})")
     for model, mdef in config["models"].items():
+        if mdef["source"] == "gguf":
+            spec = mdef.get("gguf") or {}
+            if not (spec.get("path") or (spec.get("package") and spec.get("file"))):
+                raise ConfigError(f"models.{model}.gguf: source gguf needs gguf: {{path: FILE}} or "
+                                  "{package: NAME, file: FILE} (a file an installed package ships)")
+            continue
         if local_checkpoint(config, model) is not None:
             checkpoint_family(local_checkpoint(config, model))
             continue
@@ -472,9 +487,13 @@ def check_dataset_kinds(config: dict, base_dir) -> None:
                                           f"dataset {name} (kind {kind}); its runner trains on {', '.join(kinds)}")
 
 
+# sources made on the machine itself: random weights, a GGUF file, synthetic data, text from Python's own library
+OFFLINE_SOURCES = ("random", "gguf", "synthetic", "python_docs")
+
+
 def names_hub(source: str) -> bool:
     """Whether a model or dataset source is a hub id (not random weights, synthetic data or a local path)."""
-    return source not in ("random", "synthetic") and not Path(source).exists() and not local_path_like(source)
+    return source not in OFFLINE_SOURCES and not Path(source).exists() and not local_path_like(source)
 
 
 def local_path_like(source: str) -> bool:
@@ -493,6 +512,8 @@ def offline_env(config: dict) -> dict:
 
 
 def model_family(config: dict, model: str, base_dir) -> str:
+    if config["models"][model]["source"] == "gguf":  # transformers' GGUF loader builds causal LMs
+        return "causal_lm"
     local = local_checkpoint(config, model)
     if local is not None:
         return checkpoint_family(local)
@@ -595,8 +616,10 @@ def train_settings(config: dict, spec: RunSpec) -> TrainSettings:
     study = config["studies"][spec.study]
     merged = {**config["training"], **study.get("training", {})}
     merged["measure"] = {**config["training"].get("measure", {}), **study.get("training", {}).get("measure", {})}
-    known = {f.name for f in dataclasses.fields(TrainSettings)}
-    return TrainSettings(seed=config["seed"], **{k: v for k, v in merged.items() if k in known})
+    known = {f.name for f in dataclasses.fields(TrainSettings)} - {"seed"}
+    seed = variant_knobs(config, spec.study, spec.variant).get("seed")  # a variant's own seed, else config's
+    return TrainSettings(seed=config["seed"] if seed is None else seed,
+                         **{k: v for k, v in merged.items() if k in known})
 
 
 def yaml_errors(paths) -> list[str]:

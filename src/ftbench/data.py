@@ -127,6 +127,81 @@ SYNTHESIZERS = {
 }
 
 
+PYTHON_DOCS_LICENSE = "PSF-2.0 (the Python Software Foundation License of the standard library's docstrings)"
+HELD_OUT_MODULES = 5  # python_docs: one module in this many (by a digest of its name) is held out whole
+
+
+def held_out_module(module: str) -> bool:
+    """Whether a standard-library module is held out: its rows are never trained on (by a digest of its name, so
+    the same on every machine and Python)."""
+    import hashlib
+
+    return int(hashlib.sha256(module.encode()).hexdigest(), 16) % HELD_OUT_MODULES == 0
+
+
+def _stdlib_sources():
+    """(module name, parsed source) of each public module of this Python's standard library, in name order
+    (parsed, never imported: no module's side effects run; test suites and private modules left out)."""
+    import ast
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        if parts[0] in ("test", "idlelib", "lib2to3", "site-packages", "dist-packages") or any(
+                p.startswith("_") and p != "__init__" or p in ("tests", "idle_test") for p in parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        yield ".".join(p for p in parts if p != "__init__"), tree
+
+
+def python_docs(kind: str) -> list[dict]:
+    """Real English text from the docstrings of this Python's standard library. kind instruction: write a public
+    function's docstring (40-600 characters) from its module and signature; kind wikipedia: a module's or public
+    class's docstring (200-4000 characters) titled by its qualified name. Each row names its module."""
+    import ast
+
+    rows = []
+    for module, tree in _stdlib_sources():
+        if kind == "wikipedia":
+            doc = ast.get_docstring(tree)
+            if doc and 200 <= len(doc) <= 4000:
+                rows.append({"module": module, "title": module, "text": doc})
+            for node in tree.body:
+                doc = ast.get_docstring(node) if isinstance(node, ast.ClassDef) else None
+                if doc and not node.name.startswith("_") and 200 <= len(doc) <= 4000:
+                    rows.append({"module": module, "title": f"{module}.{node.name}", "text": doc})
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node)
+                if doc and 40 <= len(doc) <= 600:
+                    rows.append({"module": module, "input": f"def {node.name}({ast.unparse(node.args)}):",
+                                 "instruction": f"Write the docstring of this function from Python's `{module}` "
+                                                "module.", "output": doc})
+    return rows
+
+
+def python_docs_split(ddef: dict, seed: int):
+    """`num_samples` rows of the modules trained on, then `eval_samples` of the held-out modules (the held-out
+    split: prepare_dataset takes the last rows), each part in an order drawn from the seed."""
+    import datasets
+
+    rows = python_docs(ddef["kind"])
+    rng = np.random.default_rng(seed)
+    parts = []
+    for held, n in ((False, ddef["num_samples"]), (True, ddef.get("eval_samples", 0))):
+        pool = [r for r in rows if held_out_module(r["module"]) == held]
+        if len(pool) < n:
+            raise ValueError(f"python_docs ({ddef['kind']}): {len(pool)} {'held-out' if held else 'training'} rows "
+                             f"in this Python's standard library, config asks for {n}")
+        parts += [pool[i] for i in rng.permutation(len(pool))[:n]]
+    return datasets.Dataset.from_list(parts)
+
+
 def _features(kind):
     import datasets
 
@@ -142,6 +217,8 @@ def load_dataset_split(ddef: dict, seed: int):
     import datasets
 
     n_total = ddef["num_samples"] + ddef.get("eval_samples", 0)
+    if ddef["source"] == "python_docs":
+        return python_docs_split(ddef, seed)
     if ddef["source"] == "synthetic":
         columns = SYNTHESIZERS[ddef["kind"]](n_total, seed, ddef.get("synthetic", {}))
         ds = datasets.Dataset.from_dict(columns, features=_features(ddef["kind"]))
@@ -198,6 +275,14 @@ def prepare_dataset(ddef: dict, seed: int, train_path, eval_path) -> dict:
     bad = []
     if ddef["source"] != "synthetic" and "image" in ds.column_names:
         ds, bad = verify_images(ds, ddef)
+    origin = {}
+    if ddef["source"] == "python_docs":  # what the text is and under which license; the Python it came from
+        import hashlib
+        import platform
+
+        origin = {"license": PYTHON_DOCS_LICENSE, "python": platform.python_version(),
+                  "held_out": f"whole modules, one in {HELD_OUT_MODULES} by a digest of the name",
+                  "text_sha256": hashlib.sha256("\x00".join(map(str, ds.to_list())).encode()).hexdigest()[:16]}
     n_eval = ddef.get("eval_samples", 0)
     train, held_out = ds.select(range(len(ds) - n_eval)), ds.select(range(len(ds) - n_eval, len(ds)))
     for split, path in ((train, train_path), (held_out, eval_path)):
@@ -205,7 +290,7 @@ def prepare_dataset(ddef: dict, seed: int, train_path, eval_path) -> dict:
         split.to_parquet(str(path))
     return {"source": ddef["source"], "kind": ddef["kind"], "train": len(train), "eval": len(held_out),
             "columns": list(ds.column_names), "on_bad_image": ddef.get("on_bad_image", "error"),
-            "bad_images": bad}
+            "bad_images": bad, **origin}
 
 
 def read_split(path):

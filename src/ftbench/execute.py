@@ -97,6 +97,13 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
     record["provenance"] = provenance(device, ctx.base_dir, ctx.config_hash, ctx.manifest.get("weights_source"),
                                       ctx.dataset["source"], ctx.spec.scale)
     record["precision"]["requested"] = v.precision
+    record["model"]["gguf"] = ctx.manifest.get("gguf")  # a real model from a GGUF file: package, digest, quantization
+    if ctx.dataset["source"] == "python_docs":  # real text: its license, and the Python whose library it came from
+        import platform
+
+        from .data import PYTHON_DOCS_LICENSE
+
+        record["provenance"].update(data_license=PYTHON_DOCS_LICENSE, data_python=platform.python_version())
     record["data"].update(workers=v.dataloader_workers, persistent_workers=v.dataloader_workers > 0,
                           pin_memory=v.pin_memory)
     family = ctx.manifest.get("family")

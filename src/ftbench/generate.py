@@ -16,9 +16,10 @@ def _answers(model, tokenizer, prompts, gen: dict, seed: int, device) -> list[st
         torch.manual_seed(seed + i)
         enc = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_tensors="pt", return_dict=True).to(device)
-        ids = model.generate(**enc, do_sample=True, max_new_tokens=gen["max_new_tokens"],
-                             temperature=gen["temperature"], top_k=gen["top_k"], top_p=gen["top_p"],
-                             pad_token_id=tokenizer.pad_token_id)
+        sampling = ({"do_sample": True, "temperature": gen["temperature"], "top_k": gen["top_k"], "top_p": gen["top_p"]}
+                    if gen["temperature"] > 0 else {"do_sample": False})  # temperature 0: greedy, the same every run
+        ids = model.generate(**enc, max_new_tokens=gen["max_new_tokens"], pad_token_id=tokenizer.pad_token_id,
+                             **sampling)
         out.append(tokenizer.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True))
     return out
 
@@ -47,15 +48,31 @@ def to_html(result: dict, title: str) -> str:
 
     after = result["after"] or [f"(no fine-tuned model: the run's status is {result['run_status']})"] * len(
         result["prompts"])
-    df = pl.DataFrame({"prompt": result["prompts"], "before fine-tuning": result["before"],
-                       "after fine-tuning": after})
+    columns = {"prompt": result["prompts"], "before fine-tuning": result["before"], "after fine-tuning": after}
+    if result.get("references"):  # held-out prompts: what the held-out split itself answers
+        columns["held-out answer"] = result["references"]
+    df = pl.DataFrame(columns)
     note = ("Random weights: these answers are meaningless noise; they show the generation path works and what "
             "fine-tuning changes, nothing about quality." if not result["meaningful"] else
             f"Weights: {result['weights_source']}.")
-    g = result["generation"]
-    note += (f" Sampling: max_new_tokens {g['max_new_tokens']}, temperature {g['temperature']}, top_k {g['top_k']}, "
-             f"top_p {g['top_p']}.")
+    note += " " + sampling_text(result["generation"])
     return html_page(title, [note, ("Answers", df, "answers")])
+
+
+def sampling_text(g: dict) -> str:
+    if g["temperature"] == 0:
+        return f"Greedy decoding, max_new_tokens {g['max_new_tokens']}."
+    return (f"Sampling: max_new_tokens {g['max_new_tokens']}, temperature {g['temperature']}, top_k {g['top_k']}, "
+            f"top_p {g['top_p']}.")
+
+
+def held_out_prompts(eval_path, kind: str, n: int) -> tuple[list[str], list[str]]:
+    """The first `n` rows of the held-out split as (the user's prompt, the held-out answer)."""
+    from .data import read_split, sft_messages
+
+    rows = read_split(eval_path).select(range(n)).to_list()
+    chats = [sft_messages(r, kind) for r in rows]
+    return [c[0]["content"] for c in chats], [c[1]["content"] for c in chats]
 
 
 def write(result: dict, json_path, html_path, title: str) -> None:
@@ -69,9 +86,13 @@ def generate_job(params: dict, json_path, html_path) -> dict:
     from .harness import pick_device
 
     manifest = json.loads(Path(params["manifest"]).read_text())
-    gen = {k: v for k, v in params["generation"].items() if k not in ("prompts", "runs")}
+    gen = {k: v for k, v in params["generation"].items() if k not in ("prompts", "runs", "held_out_prompts")}
+    prompts, references = params["generation"].get("prompts") or [], None
+    if params["generation"].get("held_out_prompts"):  # prompts the fine-tune never saw, with their answers
+        prompts, references = held_out_prompts(params["eval"], params["kind"], params["generation"]["held_out_prompts"])
     result = before_after(manifest, Variant.from_config(params["variant_name"], params["variant"]), params["adapter"],
-                          params["generation"]["prompts"], gen, params["seed"], pick_device())
+                          prompts, gen, params["seed"], pick_device())
+    result["references"] = references
     write(result, json_path, html_path, params["title"])
     return result
 
@@ -80,7 +101,7 @@ def write_failed(json_path, html_path, params: dict, status: str, reason: str, s
     """What a generate job whose process died (or ran out of time) leaves: its status and why, no answers."""
     from .analysis import html_page
 
-    result = {"status": status, "reason": reason, "prompts": params["generation"]["prompts"], "before": None,
+    result = {"status": status, "reason": reason, "prompts": params["generation"].get("prompts"), "before": None,
               "after": None, "supervision": supervision}
     Path(json_path).write_text(json.dumps(result, indent=2, ensure_ascii=False))
     Path(html_path).write_text(html_page(params["title"], [f"No answers: the generation job {status}: {reason}."]))

@@ -147,6 +147,9 @@ class Variant:
     # several ranks on rows of a token budget: each step's rows dealt so that every rank's attention work is even
     # (ftbench.parallel.BalancedRanks; the step's rows, and so the averaged gradient, stay the same)
     balance_ranks: bool = False
+    # the run's seed (LoRA's initial A, the data order, dropout), over config's `seed`: the same fine-tune under
+    # other seeds, for the quality study's noise (ftbench.quality)
+    seed: int | None = None
 
     @classmethod
     def from_config(cls, name: str, knobs: dict) -> "Variant":
@@ -215,6 +218,7 @@ for _family in HONOURED.values():  # the supervisor, not the runner, honours the
     _family["expandable_segments"] = ANY  # the supervisor sets the training process's allocator
     _family["gc_freeze"] = ANY  # the harness's Meter freezes (every runner goes through it)
     _family["compile_backend"] = ANY  # every runner compiles through torch.compile (ftbench.variants.compile_kwargs)
+    _family["seed"] = ANY  # every runner takes its seed from the run's settings (ftbench.config.train_settings)
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Variant) if f.name != "name"}
 
 

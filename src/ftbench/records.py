@@ -73,10 +73,10 @@ RECORD_TEMPLATE = {
                 "eval_graphs": None, "eval_compile_s": None, "fx_cache_hits": None, "fx_cache_misses": None,
                 "autograd_cache_hits": None, "autograd_cache_misses": None},
     "data": {"wait_share": None, "workers": None, "persistent_workers": None, "pin_memory": None},
-    "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None},
+    "model": {"parameters": None, "trainable_parameters": None, "adapted_modules": None, "gguf": None},
     # trace, trace_tokens: each step's loss and real tokens, derived on read from steps.csv (read_record)
     "loss": {"first": None, "last": None, "eval": None, "first_steps": None, "mean_first_steps": None, "trace": None,
-             "trace_tokens": None},
+             "trace_tokens": None, "held_out": None},
     # several GPUs (variant knob gpus > 1): the totals above count every rank; per_rank has each rank's own
     "parallel": {"strategy": None, "world_size": None, "backend": None, "samples_per_s_per_gpu": None,
                  "tokens_per_s_per_gpu": None, "peak_allocated_gib_max": None, "per_rank": []},

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from .. import attention, fp8, fused, head, packing, parallel
+from .. import attention, fp8, fused, head, heldout, packing, parallel
 from ..profiling import SyncWatch
 from ..build import adapt_experts, build_model, group_experts, restore_renamed, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
@@ -519,9 +519,12 @@ def train(ctx, record, device, meter):
                 # CUDA graphs: a new training step begins here (their outputs from the last step may be reused)
                 torch.compiler.cudagraph_mark_step_begin()
             loss = super().training_step(model, inputs, num_items_in_batch)
+            if curve is not None:  # the label tokens trained on, for the held-out curve (on the device)
+                curve.count(inputs["labels"])
             self.pending.append((inputs["input_ids"], inputs.get("attention_mask"), inputs.get("position_ids"), loss))
             return loss
 
+    curve = heldout.HeldOutCurve(s.held_out_every_steps) if s.held_out_every_steps else None
     row_pad_id = tokenizer.pad_token_id if v.padding_free and multiple else None
     # HFU counts a recomputed forward's GEMMs; selective checkpointing keeps them (only cheap ops are recomputed)
     recompute = v.gradient_checkpointing and v.checkpoint_policy == "full"
@@ -553,6 +556,8 @@ def train(ctx, record, device, meter):
             shapes = "+".join("x".join(map(str, b[0].shape)) for b in batches)
             if meter.step(None, lazy=lambda: step_fields(batches), shape=shapes, log_fields=published_log):
                 control.should_training_stop = True
+            if curve is not None and (control.should_training_stop or curve.due(state.global_step)):
+                curve.evaluate(trainer, state.global_step)
             if meter.steps_taken >= meter.measure.warmup_steps:  # the measured steps from here (FTBENCH_SYNC_DEBUG)
                 syncs.arm(meter.steps_taken)
 
@@ -578,6 +583,8 @@ def train(ctx, record, device, meter):
         if v.framework == "unsloth":  # the rows reach Unsloth's packed attention with their sequences' lengths
             record["extra"]["unsloth_rows"] = {"padding_free": trainer.args.padding_free, **packing.lengths_passed(
                 trainer.data_collator, trainer.train_dataset, ctx.spec.batch_size)}
+    if curve is not None:  # the pretrained model's held-out loss, before the first step
+        curve.evaluate(trainer, 0)
     syncs = SyncWatch(device)
     with syncs:
         trainer.train()
@@ -610,8 +617,10 @@ def train(ctx, record, device, meter):
     record["extra"]["train_samples"] = n_train
     if v.balance_ranks:  # the ranks' attention-cost spread with the balanced order and the plain one (None: not dealt)
         record["extra"]["balance_ranks"] = trainer.balanced.summary() if trainer.balanced is not None else None
-    with meter.eval():
-        record["loss"]["eval"] = trainer.evaluate()["eval_loss"]
+    with meter.eval():  # (with a held-out curve its last point is the evaluation: the same split, after the last step)
+        record["loss"]["eval"] = (trainer.evaluate()["eval_loss"] if curve is None else curve.points[-1]["loss"])
+    if curve is not None:
+        record["loss"]["held_out"] = curve.summary()
     if v.parallel:  # every rank joins the gather of the LoRA state; rank 0 writes it (the others have no adapter_dir)
         record["extra"]["adapter_save"] = parallel.save_adapter(trainer.model, ctx.adapter_dir)
     elif ctx.adapter_dir is not None and v.framework == "nemo":

@@ -1,0 +1,262 @@
+"""Speed that keeps quality: each technique's held-out loss on a real pretrained model, against the baseline's seeds.
+
+Every run of the quality study is the same fine-tune (data, learning rate, steps) under one technique, its held-out
+loss measured before the first step and every few steps at the label tokens trained so far (ftbench.heldout). The
+baseline (bf16 LoRA) runs under several seeds; their spread is the noise. Each technique is read at the same tokens
+as the baseline (the fewest any baseline seed trained: its curve interpolated linearly there, never extrapolated):
+
+- keeps quality: its held-out loss is within NOISE_SIGMAS standard deviations of the seeds' mean (or below it);
+- costs quality: +x nats at the same tokens, where x is more than COST_SIGMAS deviations above the mean;
+- inconclusive: between the two, or with fewer than MIN_SEEDS baseline seeds (no noise to judge by);
+- quality not measured: a run without a held-out curve (a speed run), never "keeps quality".
+
+Tokens to quality: the label tokens a technique's curve needs to reach the baseline seeds' mean loss at those tokens
+(linear between its points). With a rung's real tokens/s at Qwen3-8B's shapes (the fastest record of the same
+variant there), its time to quality relative to the baseline's is a projection: (tokens to quality / baseline's
+tokens) x (baseline's tokens/s / its tokens/s) — a technique 10 % faster that needs 15 % more tokens is slower.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import polars as pl
+
+NOISE_SIGMAS = 2.0
+COST_SIGMAS = 3.0
+MIN_SEEDS = 3
+GROUP = ("model", "dataset", "gpu")  # one host kind, one model, one dataset: runs comparable with each other
+
+KEEPS, COSTS, INCONCLUSIVE, NOT_MEASURED = "keeps quality", "costs quality", "inconclusive", "quality not measured"
+
+
+def points(row: dict) -> list[dict] | None:
+    """A run's held-out curve, its points in token order (None: the run measured no curve)."""
+    text = row.get("loss.held_out")
+    if not text:
+        return None
+    pts = [p for p in json.loads(text).get("points") or [] if p.get("loss") is not None and math.isfinite(p["loss"])]
+    return sorted(pts, key=lambda p: p["tokens"]) or None
+
+
+def loss_at(pts: list[dict], tokens: float) -> float | None:
+    """The curve's loss at `tokens`, linear between its points; None outside them."""
+    for a, b in zip(pts, pts[1:]):
+        if a["tokens"] <= tokens <= b["tokens"]:
+            if b["tokens"] == a["tokens"]:
+                return b["loss"]
+            f = (tokens - a["tokens"]) / (b["tokens"] - a["tokens"])
+            return a["loss"] + f * (b["loss"] - a["loss"])
+    if pts and pts[-1]["tokens"] == tokens:
+        return pts[-1]["loss"]
+    return None
+
+
+def tokens_to(pts: list[dict], target: float) -> float | None:
+    """The first token count at which the curve reaches `target` (linear between points); None if it never does."""
+    for a, b in zip(pts, pts[1:]):
+        if b["loss"] <= target:
+            if a["loss"] <= target:
+                return float(a["tokens"])
+            f = (a["loss"] - target) / (a["loss"] - b["loss"])
+            return a["tokens"] + f * (b["tokens"] - a["tokens"])
+    return float(pts[0]["tokens"]) if pts and pts[0]["loss"] <= target else None
+
+
+def baseline_noise(curves: dict[str, list[dict]]) -> dict | None:
+    """The baseline seeds' reading: the tokens they are compared at (the fewest any trained), their losses there,
+    mean, standard deviation and count; None without a curve."""
+    if not curves:
+        return None
+    tokens = min(c[-1]["tokens"] for c in curves.values())
+    losses = {name: loss_at(c, tokens) for name, c in curves.items()}
+    values = [v for v in losses.values() if v is not None]
+    return {"tokens": tokens, "losses": losses, "mean": statistics.fmean(values), "n": len(values),
+            "std": statistics.stdev(values) if len(values) > 1 else None,
+            "before": statistics.fmean(c[0]["loss"] for c in curves.values() if c[0]["tokens"] == 0)
+            if any(c[0]["tokens"] == 0 for c in curves.values()) else None}
+
+
+def verdict(loss: float | None, base: dict | None) -> tuple[str, str]:
+    """(verdict, its sentence) for a technique's held-out loss at the baseline's tokens."""
+    if base is None:
+        return INCONCLUSIVE, "no baseline curve to compare with"
+    if loss is None:
+        return NOT_MEASURED, "no held-out curve reaching the baseline's tokens"
+    delta = loss - base["mean"]
+    if base["n"] < MIN_SEEDS or not base["std"]:
+        return INCONCLUSIVE, (f"{delta:+.3f} nats, but the baseline has {base['n']} seed(s) with a spread of "
+                              f"{base['std'] or 0:.3f}: at least {MIN_SEEDS} seeds that differ are needed")
+    band = f"the seeds' noise: sd {base['std']:.3f} over {base['n']} seeds"
+    if delta <= NOISE_SIGMAS * base["std"]:
+        return KEEPS, f"{delta:+.3f} nats at the same tokens, within {NOISE_SIGMAS:g} sd ({band})"
+    if delta > COST_SIGMAS * base["std"]:
+        return COSTS, f"costs quality: {delta:+.3f} nats at the same tokens ({delta / base['std']:.1f} sd; {band})"
+    return INCONCLUSIVE, (f"{delta:+.3f} nats: between {NOISE_SIGMAS:g} and {COST_SIGMAS:g} sd ({band}); more seeds "
+                          "would decide")
+
+
+def speed_at_shapes(speed: pl.DataFrame | None, model: str = "qwen3-8b") -> dict[str, dict]:
+    """variant -> its fastest ok record at `model`'s full shapes (real tokens/s, the GPU, the dataset and batch)."""
+    if speed is None or not len(speed) or "throughput.tokens_per_s" not in speed.columns:
+        return {}
+    ok = speed.filter((pl.col("status") == "ok") & (pl.col("model") == model) & (pl.col("scale") == "full")
+                      & pl.col("throughput.tokens_per_s").is_not_null() & (pl.col("device_type") == "cuda"))
+    best = {}
+    for r in ok.sort("throughput.tokens_per_s", descending=True).iter_rows(named=True):
+        best.setdefault(r["variant"], r)
+    return best
+
+
+def technique_words(knobs: dict | None) -> str:
+    """A variant's knobs as a line (those set; the rest at their defaults)."""
+    if not knobs:
+        return "bf16 LoRA as configured"
+    return ", ".join(f"{k} {v}" if not isinstance(v, bool) else (k if v else f"no {k}")
+                     for k, v in knobs.items() if v is not None)
+
+
+def quality_rows(df: pl.DataFrame, baseline: str, seeds: list[str], variants: dict | None = None,
+                 speed: pl.DataFrame | None = None) -> list[dict]:
+    """One row per technique run of each (model, dataset, GPU) group holding the baseline: its verdict, its loss
+    at the baseline's tokens, tokens to quality and, where the same variant ran at Qwen3-8B's shapes, its time to
+    quality relative to the baseline's (a projection)."""
+    variants = variants or {}
+    fast = speed_at_shapes(speed)
+    out = []
+    for key, group in df.group_by(list(GROUP), maintain_order=True):
+        rows = group.to_dicts()
+        seed_curves = {r["variant"]: points(r) for r in rows if r["variant"] in [baseline, *seeds]
+                       and r["status"] == "ok" and points(r)}
+        if baseline not in {r["variant"] for r in rows}:
+            continue
+        base = baseline_noise(seed_curves)
+        base_speed = fast.get(baseline)
+        for r in rows:
+            pts = points(r) if r["status"] == "ok" else None
+            at = loss_at(pts, base["tokens"]) if pts and base else None
+            word, why = (verdict(at, base) if pts else
+                         (NOT_MEASURED, f"the run's status is {r['status']}: {r.get('reason') or ''}".strip(": ")
+                          if r["status"] != "ok" else "the run measured no held-out curve"))
+            ttq = tokens_to(pts, base["mean"]) if pts and base else None
+            s = fast.get(r["variant"])
+            rel_tokens = ttq / base["tokens"] if ttq is not None and base and base["tokens"] else None
+            rel_time = (rel_tokens * base_speed["throughput.tokens_per_s"] / s["throughput.tokens_per_s"]
+                        if rel_tokens is not None and s and base_speed else None)
+            out.append({
+                "model": key[0], "dataset": key[1], "gpu": key[2], "variant": r["variant"],
+                "technique": technique_words(variants.get(r["variant"])),
+                "seed of the baseline": r["variant"] in seeds or r["variant"] == baseline,
+                "held-out loss before": pts[0]["loss"] if pts and pts[0]["tokens"] == 0 else None,
+                "held-out loss after": pts[-1]["loss"] if pts else None,
+                "tokens trained": pts[-1]["tokens"] if pts else None,
+                "compared at tokens": base["tokens"] if base else None,
+                "loss at those tokens": at, "baseline mean": base["mean"] if base else None,
+                "baseline sd": base["std"] if base else None, "seeds": base["n"] if base else 0,
+                "delta (nats)": at - base["mean"] if at is not None and base else None,
+                "quality": word, "why": why, "tokens to quality": ttq, "tokens to quality (x baseline)": rel_tokens,
+                "tokens/s at Qwen3-8B": s["throughput.tokens_per_s"] if s else None,
+                "speed measured on": f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}" if s else None,
+                "time to quality (x baseline, projection)": rel_time})
+    return out
+
+
+def claims_rows(rows: list[dict], claims: list[dict]) -> list[dict]:
+    """The published quality claims read from the techniques' verdicts: holds (keeps quality), differs (costs
+    quality), inconclusive, or not measured."""
+    mapping = {KEEPS: "holds", COSTS: "differs", INCONCLUSIVE: "inconclusive", NOT_MEASURED: "not measured"}
+    out = []
+    for c in claims:
+        mine = [r for r in rows if r["variant"] == c["variant"]]
+        if not mine:
+            out.append({"claim": c["claim"], "source": c.get("source"), "variant": c["variant"],
+                        "verdict": "not measured", "evidence": "no run of this variant in the quality study"})
+            continue
+        for r in mine:
+            out.append({"claim": c["claim"], "source": c.get("source"), "variant": c["variant"],
+                        "verdict": mapping[r["quality"]], "evidence": f"{r['gpu']}: {r['why']}"})
+    return out
+
+
+def curves_frame(df: pl.DataFrame) -> pl.DataFrame:
+    """Every held-out curve as (run, tokens, loss) rows, for the figure."""
+    rows = []
+    for r in df.iter_rows(named=True):
+        for p in (points(r) or []) if r["status"] == "ok" else []:
+            rows.append({"run": f"{r['variant']} ({r['gpu']})", "variant": r["variant"], "gpu": r["gpu"],
+                         "dataset": r["dataset"], "tokens": p["tokens"], "held-out loss": p["loss"]})
+    return pl.DataFrame(rows, schema={"run": pl.String, "variant": pl.String, "gpu": pl.String, "dataset": pl.String,
+                                      "tokens": pl.Int64, "held-out loss": pl.Float64})
+
+
+def curves_chart(frame: pl.DataFrame):
+    """Held-out loss against label tokens trained, a line per run, a panel per dataset and GPU."""
+    import altair as alt
+
+    return alt.Chart(frame.to_pandas()).mark_line(point=True).encode(
+        x=alt.X("tokens:Q", title="label tokens trained"), y=alt.Y("held-out loss:Q", scale=alt.Scale(zero=False)),
+        color=alt.Color("run:N", legend=alt.Legend(labelLimit=500)),
+        tooltip=["run", "tokens", alt.Tooltip("held-out loss:Q", format=".4f")]
+    ).properties(width=420, height=240).facet(row=alt.Row("gpu:N", title=None), column=alt.Column("dataset:N"),
+                                              title="Held-out loss while fine-tuning (a real pretrained model)")
+
+
+def svg(chart) -> str:
+    import vl_convert
+
+    return vl_convert.vegalite_to_svg(chart.to_json())
+
+
+SHOWN = ["variant", "technique", "gpu", "quality", "held-out loss before", "held-out loss after", "compared at tokens",
+         "loss at those tokens", "delta (nats)", "baseline sd", "seeds", "tokens to quality (x baseline)",
+         "tokens/s at Qwen3-8B", "speed measured on", "time to quality (x baseline, projection)", "why"]
+
+
+def verdict_table(rows: list[dict]) -> pl.DataFrame:
+    df = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame({c: [] for c in SHOWN})
+    return df.select([c for c in SHOWN if c in df.columns]).with_columns(
+        pl.col(pl.Float64).round(4))
+
+
+def origin_line(df: pl.DataFrame) -> str:
+    """Where the model and text came from, in a sentence (from the records)."""
+    ok = df.filter(pl.col("status") == "ok")
+    if not len(ok):
+        return "No quality run finished."
+    r = ok.row(0, named=True)
+    return (f"Model: {r['model']} ({r.get('model.gguf') or r.get('weights_source')}; a real pretrained model, its "
+            f"weights the GGUF file's rounding of the published ones, dequantized). Data: {r['dataset']} "
+            f"({r.get('data_source')}: the docstrings of Python's standard library, PSF-2.0; held out by whole "
+            "module).")
+
+
+def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers: list[dict], origin: str) -> str:
+    """The front page's real fine-tune: held-out loss before and after, the curves, the verdicts, and held-out
+    prompts answered before and after."""
+    from .analysis import _escape, html_table
+
+    parts = ["<h2>Speed that keeps quality: a real fine-tune</h2>", f"<p>{_escape(origin)}</p>"]
+    base = [r for r in rows if r["seed of the baseline"] and r["held-out loss before"] is not None]
+    for gpu in dict.fromkeys(r["gpu"] for r in base):
+        mine = [r for r in base if r["gpu"] == gpu]
+        before = statistics.fmean(r["held-out loss before"] for r in mine)
+        after = statistics.fmean(r["loss at those tokens"] for r in mine if r["loss at those tokens"] is not None)
+        parts.append(f"<p><b>On {_escape(gpu)}: held-out loss {before:.3f} before fine-tuning, {after:.3f} after "
+                     f"{mine[0]['compared at tokens']:,} label tokens</b> (bf16 LoRA, mean of {len(mine)} seed(s); "
+                     f"lower by {before - after:.2f} nats).</p>")
+    parts.append(chart_svg)
+    parts.append(html_table(verdict_table(rows), "quality-verdicts"))
+    if claims:
+        parts.append("<p>The published quality claims, read from the verdicts:</p>")
+        parts.append(html_table(pl.DataFrame(claims), "quality-claims"))
+    for a in answers:
+        if not a.get("before"):
+            continue
+        table = pl.DataFrame({"held-out prompt": a["prompts"], "before fine-tuning": a["before"],
+                              "after fine-tuning": a["after"] or ["(no fine-tuned model)"] * len(a["prompts"]),
+                              "held-out answer": a.get("references") or [""] * len(a["prompts"])})
+        parts.append("<p>Held-out prompts (never trained on) answered before and after the baseline's fine-tune:</p>")
+        parts.append(html_table(table, "quality-answers"))
+    return "\n".join(parts)
