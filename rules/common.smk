@@ -43,9 +43,10 @@ TINY_SHARE = int(config.get("tiny_jobs_per_gpu", 1)) if LOCAL and GPUS else 1
 os.environ.update(FTBENCH_GPU_SHARE=str(TINY_SHARE))
 
 
-def gpus_asked(count, scale=None):
-    """The `gpu` resource a job asks for: none where CPU_PARALLEL holds, or for a tiny job sharing its GPU."""
-    if CPU_PARALLEL or shares_gpu(count, scale):
+def gpus_asked(count, scale=None, losses_only=False):
+    """The `gpu` resource a job asks for: none where CPU_PARALLEL holds, or for a tiny job (or one of a study whose
+    losses alone matter) sharing its GPU."""
+    if CPU_PARALLEL or shares_gpu(count, scale, losses_only):
         return 0
     return count
 
@@ -94,7 +95,8 @@ def run_runtime_min(wildcards):
 
 def run_gpus(wildcards):
     """The GPUs a training job asks Snakemake (and SLURM) for: its variant's `gpus` (the job launches its ranks)."""
-    return gpus_asked(ftc.run_gpus(run_params(wildcards)), wildcards.scale)
+    params = run_params(wildcards)
+    return gpus_asked(ftc.run_gpus(params), wildcards.scale, params["settings"].get("share_gpu"))
 
 
 def run_params(wildcards):

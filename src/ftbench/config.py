@@ -92,6 +92,9 @@ class TrainSettings:
     # the held-out loss every this many optimizer steps, and before the first and after the last (None: only the
     # trainer's evaluation at the end): the quality study's curve (ftbench.heldout, ftbench.quality)
     held_out_every_steps: int | None = None
+    # the study's jobs share each GPU as tiny ones do (tiny_jobs_per_gpu slots): runs whose losses alone matter
+    # (the quality study), never runs whose speed is measured; their records say the GPU was shared
+    share_gpu: bool = False
     profile_active_steps: int | None = None  # profiled steps of a profile job (None: ftbench.profiling.SCHEDULE's 3)
     seed: int = 42
     lora: dict = field(default_factory=dict)

@@ -50,8 +50,8 @@ def host_sharing(device) -> list[str]:
     FTBENCH_GPU_SHARED), say so. The change, for the record."""
     if device.type == "cuda":
         shared = os.environ.get("FTBENCH_GPU_SHARED")
-        return [host_change(f"GPU shared with up to {int(shared) - 1} other tiny job(s)", "tiny_jobs_per_gpu",
-                            "tiny scale")] \
+        return [host_change(f"GPU shared with up to {int(shared) - 1} other job(s): its speed is not a measurement",
+                            "tiny_jobs_per_gpu", "tiny scale, or training.share_gpu (runs whose losses alone matter)")] \
             if shared else []
     threads = os.environ.get("FTBENCH_CPU_THREADS")
     if not threads:

@@ -95,10 +95,11 @@ def share() -> int:
     return max(1, int(os.environ.get("FTBENCH_GPU_SHARE") or 1))
 
 
-def shares_gpu(count: int, scale: str | None) -> bool:
-    """Whether a job takes one slot of a shared GPU instead of whole GPUs: one GPU, tiny scale, on a host whose
-    GPUs are shared (`tiny_jobs_per_gpu` above 1). Snakemake then asks no `gpu` resource for it."""
-    return count == 1 and scale == "tiny" and share() > 1
+def shares_gpu(count: int, scale: str | None, losses_only: bool = False) -> bool:
+    """Whether a job takes one slot of a shared GPU instead of whole GPUs: one GPU, tiny scale or a study whose runs
+    only their losses matter (training.share_gpu: the quality study), on a host whose GPUs are shared
+    (`tiny_jobs_per_gpu` above 1). Snakemake then asks no `gpu` resource for it."""
+    return count == 1 and (scale == "tiny" or bool(losses_only)) and share() > 1
 
 
 def _slot_names(gpu: str, n: int) -> list[str]:

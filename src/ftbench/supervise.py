@@ -266,7 +266,7 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
                 env["PYTORCH_ALLOC_CONF"] = conf
         # a job at tiny scale on a host whose GPUs are shared (tiny_jobs_per_gpu): one slot of one GPU
         scale = (params.get("run") or {}).get("scale") or params.get("scale")
-        shared = shares_gpu(gpus, scale)
+        shared = shares_gpu(gpus, scale, (params.get("settings") or {}).get("share_gpu"))
         try:
             slots = stack.enter_context(gpu_slots(gpus, shared=shared))
         except RuntimeError as e:  # the variant asks for more GPUs than this host has
