@@ -42,10 +42,12 @@ def before_after(manifest: dict, variant, adapter_dir, prompts: list[str], gen: 
 
 
 def to_html(result: dict, title: str) -> str:
-    import polars as pl
+    try:
+        import polars as pl
 
-    from .analysis import html_page
-
+        from .analysis import html_page
+    except ImportError:  # a training host without the report's packages (a lent GPU): the plain table
+        return plain_html(result, title)
     after = result["after"] or [f"(no fine-tuned model: the run's status is {result['run_status']})"] * len(
         result["prompts"])
     columns = {"prompt": result["prompts"], "before fine-tuning": result["before"], "after fine-tuning": after}
@@ -57,6 +59,18 @@ def to_html(result: dict, title: str) -> str:
             f"Weights: {result['weights_source']}.")
     note += " " + sampling_text(result["generation"])
     return html_page(title, [note, ("Answers", df, "answers")])
+
+
+def plain_html(result: dict, title: str) -> str:
+    """The answers as a plain HTML table (no polars: a training host without the report's packages)."""
+    from html import escape
+
+    cols = ["prompts", "before", "after", "references"]
+    rows = zip(*[result.get(c) or [""] * len(result["prompts"]) for c in cols])
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in row) + "</tr>" for row in rows)
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{escape(title)}</title></head><body>"
+            f"<h3>{escape(title)}</h3><table><tr><th>prompt</th><th>before fine-tuning</th><th>after fine-tuning</th>"
+            f"<th>held-out answer</th></tr>{body}</table></body></html>")
 
 
 def sampling_text(g: dict) -> str:

@@ -25,8 +25,9 @@ def held_out_loss(trainer) -> tuple[float, int]:
     training = model.training
     model.eval()
     total, count = None, None
-    try:
-        with torch.no_grad():
+    try:  # compiled layers run eagerly here (the same modules, FP8 ones too): no evaluation graphs to compile, and
+        # no CUDA graphs whose outputs the training step's would overwrite
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
             for inputs in trainer.get_eval_dataloader():
                 inputs = trainer._prepare_inputs(inputs)
                 n = label_tokens(inputs["labels"])

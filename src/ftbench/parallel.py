@@ -216,17 +216,25 @@ class CheckpointSlices:
             raise FileNotFoundError(f"{path}: no *.safetensors files to read the model's shards from")
         self.handles = [safe_open(f, framework="pt", device="cpu") for f in files]
         self.where = {k: h for h in self.handles for k in h.keys()}
+        # a model with tied embeddings (SmolLM2: tie_word_embeddings) saves the embedding once; its LM head reads it
+        self.alias = {name.replace("model.embed_tokens.", "lm_head."): name for name in self.where
+                      if name.startswith("model.embed_tokens.")
+                      and name.replace("model.embed_tokens.", "lm_head.") not in self.where}
 
-    def rows(self, name: str, start: int, end: int):
+    def _key(self, name: str) -> str:
+        name = self.alias.get(name, name)
         if name not in self.where:
             raise KeyError(f"the checkpoint has no tensor {name!r}")
+        return name
+
+    def rows(self, name: str, start: int, end: int):
+        name = self._key(name)
         part = self.where[name].get_slice(name)
         return part[start:end] if part.get_shape() else part[:]
 
     def tensor(self, name: str):
         """One whole tensor (a one-process build reads each parameter so, one at a time)."""
-        if name not in self.where:
-            raise KeyError(f"the checkpoint has no tensor {name!r}")
+        name = self._key(name)
         return self.where[name].get_tensor(name)
 
 
