@@ -243,7 +243,19 @@ def quality_metrics(wildcards):
 
 
 def quality_answers(wildcards):
-    return [p.replace(".html", ".json") for p in generated(QUALITY_STUDY)] if QUALITY_STUDY else []
+    """This run's answers before and after, then those shipped from GPU leases (measurements/*/generate/)."""
+    ours = [p.replace(".html", ".json") for p in generated(QUALITY_STUDY)] if QUALITY_STUDY else []
+    return ours + shipped_files(f"generate/{QUALITY_STUDY}/**/answers.json")
+
+
+def shipped_files(pattern):
+    """Files under each shipped measurements folder (config shipped_runs) matching `pattern`, in folder order."""
+    return [str(p) for f in SHIPPED_RUNS for p in sorted(Path(f).glob(pattern))]
+
+
+def fp8_gemm_errors(wildcards):
+    """Each shipped FP8 GEMM error check (bench/fp8_gemm_error.py) of a GPU lease."""
+    return shipped_files("fp8_gemm_error.json")
 
 
 def quality_settings(wildcards):

@@ -158,6 +158,7 @@ rule quality:
         metrics=quality_metrics,
         shipped=SHIPPED_RUNS,
         answers=quality_answers,
+        fp8_errors=fp8_gemm_errors,
     output:
         html=report(
             "results/quality/quality.html",

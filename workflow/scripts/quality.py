@@ -19,7 +19,8 @@ claims = quality.claims_rows(rows, p.settings.get("claims") or [])
 frame = quality.curves_frame(df)
 chart = quality.svg(quality.curves_chart(frame)) if len(frame) else "<p>No held-out curve was measured.</p>"
 answers = [json.loads(Path(a).read_text()) for a in snakemake.input.answers]
-front = quality.front_fragment(rows, claims, chart, answers, quality.origin_line(df))
+errors = [json.loads(Path(e).read_text()) for e in snakemake.input.fp8_errors]
+front = quality.front_fragment(rows, claims, chart, answers, quality.origin_line(df), errors)
 Path(snakemake.output.front).write_text(front)
 Path(snakemake.output.html).write_text(html_page(p.title, [f"<div>{front}</div>"]))
 quality.verdict_table(rows).write_csv(snakemake.output.csv)
