@@ -39,11 +39,6 @@ def _causal_lm(arch, out, tok, device, wanted=None, limit_gib=24.0):
     check_fits(model, device, _what(arch))
     draw_parameters(model, arch["seed"], device)
     model.generation_config.pad_token_id = tok.pad_token_id
-    # the weights are plain fp32 tensors now; transformers still marks the model as GGUF-quantized and refuses to
-    # save it: the mark goes (the record keeps the quantization the file stored)
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
     model.generation_config.eos_token_id = tok.eos_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -185,10 +180,8 @@ def gguf_facts(path, spec: dict) -> dict:
 
     import gguf
 
-    sha = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
+        sha = hashlib.file_digest(f, "sha256")
     reader = gguf.GGUFReader(str(path))
 
     def field(key):

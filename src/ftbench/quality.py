@@ -128,14 +128,13 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list[str], variants: di
     out = []
     for key, group in df.group_by(list(GROUP), maintain_order=True):
         rows = group.to_dicts()
-        seed_curves = {r["variant"]: points(r) for r in rows if r["variant"] in [baseline, *seeds]
-                       and r["status"] == "ok" and points(r)}
         if baseline not in {r["variant"] for r in rows}:
             continue
+        curves = [points(r) if r["status"] == "ok" else None for r in rows]  # each parsed once
+        seed_curves = {r["variant"]: c for r, c in zip(rows, curves) if r["variant"] in (baseline, *seeds) and c}
         base = baseline_noise(seed_curves)
         base_speed = fast.get(baseline)
-        for r in rows:
-            pts = points(r) if r["status"] == "ok" else None
+        for r, pts in zip(rows, curves):
             at = loss_at(pts, base["tokens"]) if pts and base else None
             word, why = (verdict(at, base) if pts else
                          (NOT_MEASURED, f"the run's status is {r['status']}: {r.get('reason') or ''}".strip(": ")
