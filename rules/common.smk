@@ -212,6 +212,17 @@ def study_comparisons(wildcards):
     return config["studies"][wildcards.study].get("compare", {})
 
 
+def quality_verdicts(wildcards):
+    """The quality study's verdicts, for a page that shows a ladder or a frontier (speed beside quality)."""
+    comparisons = (
+        config["studies"][wildcards.study].get("compare", {})
+        if hasattr(wildcards, "study")
+        else {"frontier": llm_frontier()}
+    )
+    shows = any(comparisons.get(k) for k in ("ladder", "frontier"))
+    return ["results/quality/verdicts.csv"] if QUALITY_STUDY and shows else []
+
+
 def coverage_tables():
     """Every study's published tables for the coverage table (ftbench.config.coverage_tables)."""
     return ftc.coverage_tables(config)

@@ -102,6 +102,7 @@ rule compare:
         runs="results/studies/{study}/runs.parquet",
         replaced="results/studies/{study}/replaced.parquet",
         published=published_file,
+        quality=quality_verdicts,
     output:
         report(
             "results/studies/{study}/comparison.html",
@@ -130,6 +131,7 @@ rule coverage:
         extra=MERGE_RUNS,
         shipped=SHIPPED_RUNS,
         published=coverage_published,
+        quality=quality_verdicts,
     output:
         html=report(
             "results/coverage/coverage.html",

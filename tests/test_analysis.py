@@ -271,6 +271,27 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
     no_cg2 = df.filter(~((pl.col("variant") == "lora-tb-cg") & (pl.col("batch_size") == 2)))
     _, _, (_, table, _) = frontier(no_cg2, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"])
     assert {r["variant"]: r["x previous"] for r in table.iter_rows(named=True)}["lora-tb-cg"] == "1.2x"  # 13,200 at 1 against lora-tb at 1, not at its fastest 2
+    # issue 71: beside each rung's speed, the quality study's verdict for its technique; the fastest rung that costs
+    # quality is never named the fastest configuration: the fastest that keeps quality is
+    from ftbench.compare import quality_by_variant
+    verdicts = [{"variant": "lora-tb-cg", "gpu": "H100 SXM5", "quality": "keeps quality", "delta (nats)": -0.001},
+                {"variant": "lora-tb-cg", "gpu": "cpu", "quality": "costs quality", "delta (nats)": 0.5},
+                {"variant": "lora-tb-cg-lean-async-fp8", "gpu": "H100 SXM5", "quality": "costs quality",
+                 "delta (nats)": 0.019}]
+    lead, note, (_, table, _) = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"],
+                                         beside=["lora-tb-cg-lean-fp8", "lora-tb-cg-lean-async-fp8"],
+                                         quality=quality_by_variant(verdicts))
+    cells = {r["variant"]: r["quality (real model)"] for r in table.iter_rows(named=True)}
+    assert cells["lora-tb-cg"] == "keeps quality (-0.001 nats at the same tokens, H100 SXM5)"  # its own GPU kind's
+    assert cells["lora-tb-cg-lean-async-fp8"].startswith("costs quality (+0.019 nats")
+    assert cells["lora-tb"] == "quality not measured"
+    assert "fastest that keeps quality: <b>lora-tb-cg</b> at batch 2, 14,000 real tokens/s" in lead
+    assert "Faster, without that verdict: <b>lora-tb-cg-lean-async-fp8</b>" in lead and "costs quality (+0.019" in lead
+    assert "never named the fastest" in note
+    none_keep = quality_by_variant([dict(v, quality="costs quality") for v in verdicts])
+    lead, _, _ = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"],
+                          beside=["lora-tb-cg-lean-async-fp8"], quality=none_keep)
+    assert "none is named the fastest" in lead and "fastest that keeps" not in lead
 
 
 def test_scaling_pairs_a_multi_gpu_run_with_its_one_gpu_run_and_the_guide_leaves_it_out():

@@ -10,7 +10,7 @@ from html import escape
 import polars as pl
 
 from .analysis import KEY, code_of, full_scale, html_table, oldest_first, peak_memory, read_runs, typed
-from .compare import _verdict
+from .compare.common import _verdict
 from .knobs import DEFAULTS
 from .verdicts import VERDICTS, carries, combined_noise, counts_line, evidence, judge, published_range, step_noise
 
@@ -609,7 +609,7 @@ def study_d_multi_gpu(df: pl.DataFrame, claim: dict) -> list[dict]:
     measured of those (a later
     lease measures again on purpose: h100x4-2026-11-26-f's windows of whole epochs removed a sampling bias that the
     noise of -e's shorter windows did not show), else the least noisy; a count with no pair says why."""
-    from .compare import speedup_over
+    from .compare.scaling import speedup_over
 
     full = full_scale(df)
     pairs = _twins(full) if not full.is_empty() and "parallel.world_size" in full.columns else []

@@ -4,8 +4,10 @@ sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 from pathlib import Path  # noqa: E402
 
+import polars as pl  # noqa: E402
+
 from ftbench.analysis import aggregate, html_page, read_runs  # noqa: E402
-from ftbench.compare import headline  # noqa: E402
+from ftbench.compare import headline, quality_by_variant  # noqa: E402
 from ftbench.config import load_yaml  # noqa: E402
 from ftbench.coverage import coverage_html, coverage_rows, merged_records, provenance_line  # noqa: E402
 from ftbench.coverage import shipped_records  # noqa: E402
@@ -23,7 +25,9 @@ if snakemake.input.shipped:  # what ships in measurements/, judged on its own (c
                " ".join(filter(None, [campaigns, provenance_line(theirs, snakemake.params.across_code, dates=True)])))
     if snakemake.params.frontier:  # the fastest LoRA measured and its peers at their best (Study B's frontier)
         llm, replaced = aggregate([], list(frames.values()), study="llm", with_replaced=True)
-        fastest = headline(llm, replaced, **snakemake.params.frontier)
+        quality = (quality_by_variant(pl.read_csv(snakemake.input.quality[0]).iter_rows(named=True))
+                   if snakemake.input.quality else None)
+        fastest = headline(llm, replaced, quality=quality, **snakemake.params.frontier)
 fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped, fastest)
 Path(snakemake.output.front).write_text(fragment)
 Path(snakemake.output.html).write_text(html_page("ftbench: what the records reproduce", [fragment]))
