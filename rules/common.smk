@@ -14,6 +14,9 @@ library_first(BASE_DIR / "src")
 from ftbench import config as ftc  # noqa: E402
 from ftbench.gpus import shares_gpu, visible_gpus  # noqa: E402
 
+# `pick`: a name for the fastest variant of a list that this install can run (config/your_model.yaml), said first
+for line in ftc.pick_variants(config):
+    print(line, file=sys.stderr)
 # Cross-reference checks that a JSON schema cannot express; a bad config stops here, before any job.
 ftc.check_config(config, BASE_DIR)
 RUNS = ftc.expand_matrix(config)
@@ -206,6 +209,11 @@ def published_file(wildcards):
 
 def study_variant_table(wildcards):
     return ftc.study_variants(config, wildcards.study)
+
+
+def study_variant_pool(wildcards):
+    """The study's variants as config writes them (each rung's base and what it adds), for pages' legends."""
+    return ftc.variant_pool(config, wildcards.study)
 
 
 def study_comparisons(wildcards):

@@ -22,6 +22,7 @@ rule aggregate:
         "../envs/report.yaml"
     params:
         title=study_title,
+        pool=study_variant_pool,
     script:
         "../workflow/scripts/aggregate.py"
 
@@ -121,6 +122,7 @@ rule compare:
         title=study_title,
         comparisons=study_comparisons,
         variants=study_variant_table,
+        pool=study_variant_pool,
     script:
         "../workflow/scripts/compare.py"
 
@@ -151,6 +153,7 @@ rule coverage:
         tables=coverage_tables(),
         across_code=config.get("merge_across_code", False),
         frontier=llm_frontier(),
+        pool=ftc.all_variants(config),
     script:
         "../workflow/scripts/coverage.py"
 

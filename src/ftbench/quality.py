@@ -24,6 +24,8 @@ import statistics
 
 import polars as pl
 
+from .techniques import words
+
 NOISE_SIGMAS = 2.0
 COST_SIGMAS = 3.0
 MIN_SEEDS = 3
@@ -110,14 +112,6 @@ def speed_at_shapes(speed: pl.DataFrame | None, model: str = "qwen3-8b") -> dict
     return best
 
 
-def technique_words(knobs: dict | None) -> str:
-    """A variant's knobs as a line (those set; the rest at their defaults)."""
-    if not knobs:
-        return "bf16 LoRA as configured"
-    return ", ".join(f"{k} {v}" if not isinstance(v, bool) else (k if v else f"no {k}")
-                     for k, v in knobs.items() if v is not None)
-
-
 def quality_rows(df: pl.DataFrame, baseline: str, seeds: list[str], variants: dict | None = None,
                  speed: pl.DataFrame | None = None) -> list[dict]:
     """One row per technique run of each (model, dataset, GPU) group holding the baseline: its verdict, its loss
@@ -146,7 +140,7 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list[str], variants: di
                         if rel_tokens is not None and s and base_speed else None)
             out.append({
                 "model": key[0], "dataset": key[1], "gpu": key[2], "variant": r["variant"],
-                "technique": technique_words(variants.get(r["variant"])),
+                "techniques, in words": words(r["variant"], knobs=(variants or {}).get(r["variant"]) or {}),
                 "seed of the baseline": r["variant"] in seeds or r["variant"] == baseline,
                 "held-out loss before": pts[0]["loss"] if pts and pts[0]["tokens"] == 0 else None,
                 "held-out loss after": pts[-1]["loss"] if pts else None,
@@ -162,19 +156,23 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list[str], variants: di
     return out
 
 
-def claims_rows(rows: list[dict], claims: list[dict]) -> list[dict]:
+def claims_rows(rows: list[dict], claims: list[dict], variants: dict | None = None) -> list[dict]:
     """The published quality claims read from the techniques' verdicts: holds (keeps quality), differs (costs
-    quality), inconclusive, or not measured."""
+    quality), inconclusive, or not measured. A claim's `variant` is one variant or a list of those that carry its
+    technique (Unsloth on padded batches and on packed rows); `variants`: their knobs, for the words."""
     mapping = {KEEPS: "holds", COSTS: "differs", INCONCLUSIVE: "inconclusive", NOT_MEASURED: "not measured"}
     out = []
     for c in claims:
-        mine = [r for r in rows if r["variant"] == c["variant"]]
+        names = c["variant"] if isinstance(c["variant"], list) else [c["variant"]]
+        mine = [r for r in rows if r["variant"] in names]
+        base = {"claim": c["claim"], "source": c.get("source")}
         if not mine:
-            out.append({"claim": c["claim"], "source": c.get("source"), "variant": c["variant"],
-                        "verdict": "not measured", "evidence": "no run of this variant in the quality study"})
+            out += [{**base, "variant": n, "techniques, in words": words(n, knobs=(variants or {}).get(n) or {}),
+                     "verdict": "not measured", "evidence": "no run of this variant in the quality study"}
+                    for n in names]
             continue
         for r in mine:
-            out.append({"claim": c["claim"], "source": c.get("source"), "variant": c["variant"],
+            out.append({**base, "variant": r["variant"], "techniques, in words": r["techniques, in words"],
                         "verdict": mapping[r["quality"]], "evidence": f"{r['gpu']}: {r['why']}"})
     return out
 
@@ -209,7 +207,7 @@ def svg(chart) -> str:
     return vl_convert.vegalite_to_svg(chart.to_json())
 
 
-SHOWN = ["variant", "technique", "gpu", "quality", "held-out loss before", "held-out loss after", "compared at tokens",
+SHOWN = ["variant", "techniques, in words", "gpu", "quality", "held-out loss before", "held-out loss after", "compared at tokens",
          "loss at those tokens", "delta (nats)", "baseline sd", "seeds", "tokens to quality (x baseline)",
          "tokens/s at Qwen3-8B", "speed measured on", "time to quality (x baseline, projection)", "why"]
 

@@ -11,4 +11,5 @@ replaced.write_parquet(snakemake.output.replaced)
 df.write_csv(snakemake.output.csv)
 with open(snakemake.output.html, "w") as f:
     f.write(to_html(display_table(df), snakemake.params.title, note=f"{df.height} runs; weights and data sources "
-                    "in the last columns: losses of random weights mean nothing, speed and memory do."))
+                    "in the last columns: losses of random weights mean nothing, speed and memory do.",
+                    pool=snakemake.params.pool, records=df))

@@ -12,6 +12,6 @@ html = comparison_page(pl.read_parquet(snakemake.input.runs), f"{snakemake.param
                        snakemake.params.comparisons, published, snakemake.params.variants,
                        replaced=pl.read_parquet(snakemake.input.replaced),
                        quality=quality_by_variant(pl.read_csv(snakemake.input.quality[0]).iter_rows(named=True))
-                       if snakemake.input.quality else None)
+                       if snakemake.input.quality else None, pool=snakemake.params.pool)
 with open(snakemake.output[0], "w") as f:
     f.write(html)

@@ -28,6 +28,8 @@ if snakemake.input.shipped:  # what ships in measurements/, judged on its own (c
         quality = (quality_by_variant(pl.read_csv(snakemake.input.quality[0]).iter_rows(named=True))
                    if snakemake.input.quality else None)
         fastest = headline(llm, replaced, quality=quality, **snakemake.params.frontier)
-fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped, fastest)
+records = [*runs.iter_rows(named=True), *(theirs.iter_rows(named=True) if shipped else [])]  # for the legend
+fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped, fastest, records,
+                         snakemake.params.pool)
 Path(snakemake.output.front).write_text(fragment)
 Path(snakemake.output.html).write_text(html_page("ftbench: what the records reproduce", [fragment]))

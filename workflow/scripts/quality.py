@@ -15,7 +15,7 @@ shipped = [read_runs(f) for f in snakemake.input.shipped]  # each measurements/ 
 df = aggregate(snakemake.input.metrics, shipped, study=p.study)  # this study's records, ours and shipped
 speed = pl.concat([s for s in shipped if len(s)], how="diagonal_relaxed") if any(len(s) for s in shipped) else None
 rows = quality.quality_rows(df, p.settings["baseline"], p.settings.get("seeds") or [], p.variants, speed)
-claims = quality.claims_rows(rows, p.settings.get("claims") or [])
+claims = quality.claims_rows(rows, p.settings.get("claims") or [], p.variants)
 frame = quality.curves_frame(df)
 chart = quality.svg(quality.curves_chart(frame)) if len(frame) else "<p>No held-out curve was measured.</p>"
 answers = [json.loads(Path(a).read_text()) for a in snakemake.input.answers]

@@ -30,14 +30,15 @@ COMPARISONS = {"study_b_table": study_b_table, "scaling": scaling, "ladder": lad
 
 
 def comparison_page(df: pl.DataFrame, title: str, comparisons: dict, published: dict, variants: dict,
-                    replaced: pl.DataFrame | None = None, quality: dict | None = None) -> str:
+                    replaced: pl.DataFrame | None = None, quality: dict | None = None, pool: dict | None = None) -> str:
     """Each configured comparison of the runs `df`; `replaced`: the runs a later measurement of the same run
     replaced in `df` (analysis.aggregate), which the frontier reads each lease's own top rung from; `quality`: the
-    quality study's verdicts by variant (`quality_by_variant`), which the ladder and the frontier show beside speed."""
+    quality study's verdicts by variant (`quality_by_variant`), which the ladder and the frontier show beside speed;
+    `pool`: the study's variants as config writes them, for the page's legend (each rung's base and what it adds)."""
     blocks = []
     for name, kwargs in comparisons.items():
         blocks.append(f"<b>{name.replace('_', ' ')}</b>")
-        blocks += COMPARISONS[name](df, published, variants=variants, replaced=replaced, quality=quality,
+        blocks += COMPARISONS[name](df, published, variants=variants, replaced=replaced, quality=quality, pool=pool,
                                     **(kwargs or {}))
-    return html_page(title, blocks)
+    return html_page(title, blocks, pool, df)
 

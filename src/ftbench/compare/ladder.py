@@ -8,6 +8,7 @@ import math
 import statistics
 
 from ..analysis import peak_memory
+from ..techniques import adds_words
 from .common import (NOISE_NOTE, UNSTATED, _verdict, gemms_in, held_back, machine_key, mfu_against, peak_gib, peer_of,
                      scale_order, tokens_noise)
 
@@ -128,7 +129,7 @@ def against_top(rows: list[dict], runs: list[dict], tops: dict) -> None:
 
 def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True, eval_loss=False, title="Ladder",
            same_rows: str | None = None, replaced: pl.DataFrame | None = None, own_tops: dict | None = None,
-           quality: dict | None = None, **_) -> list:
+           quality: dict | None = None, pool: dict | None = None, **_) -> list:
     """The technique ladder: each rung a variant that adds one technique to the rung before, measured at the
     same model, dataset, GPU and batch size; real (unpadded) tokens/s, MFU, peak memory, the loss over the first
     steps (the same samples for every rung: a faster rung that trains a different model shows here), x previous
@@ -140,7 +141,8 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
     `own_tops` (with `same_rows`), filled: per machine and GEMM precision, the project's own fastest run standing on
     the frontier, replaced runs included (what a peer is read against: `peer_table`); `quality`: the quality study's
     verdicts by variant (`quality_by_variant`), shown beside each rung's speed, and the fastest configuration named
-    only among rungs that keep quality."""
+    only among rungs that keep quality; `pool`: config's variants as written, each row saying what its variant adds
+    to the rung it stands on, in words."""
     names = list(rungs) + [b for b in beside if b not in rungs]
     refs = {} if not same_rows else {  # the same_rows variant's runs, by everything but the variant
         rows_key(r): r
@@ -177,6 +179,9 @@ def ladder(df: pl.DataFrame, published: dict, rungs=(), beside=(), by_batch=True
                 continue
             row = rung_row(r, str(i) if name in rungs else "beside", base, prev if name in rungs else None, every,
                            eval_loss)
+            if pool:  # "lora-tb-cg = lora-tb + compiled layers in CUDA graphs"
+                row = {**{k: row[k] for k in list(row)[:7]}, "stands on + adds": adds_words(name, pool),
+                       **{k: row[k] for k in list(row)[7:]}}
             if same_rows:
                 cmp = same_rows_check(r, refs)
                 row["loss vs rung 0's step, same rows"] = same_rows_text(cmp) if row["tokens/s (real)"] and cmp \

@@ -6,7 +6,7 @@ import polars as pl
 
 from ..flops import peak_tflops
 from .common import UNSTATED, _cv_text, _verdict, gemms_in, held_back, machine_key, peak_gib, peer_of, tokens_noise
-from .ladder import ladder
+from .ladder import ladder, quality_of, quality_text
 
 
 def peer_run(runs: list[dict], own: dict) -> tuple[dict, list[str]]:
@@ -94,7 +94,7 @@ def lead_over(top: dict | None, peer: dict, with_cv: bool = False) -> str | None
             f"({top['variant']}, {tps:,.0f}{cv})")
 
 
-def peer_table(out: list, refused: list, read: list) -> list:
+def peer_table(out: list, refused: list, read: list, quality: dict | None = None) -> list:
     """The report's "Peers at their best" from `peer_reads`, its note opening with the best peer and the lead over
     it (`best_peer_line`); without any peer's settings recorded it claims no lead."""
     note = ("Peers at their best, like with like: each peer's run whose record names the settings it ran with "
@@ -110,7 +110,7 @@ def peer_table(out: list, refused: list, read: list) -> list:
         return [note + " No peer's run with its settings recorded: the report claims no lead over any peer.",
                 ("Peers at their best", pl.DataFrame({"result": ["no peer run with its settings recorded"]}),
                  "frontier peers measured")]
-    return [note.rstrip() + best_peer_line(read),
+    return [note.rstrip() + best_peer_line(read, quality),
             ("Peers at their best", pl.DataFrame(out, infer_schema_length=None), "frontier peers measured")]
 
 
@@ -131,33 +131,35 @@ def headline(df: pl.DataFrame, replaced: pl.DataFrame | None = None, rungs=(), b
         return None
     fastest = out[0].split(" <br>")[0].removeprefix(  # (the smaller scales and CPUs apart: not the published model)
         "Fastest configuration measured at full scale on a GPU: ")
-    peers = best_peer_line(read).strip() if read else (
+    peers = best_peer_line(read, quality).strip() if read else (
         "No peer's run with its settings recorded: no lead over any peer is claimed.")
     return f"{fastest} {peers}"
 
 
-def best_peer_line(read: list) -> str:
+def best_peer_line(read: list, quality: dict | None = None) -> str:
     """The sentence a reader of the frontier wants first: the fastest peer run at its best (with its settings), and
     the project's lead over it on the same machine, in any precision and in the peer's own, each with both runs'
-    noise (their CV across windows) and its verdict. `read`: (peer run, same-precision top, any-precision top)."""
+    noise (their CV across windows) and its verdict, and with `quality` each rung's quality verdict beside it (a lead
+    bought by a rung that costs quality says so). `read`: (peer run, same-precision top, any-precision top)."""
     r, same, anyp = max(read, key=lambda x: x[0]["throughput.tokens_per_s"])
 
     def lead(top):
-        return lead_over(top, r, with_cv=True) or "no rung of ours measured on its machine"
+        text = lead_over(top, r, with_cv=True) or "no rung of ours measured on its machine"
+        return f"{text} [{quality_text(quality_of(quality, top))}]" if quality and top else text
     return (f" The best peer at its best: {r['variant']} ({peer_of(r)} {r.get('peer.version') or ''}, "
             f"{r['throughput.tokens_per_s']:,.0f} real tokens/s, {_cv_text(r)}, {r['gpu']}); the top rung's lead over "
             f"it on the same machine: {lead(anyp)} in any precision, {lead(same)} {gemms_in(r)} against {gemms_in(r)}.")
 
 
 def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=None, replaced=None, quality=None,
-             **_) -> list:
+             pool=None, **_) -> list:
     """The speed frontier past the ladder's top (one GPU, LoRA): each rung adds one technique (rows of a token
     budget, CUDA graphs, no per-step metric syncs, fused projections and optimizer, activation offloading, FP8),
     each at its own batch; loss on the evaluation set. Then the published figures of other systems on one GPU
     (`frontier_peers` in the study's published file), each beside the fastest rung measured here on its GPU."""
-    out, reads = frontier_reads(df, published, rungs, beside, same_rows, replaced, quality)
+    out, reads = frontier_reads(df, published, rungs, beside, same_rows, replaced, quality, pool)
     table = out[-1][1]
-    out += peer_table(*reads)
+    out += peer_table(*reads, quality=quality)
     peers = published.get("frontier_peers") or []
     if peers:
         out += peer_rows(table, peers)
@@ -165,13 +167,13 @@ def frontier(df: pl.DataFrame, published: dict, rungs=(), beside=(), same_rows=N
 
 
 def frontier_reads(df: pl.DataFrame, published: dict, rungs, beside, same_rows, replaced,
-                   quality: dict | None = None) -> tuple[list, tuple]:
+                   quality: dict | None = None, pool: dict | None = None) -> tuple[list, tuple]:
     """The frontier's ladder (each rung at its own batch, the evaluation loss) and its peers read like with like
     (`peer_reads`, against the project's own fastest runs of each machine that `ladder` collects): what `frontier`
     shows and `headline` sums up."""
     own = {}
     out = ladder(df, published, rungs, beside, by_batch=False, eval_loss=True, title="Frontier", same_rows=same_rows,
-                 replaced=replaced, own_tops=own, quality=quality)
+                 replaced=replaced, own_tops=own, quality=quality, pool=pool)
     table = out[-1][1]
     if not beside or "variant" not in table.columns:
         return out, ([], [], [])

@@ -1,0 +1,78 @@
+"""Variants as a ladder of techniques: each names the rung it stands on and what it adds, resolved to the knobs a
+runner reads; every technique said in words."""
+
+import copy
+import dataclasses
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import ROOT
+from ftbench import config as ftc
+from ftbench.knobs import DEFAULTS, Variant
+from ftbench.techniques import TECHNIQUES, adds_words, legend, resolve, resolve_all, words
+
+DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+SCHEMA = yaml.safe_load((ROOT / "config/schema/config.schema.yaml").read_text())
+
+
+def test_every_technique_sets_known_knobs_to_values_the_schema_accepts():
+    props = SCHEMA["$defs"]["variants"]["additionalProperties"]["properties"]
+    fields = {f.name for f in dataclasses.fields(Variant)}
+    for t in TECHNIQUES.values():
+        assert t.title and t.knobs and set(t.knobs) <= fields, t.name
+        for k, v in t.knobs.items():
+            jsonschema.validate(v, props[k])
+            assert DEFAULTS[k] != v, f"{t.name} sets {k} to its default"
+
+
+def test_a_rung_is_its_base_plus_what_it_adds_and_its_own_knobs_win():
+    pool = {"lora": {"peft": "lora", "precision": "bf16"},
+            "lora-tb": {"base": "lora", "adds": ["padding-free", "varlen", "compile-layers", "rows-4k"]},
+            "lora-tb-cg": {"base": "lora-tb", "adds": ["cuda-graphs"]},
+            "lora-tb-cg-8k": {"base": "lora-tb-cg", "token_budget": 8192}}
+    assert resolve("lora-tb-cg", pool) == {"peft": "lora", "precision": "bf16", "padding_free": True,
+                                           "attention": "varlen", "compile": "reduce-overhead",
+                                           "compile_scope": "layers", "token_budget": 4096}
+    assert resolve("lora-tb-cg-8k", pool)["token_budget"] == 8192
+    assert adds_words("lora-tb-cg", pool) == "lora-tb + compiled layers in CUDA graphs"
+    assert adds_words("lora-tb-cg-8k", pool) == "lora-tb-cg + rows of exactly 8,192 tokens"
+    said = words("lora-tb-cg", pool)
+    assert said.startswith("LoRA + ") and "compiled layers in CUDA graphs" in said and "padding-free rows" in said
+    assert "rows of exactly 4,096 tokens" in said and "per-sequence attention" in said
+
+
+def test_a_base_or_technique_that_does_not_resolve_is_a_config_error_naming_the_variant():
+    cfg = copy.deepcopy(DEFAULT)
+    cfg["variants"]["x"] = {"base": "no-such-rung"}
+    with pytest.raises(ftc.ConfigError, match="variants.x: base 'no-such-rung'"):
+        ftc.check_config(cfg, ROOT)
+    cfg["variants"]["x"] = {"base": "lora", "adds": ["warp-speed"]}
+    with pytest.raises(ftc.ConfigError, match="variants.x: adds 'warp-speed'"):
+        ftc.check_config(cfg, ROOT)
+    cfg["variants"]["x"] = {"base": "y"}
+    cfg["variants"]["y"] = {"base": "x"}
+    with pytest.raises(ftc.ConfigError, match="leads back to itself"):
+        ftc.check_config(cfg, ROOT)
+
+
+def test_the_config_ladder_resolves_every_variant_and_the_top_rung_reads_as_one_step():
+    flat = resolve_all(DEFAULT["variants"])
+    top = "lora-tb-cg-lean-async-pinned-fp8-static-fa4-lce8-wt-fa-acc-rw-ep-1r-ba"
+    assert flat[top]["fp8_fast_accum"] == "all" and flat[top]["lora_b_one_read"] and flat[top]["token_budget"] == 4096
+    assert adds_words(top, DEFAULT["variants"]) == (
+        "lora-tb-cg-lean-async-pinned-fp8-static-fa4-lce8-wt-fa-acc-rw-ep-1r + fast accumulation in every FP8 GEMM")
+    for name in DEFAULT["variants"]:  # every variant in words, none left to a knob's name
+        assert words(name, DEFAULT["variants"]).startswith(("LoRA", "full fine-tune")), name
+
+
+def test_a_legend_says_a_variant_no_longer_in_config_from_its_record():
+    rows = legend(["lora", "gone"], DEFAULT["variants"],
+                  [{"variant": "gone", "variant.precision": "fp8", "variant.fp8_backend": "torchao",
+                    "variant.gradient_checkpointing": True, "variant.dataloader_workers": 4}])
+    by = {r["variant"]: r for r in rows}
+    assert by["lora"]["techniques, in words"] == "LoRA"
+    assert by["gone"]["techniques, in words"] == (
+        "LoRA + FP8 GEMMs on the frozen base (torchao, dynamic scales) + gradient checkpointing + 4 data-loader workers")
+    assert legend(["unknown"])[0]["techniques, in words"] == "not in this config and no record of it"
