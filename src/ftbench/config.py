@@ -14,8 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from .knobs import ConfigError, Variant, knob_problems, required_packages  # noqa: F401  (re-exported)
-from .techniques import TechniqueError, resolve_all
+from .knobs import ConfigError, Variant, knob_problems  # noqa: F401  (re-exported: the names callers use)
+from .pool import (all_variant_names, all_variants, pick_variants, study_variants, variant_knobs,  # noqa: F401
+                   variant_pool)  # (re-exported: ftbench.config is where callers find them)
 
 DATA_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # models, datasets, variants, studies: path- and regex-safe
@@ -127,42 +128,6 @@ def load_yaml(path) -> dict:
         return yaml.safe_load(f)
 
 
-def variant_pool(config: dict, study: str) -> dict:
-    """The variants a study can name as config writes them (each a base and what it adds, or knobs): the global
-    ones, overridden and extended by the study's own (studies may reuse a name, e.g. `compile`, for different knob
-    sets)."""
-    return {**config.get("variants", {}), **(config["studies"][study].get("variants") or {})}
-
-
-def all_variants(config: dict) -> dict:
-    """Every study's variants as config writes them, the global ones then each study's own (a page across studies
-    reads a name two studies share from its records first: ftbench.techniques.legend)."""
-    out = dict(config.get("variants", {}))
-    for sdef in config["studies"].values():
-        out.update(sdef.get("variants") or {})
-    return out
-
-
-def study_variants(config: dict, study: str) -> dict:
-    """The variants a study can name, each as the flat knobs it runs with (its base's, then what it adds:
-    ftbench.techniques.resolve)."""
-    try:
-        return resolve_all(variant_pool(config, study))
-    except TechniqueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def variant_knobs(config: dict, study: str, name: str) -> dict:
-    return study_variants(config, study)[name] or {}
-
-
-def all_variant_names(config: dict) -> list[str]:
-    names = dict.fromkeys(config.get("variants", {}))
-    for sdef in config["studies"].values():
-        names.update(dict.fromkeys(sdef.get("variants") or {}))
-    return list(names)
-
-
 def local_checkpoint(config: dict, model: str) -> Path | None:
     """The folder of a model whose source is a local checkpoint (config.json or model_index.json), else None."""
     return _checkpoint_dir(config["models"][model]["source"])
@@ -211,45 +176,6 @@ def active_studies(config: dict) -> dict:
     default config, so a full reproduction selects its studies this way)."""
     only = config.get("only_studies") or list(config["studies"])
     return {name: config["studies"][name] for name in only}
-
-
-def pick_variants(config: dict, installed=None) -> list[str]:
-    """Config `pick: {NAME: [variant, ...]}` (fastest first): each NAME in a study's matrix, generate runs and
-    profile becomes the first variant of its list whose packages this install has (`knobs.required_packages`;
-    `installed`: a package name -> bool, by default importlib's find_spec), so the records and folders name the
-    variant that ran. Returns one line per pick saying which it took and what it passed over, and why."""
-    import importlib.util
-
-    installed = installed or (lambda name: importlib.util.find_spec(name) is not None)
-    said, chosen = [], {}
-    for name, order in (config.get("pick") or {}).items():
-        passed = []
-        for candidate in order:
-            study = next((s for s in config["studies"] if candidate in variant_pool(config, s)), None)
-            if study is None:
-                raise ConfigError(f"pick.{name}: {candidate!r} is not a variant")
-            missing = [p for p in required_packages(Variant.from_config(candidate, variant_knobs(config, study,
-                                                                                               candidate)))
-                       if not installed(p)]
-            if not missing:
-                chosen[name] = candidate
-                break
-            passed.append(f"{candidate} (needs {', '.join(missing)}, not installed)")
-        if name not in chosen:
-            raise ConfigError(f"pick.{name}: none of its variants can run with this install: {'; '.join(passed)}")
-        said.append(f"pick.{name}: {chosen[name]}, the first of its list (fastest first) whose packages are installed"
-                    + (f"; passed over: {'; '.join(passed)}" if passed else ""))
-    if not chosen:
-        return said
-    for sdef in config["studies"].values():
-        for block in sdef.get("matrix") or []:
-            block["variants"] = [chosen.get(v, v) for v in block["variants"]]
-        for run in (sdef.get("generate") or {}).get("runs") or []:
-            run["variant"] = chosen.get(run["variant"], run["variant"])
-    for run in config.get("profile") or []:
-        if "variant" in run:
-            run["variant"] = chosen.get(run["variant"], run["variant"])
-    return said
 
 
 def expand_matrix(config: dict) -> list[RunSpec]:

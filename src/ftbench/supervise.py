@@ -280,54 +280,10 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         # one process per GPU (on a CPU machine: per rank, gloo), started by torchrun: one launcher, or one a node
         plan = launch_plan(gpus, run_nodes(params) if kind in ("train", "profile") else 1, slots, job, env,
                            f"ftbench-{Path(tmp).name}")
-        proc, launcher = None, ("srun" if plan[0]["cmd"][0] == "srun" else "subprocess" if len(plan) == 1
-                                else f"{len(plan)} torchrun launchers")
-        if forkserver.enabled() and gpus <= 1 and (params.get("variant") or {}).get("framework") != "unsloth":
-            try:  # forked from a server that imported the libraries once (ftbench.forkserver)
-                proc, launcher = forkserver.spawn(plan[0]["cmd"][2:], env, log_path), "fork server"
-            except forkserver.Unavailable as e:
-                with open(log_path, "a") as log:
-                    print(f"fork server unavailable ({e}); starting the child the plain way", file=log)
-        if proc is None:
-            with open(log_path, "a") as log:
-                log.flush()
-                procs = [subprocess.Popen(p["cmd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                          env=p["env"]) for p in plan]
-            proc = procs[0] if len(procs) == 1 else Launchers(procs)
-        previous = {}  # a job cancelled by Snakemake takes its child with it (handlers live in the main thread)
-        if threading.current_thread() is threading.main_thread():
-            previous = {s: signal.signal(s, lambda *_: (_kill(proc), sys.exit(1))) for s in (signal.SIGTERM,
-                                                                                              signal.SIGINT)}
-        t0, verdict, peak_rss, seen, checked = time.monotonic(), None, 0, {}, 0.0
-        stall = stall_limit(params) if kind in ("train", "profile") else None
-        try:
-            while proc.poll() is None:
-                time.sleep(POLL_S)
-                elapsed = time.monotonic() - t0
-                rss = 0
-                for p in getattr(proc, "procs", [proc]):
-                    used, family = _family(p.pid)
-                    rss += used
-                    seen.update(family)
-                peak_rss = max(peak_rss, rss)
-                if time_limit and elapsed > time_limit:
-                    verdict = ("timeout", f"exceeded its time limit of {time_limit:g} s")
-                elif mem_limit and rss > mem_limit * 1024**3:
-                    verdict = ("crashed", f"exceeded its host-memory budget of {mem_limit:g} GiB "
-                                          f"({rss / 1024**3:.1f} GiB resident)")
-                elif stall and elapsed - checked >= 1:  # stepped, then silent on every rank for the stall limit
-                    checked = elapsed
-                    reports = rank_progress(progress).values()
-                    quiet = min((p["age_s"] for p in reports), default=0)
-                    if any(p.get("step") for p in reports) and quiet > stall:
-                        verdict = ("timeout", f"stalled: no progress from any rank for {quiet:.0f} s (stall limit "
-                                              f"{stall:g} s)")
-                if verdict:
-                    _kill(proc)
-                    break
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        proc, launcher = _start(plan, env, log_path, gpus, params)
+        t0 = time.monotonic()
+        verdict, peak_rss, seen = _watch(proc, progress, time_limit, mem_limit,
+                                         stall_limit(params) if kind in ("train", "profile") else None)
         for p in getattr(proc, "procs", [proc]):  # whatever each left behind in its session (loader workers) goes too
             try:
                 os.killpg(p.pid, signal.SIGKILL)
@@ -337,12 +293,80 @@ def supervise(kind: str, params: dict, paths: dict, log_path, gpus: int | None =
         elapsed = time.monotonic() - t0
         ranks = rank_progress(progress)
         last = {k: v for k, v in ranks.get(0, {}).items() if k != "age_s"}
-    supervision = {"launcher": launcher, "launchers": [p["where"] for p in plan], "gpu_slots": slots, "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
+    supervision = {"launcher": launcher, "launchers": [p["where"] for p in plan], "gpu_slots": slots,
+                   "time_limit_s": time_limit, "host_memory_limit_gib": mem_limit, "elapsed_s": elapsed,
                    "exit_code": proc.returncode, "host_peak_rss_gib_session": peak_rss / 1024**3 or None,
                    "last_step": last.get("step"), "compiled_graphs_at_last_step": last.get("compiled_graphs"),
                    "host_step_ends_s": last.get("host_step_ends_s"), "processes_killed_after": len(left),
                    "last_step_by_rank": {str(r): p.get("step") for r, p in sorted(ranks.items())} if gpus > 1 else None}
-    rc = proc.returncode
+    return _outcome(kind, params, paths, out, log_path, proc.returncode, verdict, supervision, ranks, gpus, elapsed)
+
+
+def _start(plan: list[dict], env: dict, log_path, gpus: int, params: dict):
+    """The child: forked from the warm server where it serves (one process, not Unsloth's), else each launcher of
+    the plan started in a session of its own. Returns (the process or the launchers, how it started)."""
+    proc, launcher = None, ("srun" if plan[0]["cmd"][0] == "srun" else "subprocess" if len(plan) == 1
+                            else f"{len(plan)} torchrun launchers")
+    if forkserver.enabled() and gpus <= 1 and (params.get("variant") or {}).get("framework") != "unsloth":
+        try:  # forked from a server that imported the libraries once (ftbench.forkserver)
+            proc, launcher = forkserver.spawn(plan[0]["cmd"][2:], env, log_path), "fork server"
+        except forkserver.Unavailable as e:
+            with open(log_path, "a") as log:
+                print(f"fork server unavailable ({e}); starting the child the plain way", file=log)
+    if proc is None:
+        with open(log_path, "a") as log:
+            log.flush()
+            procs = [subprocess.Popen(p["cmd"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                      env=p["env"]) for p in plan]
+        proc = procs[0] if len(procs) == 1 else Launchers(procs)
+    return proc, launcher
+
+
+def _watch(proc, progress: Path, time_limit, mem_limit, stall) -> tuple:
+    """Poll the child until it ends or a limit ends it (killed): its time, its host memory (the whole process
+    family), a stall (stepped, then silent on every rank). A job Snakemake cancels takes its child with it.
+    Returns (the verdict or None, the peak resident bytes, every process seen)."""
+    previous = {}  # (signal handlers live in the main thread)
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, lambda *_: (_kill(proc), sys.exit(1))) for s in (signal.SIGTERM,
+                                                                                          signal.SIGINT)}
+    t0, verdict, peak_rss, seen, checked = time.monotonic(), None, 0, {}, 0.0
+    try:
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            elapsed = time.monotonic() - t0
+            rss = 0
+            for p in getattr(proc, "procs", [proc]):
+                used, family = _family(p.pid)
+                rss += used
+                seen.update(family)
+            peak_rss = max(peak_rss, rss)
+            if time_limit and elapsed > time_limit:
+                verdict = ("timeout", f"exceeded its time limit of {time_limit:g} s")
+            elif mem_limit and rss > mem_limit * 1024**3:
+                verdict = ("crashed", f"exceeded its host-memory budget of {mem_limit:g} GiB "
+                                      f"({rss / 1024**3:.1f} GiB resident)")
+            elif stall and elapsed - checked >= 1:  # stepped, then silent on every rank for the stall limit
+                checked = elapsed
+                reports = rank_progress(progress).values()
+                quiet = min((p["age_s"] for p in reports), default=0)
+                if any(p.get("step") for p in reports) and quiet > stall:
+                    verdict = ("timeout", f"stalled: no progress from any rank for {quiet:.0f} s (stall limit "
+                                          f"{stall:g} s)")
+            if verdict:
+                _kill(proc)
+                break
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return verdict, peak_rss, seen
+
+
+def _outcome(kind: str, params: dict, paths: dict, out: Path, log_path, rc, verdict, supervision: dict,
+             ranks: dict, gpus: int, elapsed: float) -> dict:
+    """The job's record once its child has ended: the child's own (what it measured stands; a failure after it
+    said beside it), else a `crashed` or `timeout` record naming the cause, the step reached and the log's tail."""
+    last = {k: v for k, v in ranks.get(0, {}).items() if k != "age_s"}
     sig = signal.Signals(-rc).name if rc and rc < 0 else None
     how = f"killed by {sig}" if sig else f"exited with code {rc}"
     # the rank torchrun's summary names, where ranks ran and no limit of ours ended them

@@ -381,24 +381,51 @@ def train(ctx, record, device, meter):
     """Load, wrap, train with SFTTrainer for warm-up + measured windows, evaluate; fill the record."""
     if ctx.variant.framework == "unsloth":
         import_unsloth(ctx.variant)
-    from transformers import Trainer, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
+    v = ctx.variant
+    model, tokenizer, info, compute = setup_model(ctx, record, device, meter)
+    multiple = pad_multiple(v, ctx.settings, ctx.spec.batch_size)
+    args = trainer_args(ctx, compute, multiple, info, device)
+    train_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"])
+    eval_ds = sft_dataset(ctx.eval_path, ctx.dataset["kind"])
+    s = ctx.settings
+    slots = packing.bound_slots(ctx.spec.batch_size, v.token_budget, s.max_seq_length) if v.token_budget else None
+    curve = heldout.HeldOutCurve(s.held_out_every_steps) if s.held_out_every_steps else None
+    syncs = SyncWatch(device)
+    trainer_cls = measured_trainer(v, s, device, tokenizer.pad_token_id, slots, curve)
+    callback = harness_callback(record, meter, curve, syncs, step_reader(model, tokenizer, v, multiple))
+    trainer = trainer_cls(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                          processing_class=tokenizer, callbacks=[callback])
+    callback.trainer = trainer
+    prepare_trainer(trainer, model, ctx, record, tokenizer.pad_token_id, slots)
+    if curve is not None:  # the pretrained model's held-out loss, before the first step
+        curve.evaluate(trainer, 0)
+    with syncs:
+        trainer.train()
+    meter.finish()
+    record["extra"]["host_syncs"] = syncs.summary(meter.steps_taken)
+    trained_record(trainer, model, ctx, record, args, multiple, slots, len(train_ds))
+    with meter.eval():  # (with a held-out curve its last point is the evaluation: the same split, after the last step)
+        record["loss"]["eval"] = (trainer.evaluate()["eval_loss"] if curve is None else curve.points[-1]["loss"])
+    if curve is not None:
+        record["loss"]["held_out"] = curve.summary()
+    save_adapter(trainer, model, ctx, record)
 
-    s, v = ctx.settings, ctx.variant
+
+def setup_model(ctx, record, device, meter):
+    """The model built (or loaded) and wrapped as the variant asks: LoRA, FP8, fused projections, the attention
+    path, compiled layers; what it is, in the record. Returns (model, tokenizer, build info, compute dtype's name)."""
+    v = ctx.variant
     with meter.load():
         model, tokenizer, info = load_model(ctx, device)
     fp8_info = info.get("fp8") or {}
     total, trainable = parameter_counts(model)
     record["model"].update(parameters=total, trainable_parameters=trainable, adapted_modules=adapted_modules(model),
                            build=info.get("build"))
-    shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
     compute = DTYPE_NAMES[compute_dtype(v)]
-    multiple = pad_multiple(v, s, ctx.spec.batch_size)
     record["precision"].update(precision_ran(model, compute, fp8_info.get("converted")))
     record["extra"]["fp8"] = fp8_info or None
-    record["extra"]["fused_projections"] = info.get("fused_projections")
-    record["extra"]["experts"] = info.get("experts")
-    record["extra"]["expert_lora"] = info.get("expert_lora")
+    for key in ("fused_projections", "experts", "expert_lora"):
+        record["extra"][key] = info.get(key)
     record["extra"]["trainer_args"] = info.get("trainer_args") or None  # the parallel strategy's trainer settings
     model.config.use_cache = False  # training keeps no KV cache (with one, compiled layers guard per layer index)
     if v.attention == "varlen":  # each sequence of the packed row attends on its own: no T x T mask
@@ -417,8 +444,15 @@ def train(ctx, record, device, meter):
         record["extra"]["ddp_graph_split"] = v.ddp_graph_split
     if v.compile_scope == "layers":  # the decoder layers compiled in place; the LM head and loss stay eager
         compile_model(model, v)
+    return model, tokenizer, info, compute
 
-    args = SFTConfig(
+
+def trainer_args(ctx, compute: str, multiple: int | None, info: dict, device):
+    """TRL's SFTConfig for the run: the study's hyper-parameters, and each knob the variant sets."""
+    from trl import SFTConfig
+
+    s, v = ctx.settings, ctx.variant
+    return SFTConfig(
         output_dir=str(ctx.spec.run_dir) + "/trainer", max_steps=s.max_steps,
         per_device_train_batch_size=ctx.spec.batch_size, per_device_eval_batch_size=ctx.spec.batch_size,
         gradient_accumulation_steps=s.gradient_accumulation_steps, learning_rate=s.learning_rate,
@@ -434,7 +468,7 @@ def train(ctx, record, device, meter):
         gradient_checkpointing_kwargs=checkpoint_kwargs(v),
         pad_to_multiple_of=multiple, use_cpu=device.type == "cpu", disable_tqdm=True,
         # padding-free: TRL's collator concatenates a batch into one row with position ids restarting at each
-        # sequence; the trainer below adds the block-diagonal mask that keeps them apart (document_mask)
+        # sequence; the trainer adds the block-diagonal mask that keeps them apart (document_mask)
         padding_free=v.padding_free, use_liger_kernel=v.liger, activation_offloading=v.activation_offloading,
         # sync_free: the per-step NaN/Inf check of the loss (`torch.isnan(loss) or ...`: a host sync) off; a
         # non-finite loss then reaches the logged average instead of being replaced by it
@@ -444,14 +478,57 @@ def train(ctx, record, device, meter):
         accelerator_config={"non_blocking": v.sync_free and v.pin_memory},
         lr_scheduler_type="linear", warmup_steps=0, **trainer_compile_args(v),
         **info.get("trainer_args", {}))
-    train_ds, eval_ds = sft_dataset(ctx.train_path, ctx.dataset["kind"]), sft_dataset(ctx.eval_path, ctx.dataset["kind"])
 
-    slots = packing.bound_slots(ctx.spec.batch_size, v.token_budget, s.max_seq_length) if v.token_budget else None
-    pad_id = tokenizer.pad_token_id
 
-    class MeasuredSFTTrainer(SFTTrainer):
-        """SFTTrainer that remembers each micro-batch's tensors and loss (references only: no host sync)."""
+class LeanTrainer:
+    """What a variant without trainer metrics takes off the Trainer's host work each step, and ranks balanced: a
+    mixin before SFTTrainer (`measured_trainer`), reading the variant and settings from `ftb_variant`,
+    `ftb_settings`."""
 
+    ftb_variant = ftb_settings = None
+    params_counted = trained = balanced = None
+
+    def floating_point_ops(self, inputs):
+        """The Trainer's per-step FLOP count (its `total_flos`); without trainer metrics the model's parameter
+        count is taken once: the Trainer walks every module and parameter for it each step, ~0.25 s of the
+        host's Python a step on gpt-oss-120b's 9,216 expert layers (H100 profile, 2026-11-25)."""
+        main = getattr(self.model, "main_input_name", "input_ids")
+        if self.ftb_variant.trainer_metrics or main not in inputs or not hasattr(self.model, "num_parameters"):
+            return super().floating_point_ops(inputs)
+        if self.params_counted is None:
+            self.params_counted = self.model.num_parameters(exclude_embeddings=True)
+        return 6 * inputs[main].numel() * self.params_counted
+
+    def _clip_grad_norm(self, model):
+        """Gradient clipping; without trainer metrics over the trainable parameters listed once (the same
+        norm: frozen parameters have no gradient) rather than `model.parameters()`, which the Trainer walks
+        through every module each step. FSDP2 keeps the Trainer's own path (sharded gradients)."""
+        if self.ftb_variant.trainer_metrics or self.ftb_variant.parallel == "fsdp2":
+            return super()._clip_grad_norm(model)
+        if self.trained is None:
+            self.trained = [p for p in model.parameters() if p.requires_grad]
+        return self.accelerator.clip_grad_norm_(self.trained, self.args.max_grad_norm)
+
+    def _get_train_sampler(self, train_dataset=None):
+        """balance_ranks: each step's packed rows dealt evenly to the ranks (ftbench.parallel.BalancedRanks)."""
+        ds = self.train_dataset  # the packed rows, before the loader drops columns (same order, same length)
+        v = self.ftb_variant
+        if v.balance_ranks and self.args.world_size > 1 and "seq_lengths" in ds.column_names:
+            self.balanced = parallel.BalancedRanks([packing.attention_cost(x) for x in ds["seq_lengths"]],
+                                                   self.args.per_device_train_batch_size, self.args.world_size,
+                                                   self.ftb_settings.seed)
+            return self.balanced
+        return super()._get_train_sampler(train_dataset)
+
+
+def measured_trainer(v, s, device, pad_id, slots, curve):
+    """SFTTrainer with the variant's loss path and inputs, remembering each micro-batch's tensors and loss
+    (references only: no host sync) for the meter, and counting the label tokens of the held-out curve."""
+    from transformers import Trainer
+    from trl import SFTTrainer
+
+    class MeasuredSFTTrainer(LeanTrainer, SFTTrainer):
+        ftb_variant, ftb_settings = v, s
         pending: list = []
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -467,42 +544,6 @@ def train(ctx, record, device, meter):
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             # TRL's fused LM head is a Triton kernel; without Triton (CPU-only machines) use the model's loss
             return Trainer.compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
-
-        params_counted = None
-
-        def floating_point_ops(self, inputs):
-            """The Trainer's per-step FLOP count (its `total_flos`); without trainer metrics the model's parameter
-            count is taken once: the Trainer walks every module and parameter for it each step, ~0.25 s of the
-            host's Python a step on gpt-oss-120b's 9,216 expert layers (H100 profile, 2026-11-25)."""
-            main = getattr(self.model, "main_input_name", "input_ids")
-            if v.trainer_metrics or main not in inputs or not hasattr(self.model, "num_parameters"):
-                return super().floating_point_ops(inputs)
-            if self.params_counted is None:
-                self.params_counted = self.model.num_parameters(exclude_embeddings=True)
-            return 6 * inputs[main].numel() * self.params_counted
-
-        trained = None
-
-        def _clip_grad_norm(self, model):
-            """Gradient clipping; without trainer metrics over the trainable parameters listed once (the same
-            norm: frozen parameters have no gradient) rather than `model.parameters()`, which the Trainer walks
-            through every module each step. FSDP2 keeps the Trainer's own path (sharded gradients)."""
-            if v.trainer_metrics or v.parallel == "fsdp2":
-                return super()._clip_grad_norm(model)
-            if self.trained is None:
-                self.trained = [p for p in model.parameters() if p.requires_grad]
-            return self.accelerator.clip_grad_norm_(self.trained, self.args.max_grad_norm)
-
-        def _get_train_sampler(self, train_dataset=None):
-            """balance_ranks: each step's packed rows dealt evenly to the ranks (ftbench.parallel.BalancedRanks)."""
-            ds = self.train_dataset  # the packed rows, before the loader drops columns (same order, same length)
-            if v.balance_ranks and self.args.world_size > 1 and "seq_lengths" in ds.column_names:
-                self.balanced = parallel.BalancedRanks([packing.attention_cost(x) for x in ds["seq_lengths"]],
-                                                       ctx.spec.batch_size, self.args.world_size, s.seed)
-                return self.balanced
-            return super()._get_train_sampler(train_dataset)
-
-        balanced = None
 
         def _prepare_inputs(self, inputs):
             if v.attention == "varlen":  # (sync_free: the collator added them on the host already)
@@ -524,22 +565,36 @@ def train(ctx, record, device, meter):
             self.pending.append((inputs["input_ids"], inputs.get("attention_mask"), inputs.get("position_ids"), loss))
             return loss
 
-    curve = heldout.HeldOutCurve(s.held_out_every_steps) if s.held_out_every_steps else None
+    return MeasuredSFTTrainer
+
+
+def step_reader(model, tokenizer, v, multiple):
+    """What the meter reads of a step's micro-batches after the window's synchronisation: samples, real and padded
+    tokens, FLOPs (HFU counts a full checkpoint's recomputed forward; selective checkpointing keeps the GEMMs) and
+    the loss."""
+    shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
+    trainable = parameter_counts(model)[1]
     row_pad_id = tokenizer.pad_token_id if v.padding_free and multiple else None
-    # HFU counts a recomputed forward's GEMMs; selective checkpointing keeps them (only cheap ops are recomputed)
     recompute = v.gradient_checkpointing and v.checkpoint_policy == "full"
 
     def step_fields(batches) -> dict:
-        """A step's samples, real and padded tokens, FLOPs and loss, read after the window's synchronisation."""
         seqs = [batch_sequences(ids, mask, pos, row_pad_id) for ids, mask, pos, _ in batches]
         padded = [t for p, _ in seqs for t in p]
         real = [t for _, r in seqs for t in r]
         return {"samples": len(real), "tokens": sum(real), "padded_tokens": sum(padded),
                 "loss": sum(b[-1].item() for b in batches) / len(batches),
                 **step_flops(real, padded, shape, trainable, recompute)}
+    return step_fields
+
+
+def harness_callback(record, meter, curve, syncs, step_fields):
+    """The callback that closes each optimizer step on the meter, takes the held-out curve's points, arms the sync
+    watch at the first measured step and stops training once the last window has closed (its `trainer` set after
+    the trainer is made)."""
+    from transformers import TrainerCallback
 
     class HarnessCallback(TrainerCallback):
-        """Closes each optimizer step on the meter and stops training once the last window has closed."""
+        trainer = None
 
         def on_train_begin(self, args, state, control, **kw):
             self.t0 = time.perf_counter()
@@ -550,19 +605,24 @@ def train(ctx, record, device, meter):
                 import psutil
 
                 record["extra"]["time_to_first_step_s"] = time.time() - psutil.Process().create_time()
-            batches, trainer.pending[:] = list(trainer.pending), []
+            batches, self.trainer.pending[:] = list(self.trainer.pending), []
             published_log = {"epoch": state.epoch, "elapsed_s": time.perf_counter() - self.t0,
                              "progress": state.global_step / state.max_steps}
             shapes = "+".join("x".join(map(str, b[0].shape)) for b in batches)
             if meter.step(None, lazy=lambda: step_fields(batches), shape=shapes, log_fields=published_log):
                 control.should_training_stop = True
             if curve is not None and (control.should_training_stop or curve.due(state.global_step)):
-                curve.evaluate(trainer, state.global_step)
+                curve.evaluate(self.trainer, state.global_step)
             if meter.steps_taken >= meter.measure.warmup_steps:  # the measured steps from here (FTBENCH_SYNC_DEBUG)
                 syncs.arm(meter.steps_taken)
 
-    trainer = MeasuredSFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                                 processing_class=tokenizer, callbacks=[HarnessCallback()])
+    return HarnessCallback()
+
+
+def prepare_trainer(trainer, model, ctx, record, pad_id, slots) -> None:
+    """What the trainer needs before its first step: the LM head's two-GEMM loss, the host-side boundaries
+    collator, the rows truncated and packed as the variant asks."""
+    s, v = ctx.settings, ctx.variant
     if v.lm_head:  # the LM head's loss in two GEMMs a chunk (ftbench.head), wrapped around TRL's patched forward
         from ..harness import Unsupported
 
@@ -583,13 +643,12 @@ def train(ctx, record, device, meter):
         if v.framework == "unsloth":  # the rows reach Unsloth's packed attention with their sequences' lengths
             record["extra"]["unsloth_rows"] = {"padding_free": trainer.args.padding_free, **packing.lengths_passed(
                 trainer.data_collator, trainer.train_dataset, ctx.spec.batch_size)}
-    if curve is not None:  # the pretrained model's held-out loss, before the first step
-        curve.evaluate(trainer, 0)
-    syncs = SyncWatch(device)
-    with syncs:
-        trainer.train()
-    meter.finish()
-    record["extra"]["host_syncs"] = syncs.summary(meter.steps_taken)
+
+
+def trained_record(trainer, model, ctx, record, args, multiple, slots, n_train: int) -> None:
+    """What ran, after training: the attention and loss paths, checkpointing, the peer's settings, the wrapper, the
+    rows, the sync and copy settings the trainer ran with."""
+    v = ctx.variant
     if v.framework == "unsloth":  # which flash kernels Unsloth ran its attention through (it may swap in FA3/FA4)
         record["extra"]["unsloth_flash_impl"] = unsloth_flash_impl()
     record["extra"]["gradient_checkpointing_active"] = bool(getattr(trainer.model, "is_gradient_checkpointing", False)
@@ -601,7 +660,6 @@ def train(ctx, record, device, meter):
                                     "the model's own (NeMo AutoModel's patched forward)" if v.framework == "nemo" else
                                     "model_cross_entropy" if not fused_head_available() else "trl_fused_lm_head" if
                                     v.trainer_metrics else "trl_fused_lm_head, without TRL's per-step metrics")
-    n_train = len(train_ds)
     record["extra"]["last_partial_batch_samples"] = n_train % ctx.spec.batch_size
     record["extra"]["pad_multiple"] = multiple
     if v.attention == "varlen":  # where each step's sequence boundaries came from (sync_free: no device read)
@@ -617,10 +675,11 @@ def train(ctx, record, device, meter):
     record["extra"]["train_samples"] = n_train
     if v.balance_ranks:  # the ranks' attention-cost spread with the balanced order and the plain one (None: not dealt)
         record["extra"]["balance_ranks"] = trainer.balanced.summary() if trainer.balanced is not None else None
-    with meter.eval():  # (with a held-out curve its last point is the evaluation: the same split, after the last step)
-        record["loss"]["eval"] = (trainer.evaluate()["eval_loss"] if curve is None else curve.points[-1]["loss"])
-    if curve is not None:
-        record["loss"]["held_out"] = curve.summary()
+
+
+def save_adapter(trainer, model, ctx, record) -> None:
+    """The trained adapter: gathered from every rank (rank 0 writes it), NeMo's own, or PEFT's save."""
+    v = ctx.variant
     if v.parallel:  # every rank joins the gather of the LoRA state; rank 0 writes it (the others have no adapter_dir)
         record["extra"]["adapter_save"] = parallel.save_adapter(trainer.model, ctx.adapter_dir)
     elif ctx.adapter_dir is not None and v.framework == "nemo":
