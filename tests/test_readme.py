@@ -52,3 +52,15 @@ def test_readme_command_works_as_written(clone, command):
     proc = subprocess.run(exe + args[1:], cwd=clone, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, command + "\n" + proc.stdout[-1500:] + proc.stderr[-1500:]
     assert "This was a dry-run" in proc.stdout + proc.stderr or "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_the_readme_is_a_page_and_measurements_readme_a_current_table():
+    """Issue 72: the README is a newcomer's page (at most 150 lines); measurements/README.md holds a row a folder,
+    generated from the folders themselves and current."""
+    assert len(README.splitlines()) <= 150
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/measurements_table.py"), "--check"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    table = (ROOT / "measurements/README.md").read_text()
+    folders = [f.name for f in (ROOT / "measurements").iterdir() if f.is_dir()]
+    assert all(f"| `{f}` |" in table for f in folders)

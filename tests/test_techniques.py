@@ -76,3 +76,10 @@ def test_a_legend_says_a_variant_no_longer_in_config_from_its_record():
     assert by["gone"]["techniques, in words"] == (
         "LoRA + FP8 GEMMs on the frozen base (torchao, dynamic scales) + gradient checkpointing + 4 data-loader workers")
     assert legend(["unknown"])[0]["techniques, in words"] == "not in this config and no record of it"
+
+
+def test_the_docs_page_of_techniques_is_generated_from_the_list_and_current():
+    from ftbench.techniques import techniques_page
+
+    assert (ROOT / "docs/techniques.md").read_text() == techniques_page(DEFAULT["variants"]), (
+        "docs/techniques.md is stale: python -m ftbench.techniques > docs/techniques.md")

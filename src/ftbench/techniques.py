@@ -257,3 +257,29 @@ def legend(names, pool: dict | None = None, records=None, fallback: dict | None 
                      "techniques, in words": words(name, source, from_records.get(name))
                      or "not in this config and no record of it"})
     return rows
+
+
+def techniques_page(pool: dict | None = None) -> str:
+    """docs/techniques.md: every technique in words with the knobs it sets, then, with `pool` (config's variants),
+    each variant as the rung it stands on and what it adds."""
+    lines = ["# Techniques", "", "Generated from `ftbench.techniques` (`python -m ftbench.techniques > docs/techniques.md`;"
+             " a test keeps it current). A variant in `config/config.yaml` names the rung it stands on (`base`) and the "
+             "techniques it adds (`adds`) by the names below; `ftbench.techniques.resolve` turns it into the knobs a "
+             "runner reads (`src/ftbench/knobs.py` says what each knob does).", "",
+             "| name | technique | what it does | knobs |", "|---|---|---|---|"]
+    for t in TECHNIQUES.values():
+        knobs = ", ".join(f"`{k}: {str(v).lower() if isinstance(v, bool) else v}`" for k, v in t.knobs.items())
+        lines.append(f"| `{t.name}` | {t.title} | {t.description} | {knobs} |")
+    if pool:
+        lines += ["", "## The variants of config/config.yaml", "", "| variant | stands on + adds |", "|---|---|"]
+        lines += [f"| `{name}` | {adds_words(name, pool)} |" for name in pool]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import pathlib
+
+    import yaml
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    print(techniques_page(yaml.safe_load((root / "config/config.yaml").read_text())["variants"]), end="")
