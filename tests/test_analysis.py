@@ -939,3 +939,20 @@ def test_a_peer_is_read_from_its_latest_run_on_a_card_not_held_back_beside_a_run
     chosen, passed = peer_run([late_slow], own)  # its only run: read, and said to be held back
     assert chosen is late_slow and "read all the same" in passed[0]
     assert peer_run([run("a", "2026-11-28"), early], own) == (run("a", "2026-11-28"), [])  # the latest that qualifies
+
+
+def test_scaling_reads_each_multi_gpu_run_against_the_best_one_gpu_on_shipped_records():
+    """Issue 73, on CPU: beside the same-batch speed-up, each several-GPU row against the fastest one-GPU run of the
+    same model and data on the same GPU kind at any batch. gpt-oss-120b's grouped QLoRA over 4 H100s at 8 samples a
+    GPU scales ~4x its own batch-8 run, yet is barely faster than one H100 at 32 samples."""
+    from ftbench.compare import scaling
+
+    folders = [str(f) for f in sorted((ROOT / "measurements").iterdir()) if f.is_dir()]
+    df = aggregate([], folders, study="llm")
+    pairs = yaml.safe_load((ROOT / "config/config.yaml").read_text())["studies"]["llm"]["compare"]["scaling"]["pairs"]
+    note, (_, table, _) = scaling(df, {}, pairs=pairs)
+    oss = table.filter((pl.col("model") == "gpt-oss-120b") & (pl.col("status") == "ok")).row(0, named=True)
+    assert oss["best one GPU, any batch"].startswith("qlora-gc-pf-grouped-async at batch 32")
+    ratio = float(oss["x best one GPU"].split("x")[0])
+    assert 1.0 < ratio < 1.5 and float(oss["speedup"].split("x")[0]) > 3.5
+    assert "at any batch" in note

@@ -19,6 +19,28 @@ def speedup_over(r: dict, suffix: str = "_1") -> tuple[float | None, str, float 
     return (a / b if a and b else None), "samples/s", r.get("timing.noise_cv"), r.get(f"timing.noise_cv{suffix}")
 
 
+def best_single(r: dict, singles: list[dict]) -> tuple[dict | None, str]:
+    """The fastest one-GPU run of the same model and data on the same GPU kind, at any batch and in any variant (what
+    a user with one GPU would run instead), on real tokens/s where the multi-GPU run counted them, else samples/s;
+    with the metric's key."""
+    key = "throughput.tokens_per_s" if r.get("throughput.tokens_per_s") else "throughput.samples_per_s"
+    same = [x for x in singles if (x["model"], x["dataset"], x["gpu"], x["scale"]) == (
+        r["model"], r["dataset"], r["gpu"], r["scale"]) and x.get(key)]
+    return max(same, key=lambda x: x[key], default=None), key
+
+
+def best_single_columns(r: dict, singles: list[dict], n: int) -> dict:
+    """A multi-GPU row against the best one GPU (`best_single`): named, and the speed-up with its noise verdict."""
+    best, key = best_single(r, singles)
+    if best is None or not r.get(key):
+        return {"best one GPU, any batch": None, "x best one GPU": None}
+    noise = "timing.noise_cv_tokens" if key == "throughput.tokens_per_s" else "timing.noise_cv"
+    unit = "real tokens/s" if key == "throughput.tokens_per_s" else "samples/s"
+    ratio = _verdict(r[key] / best[key], r.get(noise), best.get(noise))
+    return {"best one GPU, any batch": f"{best['variant']} at batch {best['batch_size']}: {best[key]:,.1f} {unit}",
+            "x best one GPU": f"{ratio} on {n} GPUs"}
+
+
 def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
     """Several GPUs against one: each multi-GPU variant beside the one-GPU variant it scales (`pairs`: [multi,
     single]), same model, dataset, GPU kind and per-GPU batch size. Scaling efficiency = total throughput over
@@ -26,6 +48,7 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
     noise verdict; the per-rank step against the one-GPU step bounds what communication and the wrapper add to a
     step; peak memory is the largest rank's."""
     rows = []
+    singles = [r for r in df.iter_rows(named=True) if r["status"] == "ok" and (r.get("parallel.world_size") or 1) == 1]
     for multi, single in pairs:
         a = df.filter(pl.col("variant") == multi)
         b = df.filter((pl.col("variant") == single) & (pl.col("status") == "ok"))
@@ -55,10 +78,14 @@ def scaling(df: pl.DataFrame, published: dict, pairs=(), **_) -> list:
                          "one-GPU MFU %": 100 * r["flops.mfu_1"] if r.get("flops.mfu_1") is not None else None,
                          "time to first step s": r.get("extra.time_to_first_step_s") if ok else None,
                          "host peak RSS GiB (largest rank)": r.get("parallel.host_peak_rss_gib_max") if ok else None,
+                         **(best_single_columns(r, singles, n) if ok else {}),
                          "reason": r["reason"] if not ok else (
                              f"the one-GPU run is of other code (files {(code_of(r, '_1') or '?')[:10]}, "
                              f"this run {(code_of(r) or '?')[:10]}): not divided" if other_code else None)})
-    note = ("Scaling efficiency = throughput over all N GPUs / (N x the same variant's on one GPU at the same per-GPU "
+    note = ("'x best one GPU': the N GPUs' throughput over the fastest one-GPU run of the same model and data on the "
+            "same GPU kind, at any batch and in any variant (what one GPU does at its best; the same-batch speed-up "
+            "beside it says what the scaling itself costs). "
+            "Scaling efficiency = throughput over all N GPUs / (N x the same variant's on one GPU at the same per-GPU "
             "batch), on real tokens/s where both runs counted tokens, else samples/s. 1.0 is perfect data "
             "parallelism; \"rank step vs one GPU\" is a rank's median step over the lone GPU's: what gradient "
             "communication, the wrapper's hooks, waiting for the slowest rank and (FSDP) gathering parameters add to "
