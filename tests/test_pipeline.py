@@ -12,6 +12,7 @@ import yaml
 from conftest import ROOT, snakemake
 from ftbench.config import expand_matrix
 from ftbench.profiling import SCHEDULE
+from ftbench.techniques import resolve_all
 
 CONFIG = ROOT / "config/config.yaml"
 pytestmark = pytest.mark.e2e
@@ -79,6 +80,7 @@ def pipeline(tmp_path_factory):
 def test_runs_table_in_the_report_has_every_run_with_real_numbers(pipeline):
     wd, report = pipeline
     cfg = yaml.safe_load(CONFIG.read_text())
+    cfg["variants"] = resolve_all(cfg["variants"])  # each rung as the flat knobs it ran with (its base + adds)
     expected = {(s.model, s.dataset, s.variant, str(s.batch_size)) for s in expand_matrix(cfg) if s.study == "llm"}
     rows = table(embedded(report, "results/studies/llm/runs.html"), "runs")
     assert {(r["model"], r["dataset"], r["variant"], r["batch"]) for r in rows} == expected

@@ -222,7 +222,7 @@ def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: t
     measured = bool(table["measured"].any())  # your runs: unmeasured, their counts alone (every cell "not measured")
     mine = "<h4>Your runs</h4>" + _verdicts_block(table, provenance, "coverage", grid=measured, cells=measured)
     theirs = ("<h4>Measured on the project's lent GPUs (shipped in measurements/)</h4>"
-              + (f"<p><b>The fastest LoRA measured, and its peers at their best</b> (Study B's frontier; "
+              + (f"<p><b>The fastest LoRA measured that keeps quality, and its peers at their best</b> (Study B's frontier; "
                  f"docs/frontier.md): {fastest}</p>" if fastest else "")
               + _verdicts_block(shipped[0], shipped[1], "shipped_coverage", grid=not measured)
               + f"<p>{SHIPPED_NOTE}</p>")
