@@ -220,15 +220,21 @@ def study_comparisons(wildcards):
     return config["studies"][wildcards.study].get("compare", {})
 
 
-def quality_verdicts(wildcards):
+def quality_verdicts_beside(comparisons):
     """The quality study's verdicts, for a page that shows a ladder or a frontier (speed beside quality)."""
-    comparisons = (
-        config["studies"][wildcards.study].get("compare", {})
-        if hasattr(wildcards, "study")
-        else {"frontier": llm_frontier()}
-    )
     shows = any(comparisons.get(k) for k in ("ladder", "frontier"))
     return ["results/quality/verdicts.csv"] if QUALITY_STUDY and shows else []
+
+
+def study_quality_verdicts(wildcards):
+    return quality_verdicts_beside(
+        config["studies"][wildcards.study].get("compare", {})
+    )
+
+
+def front_quality_verdicts(wildcards):
+    """The front page's fastest-LoRA line reads Study B's frontier."""
+    return quality_verdicts_beside({"frontier": llm_frontier()})
 
 
 def coverage_tables():

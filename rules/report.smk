@@ -103,7 +103,7 @@ rule compare:
         runs="results/studies/{study}/runs.parquet",
         replaced="results/studies/{study}/replaced.parquet",
         published=published_file,
-        quality=quality_verdicts,
+        quality=study_quality_verdicts,
     output:
         report(
             "results/studies/{study}/comparison.html",
@@ -133,7 +133,7 @@ rule coverage:
         extra=MERGE_RUNS,
         shipped=SHIPPED_RUNS,
         published=coverage_published,
-        quality=quality_verdicts,
+        quality=front_quality_verdicts,
     output:
         html=report(
             "results/coverage/coverage.html",

@@ -402,8 +402,9 @@ def variants_shown(blocks: list, known=None) -> list[str]:
 def legend_block(blocks: list, pool: dict | None, records=None, fallback: dict | None = None) -> tuple | None:
     """The legend of a page of `blocks`: each variant its tables name, what it adds to the rung it stands on and its
     techniques in words (ftbench.techniques.legend), so a reader never needs the YAML to know what ran."""
-    if isinstance(records, pl.DataFrame):
-        records = records.iter_rows(named=True)
+    if isinstance(records, pl.DataFrame):  # a variant's first record gives its knobs: one row each is read
+        records = (records.unique("variant", keep="first", maintain_order=True) if "variant" in records.columns
+                   else records).iter_rows(named=True)
     knobs = record_knobs(records)
     known = {*(pool or {}), *knobs, *(fallback or {})} if (pool or knobs or fallback) else None
     names = variants_shown(blocks, known)

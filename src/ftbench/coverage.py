@@ -207,7 +207,7 @@ def provenance_line(df: pl.DataFrame, across_code: bool = False, dates: bool = F
 
 
 def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: tuple | None = None,
-                  fastest: str | None = None, records=(), pool: dict | None = None) -> str:
+                  fastest: str | None = None, records=None, pool: dict | None = None) -> str:
     """The fragment that leads the report (and the body of its page): where its records come from, per study the
     verdict counts, Study A's grid, then every cell. `shipped`: (table, provenance) of the records that ship in
     measurements/ (config shipped_runs), judged on their own: ahead of the user's cells while those measure none at

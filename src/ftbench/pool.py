@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 from .knobs import ConfigError, Variant, required_packages
-from .techniques import TechniqueError, resolve_all
+from .techniques import TechniqueError, resolve, resolve_all
 
 
 def variant_pool(config: dict, study: str) -> dict:
@@ -35,14 +35,15 @@ def study_variants(config: dict, study: str) -> dict:
 
 
 def variant_knobs(config: dict, study: str, name: str) -> dict:
-    return study_variants(config, study)[name] or {}
+    """One variant's flat knobs: its own chain of bases resolved, not the whole pool."""
+    try:
+        return resolve(name, variant_pool(config, study))
+    except TechniqueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def all_variant_names(config: dict) -> list[str]:
-    names = dict.fromkeys(config.get("variants", {}))
-    for sdef in config["studies"].values():
-        names.update(dict.fromkeys(sdef.get("variants") or {}))
-    return list(names)
+    return list(all_variants(config))
 
 
 def pick_variants(config: dict, installed=None) -> list[str]:

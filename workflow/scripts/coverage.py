@@ -7,7 +7,7 @@ from pathlib import Path  # noqa: E402
 import polars as pl  # noqa: E402
 
 from ftbench.analysis import aggregate, html_page, read_runs  # noqa: E402
-from ftbench.compare import headline, quality_by_variant  # noqa: E402
+from ftbench.compare import headline, read_quality  # noqa: E402
 from ftbench.config import load_yaml  # noqa: E402
 from ftbench.coverage import coverage_html, coverage_rows, merged_records, provenance_line  # noqa: E402
 from ftbench.coverage import shipped_records  # noqa: E402
@@ -25,10 +25,8 @@ if snakemake.input.shipped:  # what ships in measurements/, judged on its own (c
                " ".join(filter(None, [campaigns, provenance_line(theirs, snakemake.params.across_code, dates=True)])))
     if snakemake.params.frontier:  # the fastest LoRA measured and its peers at their best (Study B's frontier)
         llm, replaced = aggregate([], list(frames.values()), study="llm", with_replaced=True)
-        quality = (quality_by_variant(pl.read_csv(snakemake.input.quality[0]).iter_rows(named=True))
-                   if snakemake.input.quality else None)
-        fastest = headline(llm, replaced, quality=quality, **snakemake.params.frontier)
-records = [*runs.iter_rows(named=True), *(theirs.iter_rows(named=True) if shipped else [])]  # for the legend
+        fastest = headline(llm, replaced, quality=read_quality(snakemake.input.quality), **snakemake.params.frontier)
+records = pl.concat([runs, theirs], how="diagonal_relaxed") if shipped else runs  # the legend's knobs
 fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped, fastest, records,
                          snakemake.params.pool)
 Path(snakemake.output.front).write_text(fragment)

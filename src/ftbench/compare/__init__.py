@@ -9,7 +9,7 @@ import polars as pl
 from ..analysis import html_page
 from .common import (NOISE_NOTE, UNSTATED, _verdict, gemms_in, held_back, machine_key, mfu_against, peak_gib, peer_of,
                      scale_order, tokens_noise, verdict)
-from .ladder import fastest_by, frontier_place, ladder, quality_by_variant, same_rows_loss, standing
+from .ladder import fastest_by, frontier_place, ladder, quality_by_variant, read_quality, same_rows_loss, standing
 from .peers import best_peer_line, frontier, headline, lead_over, peer_reads, peer_run, peer_rows, peer_table
 from .scaling import gpu_kinds, scaling, speedup_over
 from .studies import (decision_guide, diffusion_vs_published, lmm_vs_published, samples_per_hour_vs_published,
@@ -18,7 +18,7 @@ from .studies import (decision_guide, diffusion_vs_published, lmm_vs_published, 
 __all__ = ["NOISE_NOTE", "UNSTATED", "_verdict", "best_peer_line", "comparison_page", "decision_guide",
            "diffusion_vs_published", "fastest_by", "frontier", "frontier_place", "gemms_in", "gpu_kinds", "headline",
            "held_back", "ladder", "lead_over", "lmm_vs_published", "machine_key", "mfu_against", "peak_gib", "peer_of",
-           "peer_reads", "peer_rows", "peer_run", "peer_table", "quality_by_variant", "same_rows_loss", "samples_per_hour_vs_published",
+           "peer_reads", "peer_rows", "peer_run", "peer_table", "quality_by_variant", "read_quality", "same_rows_loss", "samples_per_hour_vs_published",
            "scale_order", "scaling", "speedup_over", "standing", "study_b_table", "tokens_noise", "unsloth_vs_peft",
            "verdict"]
 

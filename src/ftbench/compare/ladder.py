@@ -282,6 +282,11 @@ def quality_by_variant(rows) -> dict:
     return out
 
 
+def read_quality(paths) -> dict | None:
+    """The quality study's verdicts file (a rule's optional input: none where no quality study runs) by variant."""
+    return quality_by_variant(pl.read_csv(paths[0]).iter_rows(named=True)) if paths else None
+
+
 def quality_of(quality: dict, r: dict) -> dict | None:
     """A run's technique's quality verdict: measured on its own GPU kind where the study ran there, else on any GPU,
     else on a CPU; None where the technique has none."""

@@ -24,8 +24,8 @@ def best_single(r: dict, singles: list[dict]) -> tuple[dict | None, str]:
     a user with one GPU would run instead), on real tokens/s where the multi-GPU run counted them, else samples/s;
     with the metric's key."""
     key = "throughput.tokens_per_s" if r.get("throughput.tokens_per_s") else "throughput.samples_per_s"
-    same = [x for x in singles if (x["model"], x["dataset"], x["gpu"], x["scale"]) == (
-        r["model"], r["dataset"], r["gpu"], r["scale"]) and x.get(key)]
+    same = [x for x in singles if (x["model"], x["dataset"], x["gpu"], x.get("scale")) == (
+        r["model"], r["dataset"], r["gpu"], r.get("scale")) and x.get(key)]
     return max(same, key=lambda x: x[key], default=None), key
 
 

@@ -392,7 +392,8 @@ def train(ctx, record, device, meter):
     curve = heldout.HeldOutCurve(s.held_out_every_steps) if s.held_out_every_steps else None
     syncs = SyncWatch(device)
     trainer_cls = measured_trainer(v, s, device, tokenizer.pad_token_id, slots, curve)
-    callback = harness_callback(record, meter, curve, syncs, step_reader(model, tokenizer, v, multiple))
+    callback = harness_callback(record, meter, curve, syncs,
+                                step_reader(model, tokenizer, v, multiple, record["model"]["trainable_parameters"]))
     trainer = trainer_cls(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                           processing_class=tokenizer, callbacks=[callback])
     callback.trainer = trainer
@@ -568,12 +569,11 @@ def measured_trainer(v, s, device, pad_id, slots, curve):
     return MeasuredSFTTrainer
 
 
-def step_reader(model, tokenizer, v, multiple):
+def step_reader(model, tokenizer, v, multiple, trainable: int):
     """What the meter reads of a step's micro-batches after the window's synchronisation: samples, real and padded
     tokens, FLOPs (HFU counts a full checkpoint's recomputed forward; selective checkpointing keeps the GEMMs) and
     the loss."""
     shape = causal_lm_shape(model.config.to_dict() if hasattr(model.config, "to_dict") else model.config)
-    trainable = parameter_counts(model)[1]
     row_pad_id = tokenizer.pad_token_id if v.padding_free and multiple else None
     recompute = v.gradient_checkpointing and v.checkpoint_policy == "full"
 
