@@ -10,13 +10,12 @@ import time
 
 import torch
 
-from .. import attention, fp8, fused, head, heldout, packing, parallel
+from .. import attention, fp8, head, heldout, packing, parallel
 from ..profiling import SyncWatch
-from ..build import adapt_experts, build_model, group_experts, restore_renamed, write_4bit_checkpoint
+from ..build import restore_renamed, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
-from ..variants import (DTYPE_NAMES, adapted_modules, apply_lora, checkpoint_kwargs, compile_kwargs, compile_model,
-                        compute_dtype, cuda_graphs, load_pretrained, parameter_counts, precision_ran,
-                        quantization_config)
+from ..variants import (DTYPE_NAMES, adapted_modules, checkpoint_kwargs, compile_kwargs, compile_model, compute_dtype,
+                        cuda_graphs, parameter_counts, precision_ran, quantization_config)
 
 
 def unsloth_checkpoint_routes() -> list:
@@ -111,8 +110,9 @@ def save_nemo_adapter(model, lora: dict, folder) -> None:
 
 
 def load_model(ctx, device):
-    """Load the checkpoint (random or hub), or build the model in process (ftbench.build), with the variant's
-    precision and adapters applied; with how it was built and the FP8 conversion's summary."""
+    """The model and its tokenizer: Unsloth's and NeMo AutoModel's built their own way, every other by
+    `parallel.build_causal_lm` (one GPU or sharded; from the checkpoint, in process or with an FP8 base), with the
+    variant's precision and adapters applied; with how it was built and the FP8 conversion's summary."""
     v, path, lora = ctx.variant, ctx.manifest["path"], ctx.settings.lora
     in_process = ctx.manifest.get("build") == "in_process"
     if v.framework == "unsloth":
@@ -143,43 +143,11 @@ def load_model(ctx, device):
         return model, tokenizer, {"build": build}
     if v.framework == "nemo":
         return nemo_model(ctx, lora)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
-    if v.parallel == "fsdp2":  # built on the meta device, sharded, each rank materializing only its rows
-        parallel.ensure_process_group(device)
-        model, build, trainer_args, fp8_info = parallel.build_sharded(ctx.manifest, ctx.settings.seed, device, v, lora)
-        return model, tokenizer, {"build": build, "trainer_args": trainer_args, "fp8": fp8_info}
-    info = {}
-    if parallel.fp8_base_layerwise(v):  # the frozen projections FP8 as each lands: never the whole model in bf16
-        model, build, info["fp8"] = parallel.build_fp8_base(ctx.manifest, ctx.settings.seed, device, v)
-    elif in_process:
-        model, build = build_model(ctx.manifest, ctx.settings.seed, device, compute_dtype(v), quantization_config(v))
-    else:
-        model = load_pretrained(AutoModelForCausalLM, path, v, device)
-        build = {"method": "checkpoint", "disk_bytes": ctx.manifest.get("disk_bytes"),
-                 "checkpoint_bf16_gib": ctx.manifest.get("checkpoint_bf16_gib")}
-    info["build"] = build
-    if v.experts == "grouped":  # gpt-oss's frozen experts as one grouped GEMM per projection per layer
-        from ..harness import Unsupported
-
-        if not group_experts(model):
-            raise Unsupported("experts: grouped needs a model with split experts (gpt-oss built by ftbench.build)")
-        info["experts"] = "grouped: one grouped GEMM per projection per layer (torch._grouped_mm)"
-    if v.precision == "fp8" and "fp8" not in info:  # the decoder's frozen projections run FP8 GEMMs, before LoRA
-        info["fp8"] = fp8.convert_decoder(model, v.fp8_recipe, v.fp8_transpose_once, **fp8.static_options(v))
-    model = apply_lora(model, v, lora)
-    if v.peft == "lora":  # LoRA's A from per-name seeded draws: the same start on one GPU and sharded over several
-        info["adapters_seeded"] = parallel.seed_adapters(model, ctx.settings.seed)
-    if v.expert_lora:  # after PEFT, which freezes every parameter it did not add
-        info["expert_lora"] = adapt_experts(model, lora)
-    if v.fused_projections or v.fused_adapters:  # q/k/v and gate/up as one GEMM each (or their LoRA A alone),
-        # LoRA kept per projection (ftbench.fused)
-        info["fused_projections"] = fused.fuse_projections(model, frozen=v.fused_projections, epilogue=v.lora_epilogue,
-                                                           one_read=v.lora_b_one_read)
-    info["trainer_args"] = parallel.parallelize(model, v.parallel, device,  # data parallel: the trainer's DDP
-                                                bucket_mb=v.ddp_bucket_mb)
+    model, info = parallel.build_causal_lm(ctx.manifest, ctx.settings.seed, device, v, lora)
     return model, tokenizer, info
 
 
