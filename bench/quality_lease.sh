@@ -15,6 +15,8 @@
 #   2. the quality study (config/quality_gpu.yaml); NeMo AutoModel's run first, with its own transformers first on
 #      the path (/tmp/nemosite), after the model and data jobs ran with the study's packages
 #   3. bench/fp8_gemm_error.py
+# A second lease that finishes what a first left: SKIP_MINE=1 skips step 1, TARGETS="path..." runs those records
+# (and NeMo's) in step 2 in place of the whole study, SKIP_FP8=1 skips step 3.
 set -u
 tree=/tmp/ftb
 mine=/tmp/mine
@@ -52,18 +54,20 @@ start)
   echo started ;;
 chain)
   export PYTHONPATH=$site
-  cd "$mine" && { PYTHONPATH=src:$PYTHONPATH python3 bench/your_model_inputs.py \
-    && python3 -m snakemake --cores 8 --resources gpu=1 --scheduler greedy --configfile config/your_model.yaml \
-      --until generate; } > /tmp/mine.log 2>&1
-  echo "your model: $?"
+  if [ -z "${SKIP_MINE:-}" ]; then
+    cd "$mine" && { PYTHONPATH=src:$PYTHONPATH python3 bench/your_model_inputs.py \
+      && python3 -m snakemake --cores 8 --resources gpu=1 --scheduler greedy --configfile config/your_model.yaml \
+        --until generate; } > /tmp/mine.log 2>&1
+    echo "your model: $?"
+  fi
   cd "$tree"
   $smk $quality --until materialize_model prepare_dataset -- results/quality/quality.html > /tmp/quality.log 2>&1
   if [ -d /tmp/nemosite ]; then
     PYTHONPATH=/tmp/nemosite:$site $smk $quality -- $nemo_runs >> /tmp/quality.log 2>&1
   fi
-  $smk $quality -- results/quality/quality.html >> /tmp/quality.log 2>&1
+  $smk $quality -- ${TARGETS:-results/quality/quality.html} >> /tmp/quality.log 2>&1
   echo "quality study: $?"
-  PYTHONPATH=src:$PYTHONPATH python3 bench/fp8_gemm_error.py --out /tmp/fp8_gemm_error.json > /tmp/fp8_gemm_error.log 2>&1
+  [ -n "${SKIP_FP8:-}" ] || PYTHONPATH=src:$PYTHONPATH python3 bench/fp8_gemm_error.py --out /tmp/fp8_gemm_error.json > /tmp/fp8_gemm_error.log 2>&1
   echo done > /tmp/quality.done ;;
 poll)
   end=$(( $(date +%s) + $2 ))
@@ -81,9 +85,9 @@ for path in sorted(glob.glob("results/runs/*/*/*/*/*/*/metrics.json"), key=os.pa
 PY
   done
   mkdir -p "$3/mine" && (cd "$mine" && bash bench/collect.sh "$3/mine" > /dev/null && \
-    find results/generate -name answers.json | tar czf "$3/mine/answers.tar.gz" -T - 2> /dev/null)
+    find results/generat* -name answers.json | tar czf "$3/mine/answers.tar.gz" -T - 2> /dev/null)
   cd "$tree" && bash bench/collect.sh "$3" > /dev/null
-  find results/generate -name answers.json | tar czf "$3/answers.tar.gz" -T - 2> /dev/null
+  find results/generat* -name answers.json | tar czf "$3/answers.tar.gz" -T - 2> /dev/null
   cp /tmp/fp8_gemm_error.json /tmp/fp8_gemm_error.log /tmp/quality.log /tmp/mine.log /tmp/chain.log "$3/" 2> /dev/null
   grep -h "pick\.\|passed over" /tmp/mine.log | head -5
   tail -5 /tmp/quality.log; [ -f /tmp/quality.done ] && echo "chain done" || echo "chain still running" ;;

@@ -76,8 +76,14 @@ def nemo_model(ctx, lora: dict):
                         dropout=lora.get("dropout", 0.0), use_triton=True, use_memory_efficient_lora=False)
     model = NeMoAutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16, force_hf=True,
                                                      peft_config=config)
+    # an fp32 checkpoint (a GGUF file dequantized) leaves tensors in fp32 that NeMo's varlen FlashAttention refuses
+    # ("only fp16 and bf16"): every one goes to bf16, as on a bf16 checkpoint, and the record counts them
+    cast = [p for p in model.parameters() if p.dtype == torch.float32]
+    for p in cast:
+        p.data = p.data.to(torch.bfloat16)
     layer = model.model.layers[0]
     build = {"method": "checkpoint (NeMo AutoModel's NeMoAutoModelForCausalLM.from_pretrained, force_hf)",
+             "fp32_tensors_cast_to_bf16": len(cast),
              "nemo_lora": {"target_modules": config.target_modules, "dim": config.dim, "alpha": config.alpha,
                            "use_triton": config.use_triton,
                            "use_memory_efficient_lora": config.use_memory_efficient_lora,
