@@ -274,15 +274,16 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
     # issue 71: beside each rung's speed, the quality study's verdict for its technique; the fastest rung that costs
     # quality is never named the fastest configuration: the fastest that keeps quality is
     from ftbench.compare import quality_by_variant
-    verdicts = [{"variant": "lora-tb-cg", "gpu": "H100 SXM5", "quality": "keeps quality", "delta (nats)": -0.001},
-                {"variant": "lora-tb-cg", "gpu": "cpu", "quality": "costs quality", "delta (nats)": 0.5},
+    verdicts = [{"variant": "lora-tb-cg", "gpu": "H100 SXM5", "quality": "keeps quality", "delta (nats)": -0.001,
+                 "dataset": "docs"},
+                {"variant": "lora-tb-cg", "gpu": "cpu", "quality": "costs quality", "delta (nats)": 0.5, "dataset": "docs"},
                 {"variant": "lora-tb-cg-lean-async-fp8", "gpu": "H100 SXM5", "quality": "costs quality",
-                 "delta (nats)": 0.019}]
+                 "delta (nats)": 0.019, "dataset": "docs"}]
     lead, note, (_, table, _) = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"],
                                          beside=["lora-tb-cg-lean-fp8", "lora-tb-cg-lean-async-fp8"],
                                          quality=quality_by_variant(verdicts))
     cells = {r["variant"]: r["quality (real model)"] for r in table.iter_rows(named=True)}
-    assert cells["lora-tb-cg"] == "keeps quality (-0.001 nats at the same tokens, H100 SXM5)"  # its own GPU kind's
+    assert cells["lora-tb-cg"] == "keeps quality (-0.001 nats at the same tokens, docs); H100 SXM5"  # its own GPU kind's
     assert cells["lora-tb-cg-lean-async-fp8"].startswith("costs quality (+0.019 nats")
     assert cells["lora-tb"] == "quality not measured"
     assert "fastest that keeps quality: <b>lora-tb-cg</b> at batch 2, 14,000 real tokens/s" in lead
@@ -292,6 +293,15 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
     lead, _, _ = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"],
                           beside=["lora-tb-cg-lean-async-fp8"], quality=none_keep)
     assert "none is named the fastest" in lead and "fastest that keeps" not in lead
+    # a technique keeps quality only where it keeps it on every dataset the study measured it on
+    text = quality_by_variant([*verdicts, {"variant": "lora-tb-cg", "gpu": "H100 SXM5", "quality": "costs quality",
+                                           "delta (nats)": 0.009, "dataset": "text"}])
+    lead, _, (_, table, _) = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"],
+                                      beside=["lora-tb-cg-lean-async-fp8"], quality=text)
+    cells = {r["variant"]: r["quality (real model)"] for r in table.iter_rows(named=True)}
+    assert cells["lora-tb-cg"] == ("keeps quality (-0.001 nats at the same tokens, docs); costs quality (+0.009 nats "
+                                   "at the same tokens, text); H100 SXM5")
+    assert "none is named the fastest" in lead
 
 
 def test_scaling_pairs_a_multi_gpu_run_with_its_one_gpu_run_and_the_guide_leaves_it_out():

@@ -140,6 +140,17 @@ def test_a_run_without_held_out_losses_reads_quality_not_measured_never_keeps():
     assert quality.verdict(None, {"mean": 1.6, "std": 0.01, "n": 3})[0] == "quality not measured"
 
 
+def test_a_run_a_few_tokens_short_is_read_where_it_ended_and_one_far_short_is_not_measured():
+    """Packed rows hold a few label tokens fewer than padded ones: a curve ending within 2 % of the baseline's tokens
+    is read at its end, the seeds read there too; one ending further off is not read at all."""
+    out = verdicts([run("packed", [(0, 3.0), (100, 2.0), (198, 1.70)]), run("short", [(0, 3.0), (150, 1.9)])])
+    seeds_at_198 = [2.0 + 0.98 * (x - 2.0) for x in (1.60, 1.61, 1.59)]
+    assert out["packed"]["compared at tokens"] == 198
+    assert out["packed"]["baseline mean"] == pytest.approx(sum(seeds_at_198) / 3)
+    assert out["packed"]["quality"] == "costs quality" and "read at 198 tokens, where this run ended" in out["packed"]["why"]
+    assert out["short"]["quality"] == "quality not measured" and out["short"]["compared at tokens"] == 200
+
+
 def test_fewer_than_three_seeds_is_inconclusive():
     out = verdicts([run("fp8", [(0, 3.0), (200, 1.9)])], seeds=("lora-s1",))
     assert out["fp8"]["quality"] == "inconclusive" and "at least 3 seeds" in out["fp8"]["why"]

@@ -91,14 +91,14 @@ def standing(runs, base: dict | None, refs: dict) -> list[dict]:
             and frontier_place(r, base, same_rows_check(r, refs)).startswith("yes")]
 
 
-def fastest_by(runs, key_of=machine_key) -> dict:
-    """The fastest run (real tokens/s) of each `key_of` (by default each machine, with its model, scale, data and
-    GPU): a faster run of the same variant on another machine does not hide this machine's."""
+def fastest_by(runs, key_of=machine_key, key: str = "throughput.tokens_per_s") -> dict:
+    """The fastest run (real tokens/s, the column `key`) of each `key_of` (by default each machine, with its model,
+    scale, data and GPU): a faster run of the same variant on another machine does not hide this machine's."""
     tops = {}
     for r in runs:
-        key = key_of(r)
-        if key not in tops or r["throughput.tokens_per_s"] > tops[key]["throughput.tokens_per_s"]:
-            tops[key] = r
+        k = key_of(r)
+        if k not in tops or r[key] > tops[k][key]:
+            tops[k] = r
     return tops
 
 
@@ -275,10 +275,10 @@ def ladder_note(by_batch: bool, eval_loss: bool, same_rows: str | None, quality:
 
 def quality_by_variant(rows) -> dict:
     """The quality study's verdicts (results/quality/verdicts.csv rows, `ftbench.quality.verdict_table`) by variant
-    and GPU kind."""
+    and GPU kind, one per dataset the study ran the technique on."""
     out = {}
     for q in rows:
-        out.setdefault(q["variant"], {})[q["gpu"]] = q
+        out.setdefault(q["variant"], {}).setdefault(q["gpu"], []).append(q)
     return out
 
 
@@ -287,27 +287,35 @@ def read_quality(paths) -> dict | None:
     return quality_by_variant(pl.read_csv(paths[0]).iter_rows(named=True)) if paths else None
 
 
-def quality_of(quality: dict, r: dict) -> dict | None:
-    """A run's technique's quality verdict: measured on its own GPU kind where the study ran there, else on any GPU,
-    else on a CPU; None where the technique has none."""
+def quality_of(quality: dict, r: dict) -> list[dict] | None:
+    """A run's technique's quality verdicts, one a dataset: measured on its own GPU kind where the study ran there,
+    else on any GPU, else on a CPU; None where the technique has none."""
     kinds = quality.get(r["variant"]) or {}
     if r["gpu"] in kinds:
         return kinds[r["gpu"]]
     return next((q for g, q in sorted(kinds.items(), key=lambda x: x[0] == "cpu")), None)
 
 
-def quality_text(q: dict | None) -> str:
-    """A quality verdict as the ladder's cell."""
-    if q is None:
+def quality_text(qs: list[dict] | None) -> str:
+    """A technique's quality verdicts as the ladder's cell: each dataset's, then the GPU."""
+    if not qs:
         return "quality not measured"
-    delta = q.get("delta (nats)")
-    at = f"{delta:+.3f} nats at the same tokens, " if delta is not None and q["quality"] != "quality not measured" else ""
-    return f"{q['quality']} ({at}{q['gpu']})"
+    parts = []
+    for q in qs:
+        delta = q.get("delta (nats)")
+        at = f"{delta:+.3f} nats at the same tokens, " if delta is not None and q["quality"] != "quality not measured" else ""
+        parts.append(f"{q['quality']} ({at}{q.get('dataset') or 'its data'})")
+    return f"{'; '.join(parts)}; {qs[0]['gpu']}"
 
 
 def keeps_quality(quality: dict | None, r: dict) -> bool:
-    q = quality_of(quality or {}, r)
-    return q is not None and q["quality"] == "keeps quality"
+    """Whether the technique keeps quality on every dataset the study measured on its GPU kind: a technique run on
+    fewer of them than another has passed an easier test, and is not said to keep quality."""
+    qs = quality_of(quality or {}, r) or []
+    if not qs:
+        return False
+    studied = {q.get("dataset") for kinds in (quality or {}).values() for q in kinds.get(qs[0]["gpu"], [])}
+    return {q.get("dataset") for q in qs if q["quality"] == "keeps quality"} == studied
 
 
 def fastest_line(table: pl.DataFrame, tops: dict, stood: list, quality: dict | None) -> str:
@@ -330,9 +338,8 @@ def fastest_line(table: pl.DataFrame, tops: dict, stood: list, quality: dict | N
     else:
         leads = [group.sort("tokens/s (real)", descending=True).row(0, named=True)
                  for group in measured.partition_by(list(group_of), maintain_order=True)]
-        kept = {tuple(g.row(0, named=True)[k] for k in group_of): g.row(0, named=True) for g in measured.filter(
-            pl.col("quality (real model)").str.starts_with("keeps quality") if quality else pl.lit(False)).sort(
-            "tokens/s (real)", descending=True).partition_by(list(group_of), maintain_order=True)}
+        kept = fastest_by([r for r in measured.iter_rows(named=True) if keeps_quality(quality, r)],
+                          lambda r: tuple(r[k] for k in group_of), key="tokens/s (real)")
 
     def said(top):
         return (f"<b>{top['variant']}</b> at batch {top['batch']}, {top['tokens/s (real)']:,.0f} real tokens/s, "
@@ -342,7 +349,7 @@ def fastest_line(table: pl.DataFrame, tops: dict, stood: list, quality: dict | N
         line = f"On {top['gpu']}, {top['model']} ({top['scale']} scale), {top['dataset']}: "
         if quality:
             q = quality_of(quality, {"variant": top["variant"], "gpu": top["gpu"]})
-            if q is None or q["quality"] != "keeps quality":
+            if not keeps_quality(quality, top):
                 other = kept.get(tuple(top[k] for k in group_of))
                 line += (f"fastest that keeps quality: {said(other)}" if other else
                          "no rung here has a 'keeps quality' verdict, so none is named the fastest.")
