@@ -234,8 +234,9 @@ def origin_line(df: pl.DataFrame) -> str:
     if not len(ok):
         return "No quality run finished."
     r = ok.row(0, named=True)
+    data = " and ".join(dict.fromkeys(ok["dataset"].to_list()))
     return (f"Model: {r['model']} ({r.get('model.gguf') or r.get('weights_source')}; a real pretrained model, its "
-            f"weights the GGUF file's rounding of the published ones, dequantized). Data: {r['dataset']} "
+            f"weights the GGUF file's rounding of the published ones, dequantized). Data: {data} "
             f"({r.get('data_source')}: the docstrings of Python's standard library, PSF-2.0; held out by whole "
             "module).")
 
@@ -256,13 +257,13 @@ def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers
 
     parts = ["<h2>Speed that keeps quality: a real fine-tune</h2>", f"<p>{_escape(origin)}</p>"]
     base = [r for r in rows if r["seed of the baseline"] and r["held-out loss before"] is not None]
-    for gpu in dict.fromkeys(r["gpu"] for r in base):
-        mine = [r for r in base if r["gpu"] == gpu]
+    for gpu, dataset in dict.fromkeys((r["gpu"], r["dataset"]) for r in base):
+        mine = [r for r in base if (r["gpu"], r["dataset"]) == (gpu, dataset)]
         before = statistics.fmean(r["held-out loss before"] for r in mine)
         after = statistics.fmean(r["loss at those tokens"] for r in mine if r["loss at those tokens"] is not None)
         parts.append(f"<p><b>On {_escape(gpu)}: held-out loss {before:.3f} before fine-tuning, {after:.3f} after "
-                     f"{mine[0]['compared at tokens']:,} label tokens</b> (bf16 LoRA, mean of {len(mine)} seed(s); "
-                     f"lower by {before - after:.2f} nats).</p>")
+                     f"{mine[0]['compared at tokens']:,} label tokens</b> ({_escape(dataset)}; bf16 LoRA, mean of "
+                     f"{len(mine)} seed(s); lower by {before - after:.2f} nats).</p>")
     parts.append(chart_svg)
     parts.append(html_table(verdict_table(rows), "quality-verdicts"))
     if claims:
