@@ -297,6 +297,10 @@ def quality_variants(wildcards):
     return ftc.study_variants(config, QUALITY_STUDY)
 
 
+def quality_lineage(wildcards):
+    return ftc.study_lineage(config, QUALITY_STUDY)
+
+
 def quality_title(wildcards):
     return config["studies"][QUALITY_STUDY].get("title", QUALITY_STUDY)
 

@@ -183,6 +183,7 @@ rule quality:
         study=QUALITY_STUDY,
         settings=quality_settings,
         variants=quality_variants,
+        lineage=quality_lineage,
         title=quality_title,
     script:
         "../workflow/scripts/quality.py"

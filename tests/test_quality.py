@@ -168,3 +168,52 @@ def test_time_to_quality_is_a_projection_from_the_speed_at_qwen3_8b():
     assert r["time to quality (x baseline, projection)"] == pytest.approx(1.5 * 10000 / 11000, rel=1e-3)
     claims = quality.claims_rows([r], [{"claim": "c", "variant": "fast"}, {"claim": "d", "variant": "none"}])
     assert [c["verdict"] for c in claims] == ["differs", "not measured"]
+
+
+def family_df(extra):
+    return pl.DataFrame([run(v, p) for v, p in BASE] + extra, infer_schema_length=None)
+
+
+KNOBS = {"lora": {"peft": "lora"}, "lora-s1": {"peft": "lora", "seed": 1}, "lora-s2": {"peft": "lora", "seed": 2},
+         "packed": {"peft": "lora", "packing": True}, "packed-s1": {"peft": "lora", "packing": True, "seed": 1},
+         "packed-s2": {"peft": "lora", "packing": True, "seed": 2},
+         "packed-fast": {"peft": "lora", "packing": True, "kernel": "x"}}
+
+
+def test_a_technique_under_several_seeds_is_read_by_their_mean_against_the_standard_error_of_the_difference():
+    """Three seeds of packed rows spread wider than the baseline's (sd 0.03 against 0.01): their mean, +0.02 nats,
+    is within 2 standard errors (sqrt(0.01^2/3 + 0.03^2/3) = 0.018), though one run of them alone, judged by the
+    baseline's spread, would cost quality."""
+    packed = [run(n, [(0, 3.0), (100, 2.0), (200, x)]) for n, x in
+              (("packed", 1.59), ("packed-s1", 1.62), ("packed-s2", 1.65))]
+    rows = {r["variant"]: r for r in quality.quality_rows(family_df(packed), "lora", ["lora-s1", "lora-s2"], KNOBS)}
+    for n in ("packed", "packed-s1", "packed-s2"):
+        assert rows[n]["quality"] == "keeps quality" and rows[n]["its seeds"] == 3
+        assert rows[n]["delta (nats)"] == pytest.approx(0.02) and "its 3 seeds, sd 0.0300" in rows[n]["why"]
+    alone = {r["variant"]: r for r in quality.quality_rows(family_df(packed[2:]), "lora", ["lora-s1", "lora-s2"])}
+    assert alone["packed-s2"]["quality"] == "costs quality" and alone["packed-s2"]["its seeds"] == 1
+
+
+def test_one_run_built_on_a_seeded_technique_has_that_techniques_spread():
+    """A rung built on packed rows, run once, is judged with the packed seeds' spread (sd 0.03): +0.05 nats is
+    within 2 standard errors there (sqrt(0.01^2/3 + 0.03^2) = 0.0316); with the baseline's own, it costs quality."""
+    packed = [run(n, [(0, 3.0), (100, 2.0), (200, x)]) for n, x in
+              (("packed", 1.59), ("packed-s1", 1.62), ("packed-s2", 1.65))]
+    fast = run("packed-fast", [(0, 3.0), (100, 2.0), (200, 1.65)])
+    lineage = {"packed-fast": ["packed-fast", "packed", "lora"], "packed": ["packed", "lora"]}
+    rows = {r["variant"]: r for r in quality.quality_rows(family_df(packed + [fast]), "lora", ["lora-s1", "lora-s2"],
+                                                          KNOBS, lineage=lineage)}
+    assert rows["packed-fast"]["quality"] == "keeps quality" and "spread of packed's 3 seeds" in rows["packed-fast"]["why"]
+    rows = {r["variant"]: r for r in quality.quality_rows(family_df(packed + [fast]), "lora", ["lora-s1", "lora-s2"],
+                                                          KNOBS)}
+    assert rows["packed-fast"]["quality"] == "costs quality"
+
+
+def test_a_variant_of_the_baselines_knobs_under_another_seed_is_one_of_its_seeds():
+    fams = quality.seed_families(["lora", "lora-s1", "lora-s3", "packed", "packed-s1"], "lora", ["lora-s1"],
+                                 {**KNOBS, "lora-s3": {"peft": "lora", "seed": 3}})
+    assert fams["lora"] == fams["lora-s1"] == fams["lora-s3"] == ("baseline",)
+    assert fams["packed"] == fams["packed-s1"] != ("baseline",)
+    from ftbench.techniques import lineage
+    pool = {"a": {}, "b": {"base": "a"}, "c": {"base": "b", "adds": []}}
+    assert lineage("c", pool) == ["c", "b", "a"] and lineage("a", pool) == ["a"]

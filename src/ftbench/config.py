@@ -15,8 +15,8 @@ from pathlib import Path
 import yaml
 
 from .knobs import ConfigError, Variant, knob_problems  # noqa: F401  (re-exported: the names callers use)
-from .pool import (all_variant_names, all_variants, pick_variants, study_variants, variant_knobs,  # noqa: F401
-                   variant_pool)  # (re-exported: ftbench.config is where callers find them)
+from .pool import (all_variant_names, all_variants, pick_variants, study_lineage, study_variants,  # noqa: F401
+                   variant_knobs, variant_pool)  # (re-exported: ftbench.config is where callers find them)
 
 DATA_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # models, datasets, variants, studies: path- and regex-safe

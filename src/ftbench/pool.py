@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 from .knobs import ConfigError, Variant, required_packages
-from .techniques import TechniqueError, resolve, resolve_all
+from .techniques import TechniqueError, lineage, resolve, resolve_all
 
 
 def variant_pool(config: dict, study: str) -> dict:
@@ -32,6 +32,12 @@ def study_variants(config: dict, study: str) -> dict:
         return resolve_all(variant_pool(config, study))
     except TechniqueError as e:
         raise ConfigError(str(e)) from None
+
+
+def study_lineage(config: dict, study: str) -> dict[str, list[str]]:
+    """Each variant a study can name, with its bases nearest first (ftbench.techniques.lineage)."""
+    pool = variant_pool(config, study)
+    return {name: lineage(name, pool) for name in pool}
 
 
 def variant_knobs(config: dict, study: str, name: str) -> dict:

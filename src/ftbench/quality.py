@@ -3,12 +3,18 @@
 Every run of the quality study is the same fine-tune (data, learning rate, steps) under one technique, its held-out
 loss measured before the first step and every few steps at the label tokens trained so far (ftbench.heldout). The
 baseline (bf16 LoRA) runs under several seeds; their spread is the noise. Each technique is read at the same tokens
-as the baseline (the fewest any baseline seed trained: its curve interpolated linearly there, never extrapolated):
+as the baseline (the fewest any baseline seed trained: its curve interpolated linearly there, never extrapolated),
+against the seeds' mean, by the standard error of the difference, se = sqrt(sd_b^2/n_b + sd_t^2/n_t):
 
-- keeps quality: its held-out loss is within NOISE_SIGMAS standard deviations of the seeds' mean (or below it);
-- costs quality: +x nats at the same tokens, where x is more than COST_SIGMAS deviations above the mean;
+- one run (n_t = 1) has the spread of runs like it: the seeds of the nearest variant it is built on that ran under
+  at least MIN_SEEDS of them (packed rows' runs spread wider than padded ones), else the baseline's spread;
+- a technique run under several seeds (variants whose knobs differ only in the seed) is read by their mean, sd_t
+  their spread, each of its rows carrying that verdict;
+- keeps quality: its held-out loss is within NOISE_SIGMAS standard errors of the seeds' mean (or below it);
+- costs quality: +x nats at the same tokens, where x is more than COST_SIGMAS standard errors above the mean;
 - inconclusive: between the two, or with fewer than MIN_SEEDS baseline seeds (no noise to judge by);
-- quality not measured: a run without a held-out curve (a speed run), never "keeps quality".
+- quality not measured: a run without a held-out curve (a speed run), or one ending more than SHORT_BY short of the
+  baseline's tokens, never "keeps quality".
 
 Tokens to quality: the label tokens a technique's curve needs to reach the baseline seeds' mean loss at those tokens
 (linear between its points). With a rung's real tokens/s at Qwen3-8B's shapes (the fastest record of the same
@@ -84,8 +90,11 @@ def baseline_noise(curves: dict[str, list[dict]], tokens: float | None = None) -
             if any(c[0]["tokens"] == 0 for c in curves.values()) else None}
 
 
-def verdict(loss: float | None, base: dict | None) -> tuple[str, str]:
-    """(verdict, its sentence) for a technique's held-out loss at the baseline's tokens."""
+def verdict(loss: float | None, base: dict | None, spread: tuple | None = None) -> tuple[str, str]:
+    """(verdict, its sentence) for a technique's held-out loss at the baseline's tokens: one run's, or its seeds'
+    mean. Judged by the standard error of its difference from the baseline seeds' mean, sqrt(sd_b^2/n_b + sd_t^2/n_t):
+    `spread` = (sd_t, n_t, whose) is its own seeds' spread and count, or the spread of runs like it (the seeds of the
+    variant it is built on) for one run; without it, one run with the baseline's spread."""
     if base is None:
         return INCONCLUSIVE, "no baseline curve to compare with"
     if loss is None:
@@ -94,13 +103,26 @@ def verdict(loss: float | None, base: dict | None) -> tuple[str, str]:
     if base["n"] < MIN_SEEDS or not base["std"]:
         return INCONCLUSIVE, (f"{delta:+.3f} nats, but the baseline has {base['n']} seed(s) with a spread of "
                               f"{base['std'] or 0:.3f}: at least {MIN_SEEDS} seeds that differ are needed")
-    band = f"the seeds' noise: sd {base['std']:.3f} over {base['n']} seeds"
-    if delta <= NOISE_SIGMAS * base["std"]:
-        return KEEPS, f"{delta:+.3f} nats at the same tokens, within {NOISE_SIGMAS:g} sd ({band})"
-    if delta > COST_SIGMAS * base["std"]:
-        return COSTS, f"costs quality: {delta:+.3f} nats at the same tokens ({delta / base['std']:.1f} sd; {band})"
-    return INCONCLUSIVE, (f"{delta:+.3f} nats: between {NOISE_SIGMAS:g} and {COST_SIGMAS:g} sd ({band}); more seeds "
-                          "would decide")
+    sd, n, whose = spread or (base["std"], 1, "one run, the baseline's spread")
+    se = math.sqrt(base["std"] ** 2 / base["n"] + sd ** 2 / n)
+    band = f"standard error {se:.4f}: the baseline's {base['n']} seeds, sd {base['std']:.4f}; {whose}, sd {sd:.4f}"
+    if delta <= NOISE_SIGMAS * se:
+        return KEEPS, f"{delta:+.3f} nats at the same tokens, within {NOISE_SIGMAS:g} standard errors ({band})"
+    if delta > COST_SIGMAS * se:
+        return COSTS, f"costs quality: {delta:+.3f} nats at the same tokens ({delta / se:.1f} standard errors; {band})"
+    return INCONCLUSIVE, (f"{delta:+.3f} nats: between {NOISE_SIGMAS:g} and {COST_SIGMAS:g} standard errors "
+                          f"({band}); more seeds would decide")
+
+
+def seed_families(names, baseline: str, seeds: list[str], variants: dict | None) -> dict[str, tuple]:
+    """Each run's family: the same fine-tune under other seeds (its knobs but the seed equal: `variants`' flat knobs).
+    The baseline's family holds the baseline, its named `seeds` and any variant of its knobs under another seed."""
+    def key(name):
+        knobs = (variants or {}).get(name)
+        return ("alone", name) if knobs is None else tuple(sorted(
+            (k, repr(v)) for k, v in knobs.items() if k != "seed" and v is not None))
+    own = key(baseline) if (variants or {}).get(baseline) is not None else None
+    return {n: ("baseline",) if n in (baseline, *seeds) or key(n) == own else key(n) for n in names}
 
 
 def speed_at_shapes(speed: pl.DataFrame | None, model: str = "qwen3-8b") -> dict[str, dict]:
@@ -115,55 +137,115 @@ def speed_at_shapes(speed: pl.DataFrame | None, model: str = "qwen3-8b") -> dict
     return best
 
 
+def reading(pts: list[dict] | None, base: dict | None, seed_curves: dict) -> tuple[float | None, dict | None]:
+    """A curve's loss at the baseline's tokens, and the baseline's reading it is compared with: where the run ended
+    a few tokens short (at most SHORT_BY: packed rows against padded), both read where it ended."""
+    at = loss_at(pts, base["tokens"]) if pts and base else None
+    if at is None and pts and base and pts[-1]["tokens"] >= (1 - SHORT_BY) * base["tokens"]:
+        return pts[-1]["loss"], baseline_noise(seed_curves, pts[-1]["tokens"])
+    return at, base
+
+
+def read_families(runs: list[dict], family: dict, seed_curves: dict) -> dict[tuple, dict]:
+    """A technique run under several seeds, read as one: each family of two or more runs read at all, its curves and
+    the baseline's at the fewest tokens any of them reached; its losses there, their mean and spread."""
+    groups = {}
+    for x in runs:
+        if family[x["variant"]] != ("baseline",) and x["at"] is not None:
+            groups.setdefault(family[x["variant"]], []).append(x)
+    out = {}
+    for key, mine in groups.items():
+        if len(mine) < 2:
+            continue
+        tokens = min(x["here"]["tokens"] for x in mine)
+        losses = [loss_at(x["pts"], tokens) for x in mine]
+        out[key] = {"names": [x["variant"] for x in mine], "curves": [x["pts"] for x in mine], "tokens": tokens,
+                    "losses": losses,
+                    "mean": statistics.fmean(losses), "std": statistics.stdev(losses),
+                    "base": baseline_noise(seed_curves, tokens)}
+    return out
+
+
 def quality_rows(df: pl.DataFrame, baseline: str, seeds: list[str], variants: dict | None = None,
-                 speed: pl.DataFrame | None = None) -> list[dict]:
+                 speed: pl.DataFrame | None = None, lineage: dict | None = None) -> list[dict]:
     """One row per technique run of each (model, dataset, GPU) group holding the baseline: its verdict, its loss
     at the baseline's tokens, tokens to quality and, where the same variant ran at Qwen3-8B's shapes, its time to
-    quality relative to the baseline's (a projection)."""
-    variants = variants or {}
+    quality relative to the baseline's (a projection). A technique run under several seeds is read by their mean
+    (each of its rows); a single run built on one (`lineage`: each variant's bases, nearest first) by that one's
+    spread, the noise of runs like it."""
     fast = speed_at_shapes(speed)
     out = []
     for key, group in df.group_by(list(GROUP), maintain_order=True):
         rows = group.to_dicts()
         if baseline not in {r["variant"] for r in rows}:
             continue
-        curves = [points(r) if r["status"] == "ok" else None for r in rows]  # each parsed once
-        seed_curves = {r["variant"]: c for r, c in zip(rows, curves) if r["variant"] in (baseline, *seeds) and c}
+        family = seed_families([r["variant"] for r in rows], baseline, seeds, variants)
+        runs = [{"variant": r["variant"], "row": r, "pts": points(r) if r["status"] == "ok" else None} for r in rows]
+        seed_curves = {x["variant"]: x["pts"] for x in runs if family[x["variant"]] == ("baseline",) and x["pts"]}
         base = baseline_noise(seed_curves)
-        base_speed = fast.get(baseline)
-        for r, pts in zip(rows, curves):
-            at = loss_at(pts, base["tokens"]) if pts and base else None
-            here = base
-            if at is None and pts and base and pts[-1]["tokens"] >= (1 - SHORT_BY) * base["tokens"]:
-                # the run's rows held a few tokens fewer (packed against padded): both read where it ended
-                here = baseline_noise(seed_curves, pts[-1]["tokens"])
-                at = pts[-1]["loss"]
-            word, why = (verdict(at, here) if pts else
-                         (NOT_MEASURED, f"the run's status is {r['status']}: {r.get('reason') or ''}".strip(": ")
-                          if r["status"] != "ok" else "the run measured no held-out curve"))
-            if here is not base:
-                why += f" (read at {here['tokens']:,.0f} tokens, where this run ended: {base['tokens']:,.0f} elsewhere)"
-            ttq = tokens_to(pts, base["mean"]) if pts and base else None
-            s = fast.get(r["variant"])
-            rel_tokens = ttq / base["tokens"] if ttq is not None and base and base["tokens"] else None
-            rel_time = (rel_tokens * base_speed["throughput.tokens_per_s"] / s["throughput.tokens_per_s"]
-                        if rel_tokens is not None and s and base_speed else None)
-            out.append({
-                "model": key[0], "dataset": key[1], "gpu": key[2], "variant": r["variant"],
-                "techniques, in words": words(r["variant"], knobs=(variants or {}).get(r["variant"]) or {}),
-                "seed of the baseline": r["variant"] in seeds or r["variant"] == baseline,
-                "held-out loss before": pts[0]["loss"] if pts and pts[0]["tokens"] == 0 else None,
-                "held-out loss after": pts[-1]["loss"] if pts else None,
-                "tokens trained": pts[-1]["tokens"] if pts else None,
-                "compared at tokens": here["tokens"] if here else None,
-                "loss at those tokens": at, "baseline mean": here["mean"] if here else None,
-                "baseline sd": here["std"] if here else None, "seeds": here["n"] if here else 0,
-                "delta (nats)": at - here["mean"] if at is not None and here else None,
-                "quality": word, "why": why, "tokens to quality": ttq, "tokens to quality (x baseline)": rel_tokens,
-                "tokens/s at Qwen3-8B": s["throughput.tokens_per_s"] if s else None,
-                "speed measured on": f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}" if s else None,
-                "time to quality (x baseline, projection)": rel_time})
+        for x in runs:
+            x["at"], x["here"] = reading(x["pts"], base, seed_curves)
+            x["of the baseline"] = family[x["variant"]] == ("baseline",)
+        fams = read_families(runs, family, seed_curves)
+        for x in runs:
+            out.append(quality_row(key, x, base, fams.get(family[x["variant"]]),
+                                   spread_of(x["variant"], family, fams, lineage), fast, baseline, variants))
     return out
+
+
+def spread_of(name: str, family: dict, fams: dict, lineage: dict | None) -> tuple | None:
+    """The spread of runs like `name`'s: the seeds of the nearest variant it is built on that ran under at least
+    MIN_SEEDS of them, as (sd, 1 run, whose); None: the baseline's."""
+    for base in (lineage or {}).get(name, [name])[1:]:
+        f = fams.get(family.get(base))
+        if f and len(f["losses"]) >= MIN_SEEDS:
+            return f["std"], 1, f"one run with the spread of {base}'s {len(f['losses'])} seeds"
+    return None
+
+
+def quality_row(key, x: dict, base: dict | None, fam: dict | None, spread: tuple | None, fast: dict, baseline: str,
+                variants: dict | None) -> dict:
+    """One run's row of the verdict table (its family's reading where it ran under several seeds)."""
+    r, pts = x["row"], x["pts"]
+    if fam:
+        here, at = fam["base"], fam["mean"]
+        word, why = verdict(at, here, (fam["std"], len(fam["losses"]), f"its {len(fam['losses'])} seeds"))
+        why += f" ({', '.join(fam['names'])}, read at {fam['tokens']:,.0f} tokens)"
+        ttqs = [tokens_to(c, base["mean"]) for c in fam["curves"]]
+        ttq = statistics.fmean(ttqs) if None not in ttqs else None
+    else:
+        here, at = x["here"], x["at"]
+        word, why = (verdict(at, here, spread) if pts and (at is not None or not base) else
+                     (NOT_MEASURED, f"its curve ends at {pts[-1]['tokens']:,} label tokens, "
+                      f"{1 - pts[-1]['tokens'] / base['tokens']:.1%} short of the baseline's {base['tokens']:,.0f} "
+                      f"(read only within {SHORT_BY:.0%} of them)") if pts else
+                     (NOT_MEASURED, f"the run's status is {r['status']}: {r.get('reason') or ''}".strip(": ")
+                      if r["status"] != "ok" else "the run measured no held-out curve"))
+        if here is not base:
+            why += f" (read at {here['tokens']:,.0f} tokens, where this run ended: {base['tokens']:,.0f} elsewhere)"
+        ttq = tokens_to(pts, base["mean"]) if pts and base else None
+    names = fam["names"] if fam else [r["variant"]]
+    s = next((fast[n] for n in names if n in fast), None)  # a seed of a technique runs at its speed
+    rel_tokens = ttq / base["tokens"] if ttq is not None and base and base["tokens"] else None
+    base_speed = fast.get(baseline)
+    rel_time = (rel_tokens * base_speed["throughput.tokens_per_s"] / s["throughput.tokens_per_s"]
+                if rel_tokens is not None and s and base_speed else None)
+    return {
+        "model": key[0], "dataset": key[1], "gpu": key[2], "variant": r["variant"],
+        "techniques, in words": words(r["variant"], knobs=(variants or {}).get(r["variant"]) or {}),
+        "seed of the baseline": x["of the baseline"],
+        "held-out loss before": pts[0]["loss"] if pts and pts[0]["tokens"] == 0 else None,
+        "held-out loss after": pts[-1]["loss"] if pts else None,
+        "tokens trained": pts[-1]["tokens"] if pts else None,
+        "compared at tokens": here["tokens"] if here else None,
+        "loss at those tokens": at, "baseline mean": here["mean"] if here else None,
+        "baseline sd": here["std"] if here else None, "seeds": here["n"] if here else 0,
+        "its seeds": len(fam["losses"]) if fam else 1,
+        "delta (nats)": at - here["mean"] if at is not None and here else None,
+        "quality": word, "why": why, "tokens to quality": ttq, "tokens to quality (x baseline)": rel_tokens,
+        "tokens/s at Qwen3-8B": s["throughput.tokens_per_s"] if s else None,
+        "speed measured on": f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}" if s else None,
+        "time to quality (x baseline, projection)": rel_time}
 
 
 def claims_rows(rows: list[dict], claims: list[dict], variants: dict | None = None) -> list[dict]:
@@ -218,7 +300,7 @@ def svg(chart) -> str:
 
 
 SHOWN = ["variant", "techniques, in words", "gpu", "dataset", "quality", "held-out loss before", "held-out loss after", "compared at tokens",
-         "loss at those tokens", "delta (nats)", "baseline sd", "seeds", "tokens to quality (x baseline)",
+         "loss at those tokens", "delta (nats)", "baseline sd", "seeds", "its seeds", "tokens to quality (x baseline)",
          "tokens/s at Qwen3-8B", "speed measured on", "time to quality (x baseline, projection)", "why"]
 
 

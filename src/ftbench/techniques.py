@@ -185,6 +185,15 @@ def resolve(name: str, pool: dict, _seen: tuple = ()) -> dict:
     return knobs
 
 
+def lineage(name: str, pool: dict) -> list[str]:
+    """A variant and its bases, nearest first: "lora-tb-cg" -> ["lora-tb-cg", "lora-tb", ...]."""
+    out = []
+    while name in pool and name not in out:
+        out.append(name)
+        name = (pool[name] or {}).get("base")
+    return out
+
+
 def resolve_all(pool: dict) -> dict:
     """Every variant of `pool` as flat knobs."""
     return {name: resolve(name, pool) for name in pool}
