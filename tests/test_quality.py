@@ -186,7 +186,11 @@ def test_a_technique_under_several_seeds_is_read_by_their_mean_against_the_stand
     baseline's spread, would cost quality."""
     packed = [run(n, [(0, 3.0), (100, 2.0), (200, x)]) for n, x in
               (("packed", 1.59), ("packed-s1", 1.62), ("packed-s2", 1.65))]
-    rows = {r["variant"]: r for r in quality.quality_rows(family_df(packed), "lora", ["lora-s1", "lora-s2"], KNOBS)}
+    short = run("packed-s3", [(0, 3.0), (100, 2.0), (150, 1.9)])  # ends 25 % short: not read, not of the mean
+    knobs = {**KNOBS, "packed-s3": {"peft": "lora", "packing": True, "seed": 3}}
+    rows = {r["variant"]: r for r in quality.quality_rows(family_df(packed + [short]), "lora", ["lora-s1", "lora-s2"],
+                                                          knobs)}
+    assert rows["packed-s3"]["quality"] == "quality not measured" and "25.0% short" in rows["packed-s3"]["why"]
     for n in ("packed", "packed-s1", "packed-s2"):
         assert rows[n]["quality"] == "keeps quality" and rows[n]["its seeds"] == 3
         assert rows[n]["delta (nats)"] == pytest.approx(0.02) and "its 3 seeds, sd 0.0300" in rows[n]["why"]

@@ -188,7 +188,8 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list[str], variants: di
             x["of the baseline"] = family[x["variant"]] == ("baseline",)
         fams = read_families(runs, family, seed_curves)
         for x in runs:
-            out.append(quality_row(key, x, base, fams.get(family[x["variant"]]),
+            fam = fams.get(family[x["variant"]])
+            out.append(quality_row(key, x, base, fam if fam and x["variant"] in fam["names"] else None,
                                    spread_of(x["variant"], family, fams, lineage), fast, baseline, variants))
     return out
 
