@@ -17,6 +17,8 @@ from ftbench.gpus import shares_gpu, visible_gpus  # noqa: E402
 # `pick`: a name for the fastest variant of a list that this install can run (config/your_model.yaml), said first
 for line in ftc.pick_variants(config):
     print(line, file=sys.stderr)
+# the quality study's seeds (quality.seeds, integers): each technique that changes the numbers under each of them
+ftc.expand_seeds(config)
 # Cross-reference checks that a JSON schema cannot express; a bad config stops here, before any job.
 ftc.check_config(config, BASE_DIR)
 RUNS = ftc.expand_matrix(config)

@@ -185,5 +185,6 @@ rule quality:
         variants=quality_variants,
         lineage=quality_lineage,
         title=quality_title,
+        seed=config["seed"],
     script:
         "../workflow/scripts/quality.py"

@@ -107,110 +107,155 @@ def test_python_docs_are_real_text_held_out_by_whole_module():
     assert text and all(200 <= len(r["text"]) <= 4000 for r in text)
 
 
-def run(variant, pts, status="ok", gpu="H100 SXM5"):
+def run(variant, pts, status="ok", gpu="H100 SXM5", served=None, scored="the answer"):
+    """A record row with a held-out curve of (tokens, loss) points (and `served` losses beside, where given)."""
+    curve = [{"step": i, "tokens": t, "loss": x} for i, (t, x) in enumerate(pts or [])]
+    for p, y in zip(curve, served or []):
+        p["served"] = y
     return {"model": "m", "dataset": "d", "gpu": gpu, "variant": variant, "status": status, "reason": None,
-            "loss.held_out": json.dumps({"points": [{"step": i, "tokens": t, "loss": x} for i, (t, x) in
-                                                    enumerate(pts)]}) if pts else None}
+            "loss.held_out": json.dumps({"points": curve, "scored": scored}) if pts else None}
 
 
-BASE = [("lora", [(0, 3.0), (100, 2.0), (200, 1.60)]), ("lora-s1", [(0, 3.0), (100, 2.0), (200, 1.61)]),
-        ("lora-s2", [(0, 3.0), (100, 2.0), (200, 1.59), (210, 1.58)])]
+SEEDS = (42, 1, 2, 3, 4)
+BASE_END = (1.600, 1.610, 1.590, 1.605, 1.595)  # the baseline's five seeds at 200 tokens: mean 1.600
 
 
-def verdicts(extra, seeds=("lora-s1", "lora-s2")):
-    df = pl.DataFrame([run(v, p) for v, p in BASE] + extra, infer_schema_length=None)
-    return {r["variant"]: r for r in quality.quality_rows(df, "lora", list(seeds))}
+def name(v, seed):
+    return v if seed == 42 else f"{v}-s{seed}"
 
 
-def test_a_technique_beyond_the_seeds_noise_costs_quality_and_one_within_keeps_it():
-    out = verdicts([run("fp8", [(0, 3.0), (100, 2.1), (200, 1.70)]), run("fast", [(0, 3.0), (100, 2.0), (200, 1.601)])])
-    assert out["fp8"]["quality"] == "costs quality" and "+0.100 nats at the same tokens" in out["fp8"]["why"]
-    assert out["fast"]["quality"] == "keeps quality"
-    assert out["fp8"]["tokens to quality"] is None  # it never reaches the baseline's loss
-    # the baseline read at the fewest tokens any seed trained (200); tokens to quality between points
-    assert out["lora"]["compared at tokens"] == 200
-    slow = verdicts([run("slow", [(0, 3.0), (200, 1.7), (400, 1.5)])])["slow"]
-    assert slow["tokens to quality"] == pytest.approx(200 + 200 * (1.7 - 1.6) / (1.7 - 1.5), rel=1e-3)
+def family(v, ends, knobs=None, served=None):
+    """A technique under the five seeds (its seed-42 run named `v`, the others `v-sN`), each ending at `ends`."""
+    rows, flat = [], {}
+    for i, (seed, end) in enumerate(zip(SEEDS, ends)):
+        rows.append(run(name(v, seed), [(0, 3.0), (100, 2.0), (200, end)],
+                        served=None if served is None else [3.0, 2.0, served[i]]))
+        flat[name(v, seed)] = {**(knobs or {"peft": "lora", "t": v}), "seed": seed}
+    return rows, flat
 
 
-def test_a_run_without_held_out_losses_reads_quality_not_measured_never_keeps():
-    out = verdicts([run("speed-only", None), run("failed", None, status="oom")])
+def verdicts(*families, lineage=None, settings=None):
+    rows, knobs = family("lora", BASE_END, {"peft": "lora"})
+    for f in families:
+        rows, knobs = rows + f[0], {**knobs, **f[1]}
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    return {r["variant"]: r for r in quality.quality_rows(df, "lora", [], knobs, lineage=lineage, settings=settings)}
+
+
+def shifted(diffs):
+    return [b + d for b, d in zip(BASE_END, diffs)]
+
+
+def test_the_paired_verdict_at_the_margins_edges_keeps_costs_or_is_inconclusive():
+    """Margin 0.25 % of the baseline's 1.600: 0.004 nats. A technique whose paired differences' 90 % interval lies
+    under it keeps quality, one wholly over it costs quality, one straddling it is inconclusive, though all three
+    would read alike by their means against an unpaired spread."""
+    out = verdicts(family("keep", shifted([0.001, 0.0015, 0.0005, 0.001, 0.001])),
+                   family("cost", shifted([0.010, 0.011, 0.009, 0.010, 0.010])),
+                   family("edge", shifted([0.004, -0.002, 0.010, 0.001, 0.007])),
+                   family("better", shifted([-0.02, -0.03, -0.025, -0.02, -0.021])))
+    keep, cost, edge = out["keep"], out["cost"], out["edge"]
+    assert keep["margin (nats)"] == pytest.approx(0.004) and keep["paired seeds"] == 5
+    assert keep["quality"] == "keeps quality" and keep["interval high"] < 0.004
+    assert keep["delta (nats)"] == pytest.approx(0.001)
+    # t(0.95, 4) = 2.132: the interval's half-width is 2.132 sd / sqrt(5)
+    import statistics
+    sd = statistics.stdev([0.010, 0.011, 0.009, 0.010, 0.010])
+    assert cost["interval low"] == pytest.approx(0.010 - 2.1318 * sd / 5 ** 0.5, rel=1e-3)
+    assert cost["quality"] == "costs quality" and "+0.0100 nats" in cost["why"]
+    assert edge["quality"] == "inconclusive" and edge["interval low"] < 0.004 < edge["interval high"]
+    assert out["better"]["quality"] == "keeps quality"  # a fall keeps quality
+    assert out["keep-s3"]["quality"] == "keeps quality"  # every seed's row carries its technique's verdict
+    # a tighter margin turns the same differences into a cost
+    tight = verdicts(family("keep", shifted([0.001, 0.0015, 0.0005, 0.001, 0.001])),
+                     settings={"margin": {"relative": 0.0001, "source": "test"}})
+    assert tight["keep"]["quality"] == "costs quality"
+
+
+def test_fewer_paired_seeds_than_three_is_inconclusive_and_no_curve_is_not_measured():
+    rows, knobs = family("two", shifted([0.0, 0.0, 0.0, 0.0, 0.0]))
+    out = verdicts((rows[:2], {k: knobs[k] for k in ("two", "two-s1")}),
+                   ([run("speed-only", None), run("failed", None, status="oom")],
+                    {"speed-only": {"peft": "lora", "t": "x"}, "failed": {"peft": "lora", "t": "y"}}))
+    assert out["two"]["quality"] == "inconclusive" and "at least 3 seeds" in out["two"]["why"]
     assert out["speed-only"]["quality"] == "quality not measured"
     assert out["failed"]["quality"] == "quality not measured" and "oom" in out["failed"]["why"]
-    assert quality.verdict(None, {"mean": 1.6, "std": 0.01, "n": 3})[0] == "quality not measured"
 
 
-def test_a_run_a_few_tokens_short_is_read_where_it_ended_and_one_far_short_is_not_measured():
-    """Packed rows hold a few label tokens fewer than padded ones: a curve ending within 2 % of the baseline's tokens
-    is read at its end, the seeds read there too; one ending further off is not read at all."""
-    out = verdicts([run("packed", [(0, 3.0), (100, 2.0), (198, 1.70)]), run("short", [(0, 3.0), (150, 1.9)])])
-    seeds_at_198 = [2.0 + 0.98 * (x - 2.0) for x in (1.60, 1.61, 1.59)]
-    assert out["packed"]["compared at tokens"] == 198
-    assert out["packed"]["baseline mean"] == pytest.approx(sum(seeds_at_198) / 3)
-    assert out["packed"]["quality"] == "costs quality" and "read at 198 tokens, where this run ended" in out["packed"]["why"]
-    assert out["short"]["quality"] == "quality not measured" and out["short"]["compared at tokens"] == 200
+def test_a_run_far_short_is_left_out_of_its_pairs_and_a_few_tokens_short_are_read_where_they_end():
+    rows, knobs = family("packed", shifted([0.0] * 5))
+    rows[0] = run("packed", [(0, 3.0), (100, 2.0), (198, 1.60)])  # 1 % short: every pair read at 198 tokens
+    rows[1] = run("packed-s1", [(0, 3.0), (150, 1.9)])  # 25 % short: not read
+    out = verdicts((rows, knobs))
+    assert out["packed"]["compared at tokens"] == 198 and out["packed"]["paired seeds"] == 4
+    assert out["packed-s1"]["quality"] == "quality not measured" and "short" in out["packed-s1"]["why"]
 
 
-def test_fewer_than_three_seeds_is_inconclusive():
-    out = verdicts([run("fp8", [(0, 3.0), (200, 1.9)])], seeds=("lora-s1",))
-    assert out["fp8"]["quality"] == "inconclusive" and "at least 3 seeds" in out["fp8"]["why"]
+def test_an_fp8_technique_is_judged_as_served_on_the_bf16_base_and_shown_as_trained():
+    """Trained through its own FP8 GEMMs it is +0.010 (costs quality); its adapters on the bf16 base +0.001 (keeps):
+    the row's verdict is the served one, the trained one beside it. A bf16 technique's served curve is its own."""
+    fp8 = family("fp8", shifted([0.010, 0.011, 0.009, 0.010, 0.010]), {"peft": "lora", "precision": "fp8"},
+                 served=shifted([0.001, 0.0015, 0.0005, 0.001, 0.001]))
+    unserved = family("nf4", shifted([0.010] * 5), {"peft": "lora", "precision": "nf4"})
+    out = verdicts(fp8, unserved)
+    assert out["fp8"]["quality"] == "keeps quality" and out["fp8"]["quality (as trained)"] == "costs quality"
+    assert out["fp8"]["delta as trained"] == pytest.approx(0.010) and out["fp8"]["delta (nats)"] == pytest.approx(0.001)
+    assert "served on the bf16 base" in out["fp8"]["why"]
+    # an NF4 run that scored no served curve is not judged as served
+    assert out["nf4"]["quality"] == "quality not measured" and out["nf4"]["quality (as trained)"] == "costs quality"
+    assert out["lora"]["quality"] == out["lora"]["quality (as trained)"]
 
 
-def test_time_to_quality_is_a_projection_from_the_speed_at_qwen3_8b():
-    speed = pl.DataFrame([{"status": "ok", "model": "qwen3-8b", "scale": "full", "device_type": "cuda", "gpu": "H100",
+def test_a_technique_that_changes_no_numbers_inherits_its_rungs_verdict_only_where_bit_identical():
+    """`pinned` (one seed) stands on `cost`: its curve bit-identical on seed 42, it takes cost's verdict; `jitter`,
+    one seed not bit-identical, stays inconclusive and says it needs its own seeds."""
+    cost = family("cost", shifted([0.010, 0.011, 0.009, 0.010, 0.010]))
+    same = run("pinned", [(0, 3.0), (100, 2.0), (200, BASE_END[0] + 0.010)])
+    off = run("jitter", [(0, 3.0), (100, 2.0), (200, BASE_END[0] + 0.0101)])
+    lineage = {"pinned": ["pinned", "cost", "lora"], "jitter": ["jitter", "cost", "lora"],
+               "cost": ["cost", "lora"]}
+    out = verdicts(cost, ([same, off], {"pinned": {"peft": "lora", "t": "cost", "pin": True},
+                                        "jitter": {"peft": "lora", "t": "cost", "j": 1}}), lineage=lineage)
+    assert out["pinned"]["quality"] == "costs quality" and "bit-identical to cost" in out["pinned"]["why"]
+    assert out["pinned"]["stands on"] == "cost"
+    assert out["jitter"]["quality"] == "inconclusive" and "needs its own seeds" in out["jitter"]["why"]
+    assert out["cost"]["delta from it"] == pytest.approx(0.010)  # cost stands on the baseline: its own step
+
+
+def test_time_to_quality_is_a_projection_from_the_speed_at_qwen3_8b_on_one_gpu_kind():
+    speed = pl.DataFrame([{"status": "ok", "model": "qwen3-8b", "scale": "full", "device_type": "cuda", "gpu": g,
                            "dataset": "d", "batch_size": 2, "variant": v, "throughput.tokens_per_s": s}
-                          for v, s in (("lora", 10000.0), ("fast", 11000.0))])
-    df = pl.DataFrame([run(v, p) for v, p in BASE] + [run("fast", [(0, 3.0), (200, 1.7), (400, 1.5)])],
-                      infer_schema_length=None)
-    r = {x["variant"]: x for x in quality.quality_rows(df, "lora", ["lora-s1", "lora-s2"], speed=speed)}["fast"]
-    # 10 % faster, but the tokens to the seeds' mean loss (1.6 at 200 tokens: 300) are 1.5x: slower to quality
+                          for v, s, g in (("lora", 10000.0, "H100"), ("lora-s1", 12000.0, "H200"),
+                                          ("slow", 11000.0, "H100"))])
+    rows, knobs = family("lora", BASE_END, {"peft": "lora"})
+    slow = [run(name("slow", s), [(0, 3.0), (200, 1.7), (400, 1.5)]) for s in SEEDS]
+    knobs.update({name("slow", s): {"peft": "lora", "t": "slow", "seed": s} for s in SEEDS})
+    df = pl.DataFrame(rows + slow, infer_schema_length=None)
+    r = {x["variant"]: x for x in quality.quality_rows(df, "lora", [], knobs, speed=speed)}["slow"]
+    # the baseline's mean, 1.6 at 200 tokens, reached at 300: 1.5x the tokens; the H100 baseline's speed, not H200's
     assert r["tokens to quality (x baseline)"] == pytest.approx(1.5, rel=1e-3)
     assert r["time to quality (x baseline, projection)"] == pytest.approx(1.5 * 10000 / 11000, rel=1e-3)
-    claims = quality.claims_rows([r], [{"claim": "c", "variant": "fast"}, {"claim": "d", "variant": "none"}])
+    claims = quality.claims_rows([r], [{"claim": "c", "variant": "slow"}, {"claim": "d", "variant": "none"}])
     assert [c["verdict"] for c in claims] == ["differs", "not measured"]
 
 
-def family_df(extra):
-    return pl.DataFrame([run(v, p) for v, p in BASE] + extra, infer_schema_length=None)
+def test_runs_scored_on_every_token_are_not_mixed_with_runs_scoring_the_text_alone():
+    old = [run(n, [(0, 3.0), (200, 2.5)], scored=None) for n in ("lora", "old-only")]
+    rows, knobs = family("lora", BASE_END, {"peft": "lora"})
+    df = pl.DataFrame(rows + old, infer_schema_length=None)
+    out = quality.quality_rows(df, "lora", [], {**knobs, "old-only": {"peft": "lora", "t": "o"}})
+    assert {r["scored"] for r in out} == {"the answer"} and "old-only" not in {r["variant"] for r in out}
+
+
+def test_t_quantiles_match_the_tables():
+    for p, df, t in ((0.95, 1, 6.314), (0.95, 4, 2.132), (0.975, 4, 2.776), (0.95, 30, 1.697)):
+        assert quality.t_quantile(p, df) == pytest.approx(t, abs=1e-3)
 
 
 KNOBS = {"lora": {"peft": "lora"}, "lora-s1": {"peft": "lora", "seed": 1}, "lora-s2": {"peft": "lora", "seed": 2},
          "packed": {"peft": "lora", "packing": True}, "packed-s1": {"peft": "lora", "packing": True, "seed": 1},
          "packed-s2": {"peft": "lora", "packing": True, "seed": 2},
          "packed-fast": {"peft": "lora", "packing": True, "kernel": "x"}}
-
-
-def test_a_technique_under_several_seeds_is_read_by_their_mean_against_the_standard_error_of_the_difference():
-    """Three seeds of packed rows spread wider than the baseline's (sd 0.03 against 0.01): their mean, +0.02 nats,
-    is within 2 standard errors (sqrt(0.01^2/3 + 0.03^2/3) = 0.018), though one run of them alone, judged by the
-    baseline's spread, would cost quality."""
-    packed = [run(n, [(0, 3.0), (100, 2.0), (200, x)]) for n, x in
-              (("packed", 1.59), ("packed-s1", 1.62), ("packed-s2", 1.65))]
-    short = run("packed-s3", [(0, 3.0), (100, 2.0), (150, 1.9)])  # ends 25 % short: not read, not of the mean
-    knobs = {**KNOBS, "packed-s3": {"peft": "lora", "packing": True, "seed": 3}}
-    rows = {r["variant"]: r for r in quality.quality_rows(family_df(packed + [short]), "lora", ["lora-s1", "lora-s2"],
-                                                          knobs)}
-    assert rows["packed-s3"]["quality"] == "quality not measured" and "25.0% short" in rows["packed-s3"]["why"]
-    for n in ("packed", "packed-s1", "packed-s2"):
-        assert rows[n]["quality"] == "keeps quality" and rows[n]["its seeds"] == 3
-        assert rows[n]["delta (nats)"] == pytest.approx(0.02) and "its 3 seeds, sd 0.0300" in rows[n]["why"]
-    alone = {r["variant"]: r for r in quality.quality_rows(family_df(packed[2:]), "lora", ["lora-s1", "lora-s2"])}
-    assert alone["packed-s2"]["quality"] == "costs quality" and alone["packed-s2"]["its seeds"] == 1
-
-
-def test_one_run_built_on_a_seeded_technique_has_that_techniques_spread():
-    """A rung built on packed rows, run once, is judged with the packed seeds' spread (sd 0.03): +0.05 nats is
-    within 2 standard errors there (sqrt(0.01^2/3 + 0.03^2) = 0.0316); with the baseline's own, it costs quality."""
-    packed = [run(n, [(0, 3.0), (100, 2.0), (200, x)]) for n, x in
-              (("packed", 1.59), ("packed-s1", 1.62), ("packed-s2", 1.65))]
-    fast = run("packed-fast", [(0, 3.0), (100, 2.0), (200, 1.65)])
-    lineage = {"packed-fast": ["packed-fast", "packed", "lora"], "packed": ["packed", "lora"]}
-    rows = {r["variant"]: r for r in quality.quality_rows(family_df(packed + [fast]), "lora", ["lora-s1", "lora-s2"],
-                                                          KNOBS, lineage=lineage)}
-    assert rows["packed-fast"]["quality"] == "keeps quality" and "spread of packed's 3 seeds" in rows["packed-fast"]["why"]
-    rows = {r["variant"]: r for r in quality.quality_rows(family_df(packed + [fast]), "lora", ["lora-s1", "lora-s2"],
-                                                          KNOBS)}
-    assert rows["packed-fast"]["quality"] == "costs quality"
 
 
 def test_a_variant_of_the_baselines_knobs_under_another_seed_is_one_of_its_seeds():

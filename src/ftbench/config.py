@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from .knobs import ConfigError, Variant, knob_problems  # noqa: F401  (re-exported: the names callers use)
-from .pool import (all_variant_names, all_variants, pick_variants, study_lineage, study_variants,  # noqa: F401
+from .pool import (all_variant_names, all_variants, expand_seeds, pick_variants, study_lineage, study_variants,  # noqa: F401
                    variant_knobs, variant_pool)  # (re-exported: ftbench.config is where callers find them)
 
 DATA_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}

@@ -146,6 +146,9 @@ def fp8_gemm(x: torch.Tensor, dtype: torch.dtype, w_fp8_t: torch.Tensor, w_inv: 
                             use_fast_accum=fast_accum)
 
 
+# fp8_grads -> the dtype the output's gradient is cast to for the backward's GEMM (bf16: no FP8 in the backward)
+FP8_GRADS = {"e5m2": E5M2, "e4m3": E4M3}
+
 # fp8_fast_accum -> (the forward GEMM fast, the backward's fast, what the record says)
 FAST_ACCUM = {None: (False, False, "none: every FP8 GEMM exact (FP32 promotion)"),
               "forward": (True, False, "the forward's GEMMs (use_fast_accum); the backward's exact"),
@@ -166,6 +169,20 @@ def frozen_fp8(weight: torch.Tensor, transpose: bool = False):
     return w_fp8, w_inv, w_fp8.t().contiguous() if transpose else None
 
 
+def frozen_fp8_channels(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A frozen [out, in] weight cast to FP8 once with fine-grained scales, one copy for each GEMM it enters, each
+    scaled along the dimension its GEMM does not reduce over (as torchao's rowwise recipe casts a weight for each
+    GEMM, and a per-channel scale must lie outside the reduction): the forward's copy a scale an output channel
+    ([out, in], inverse scales as the [1, out] column scales of x W^T), the backward's copy the transpose with a scale
+    an input channel ([in, out] contiguous, inverse scales [1, in] for dy W). Returns (w_fp8, col_out, w_t_fp8,
+    col_in)."""
+    with torch.no_grad():
+        w = weight.detach()
+        w_fp8, inv_out = rowwise_fp8(w, E4M3)  # [out, 1]
+        w_t_fp8, inv_in = rowwise_fp8(w.t().contiguous(), E4M3)  # [in, 1]
+    return w_fp8, inv_out.reshape(1, -1).contiguous(), w_t_fp8, inv_in.reshape(1, -1).contiguous()
+
+
 class _StaticFP8Matmul(torch.autograd.Function):
     """y = x W^T with W already in FP8: x cast per step (e4m3), the output's gradient in e5m2, the input's gradient
     from W^T (cuBLAS's FP8 GEMM takes its second operand column-major: the FP8 weight transposed in every backward,
@@ -175,18 +192,23 @@ class _StaticFP8Matmul(torch.autograd.Function):
     cores' fast accumulation (a key of FAST_ACCUM: None, forward, all)."""
 
     @staticmethod
-    def forward(ctx, x, w_fp8, w_inv, w_t=None, col_out=None, col_in=None, fast_accum=None):
-        ctx.save_for_backward(w_fp8, w_inv, w_t, col_in)
+    def forward(ctx, x, w_fp8, w_inv, w_t=None, col_out=None, col_in=None, fast_accum=None, grads="e5m2",
+                weight=None):
+        ctx.save_for_backward(w_fp8, w_inv, w_t, col_in, weight if grads == "bf16" else None)
         forward, ctx.fast_backward, _ = FAST_ACCUM[fast_accum]
+        ctx.grads = grads
         return fp8_gemm(x, E4M3, w_fp8.t(), w_inv if col_out is None else col_out, forward)
 
     @staticmethod
     def backward(ctx, grad):
-        w_fp8, w_inv, w_t, col_in = ctx.saved_tensors
+        w_fp8, w_inv, w_t, col_in, weight = ctx.saved_tensors
+        if ctx.grads == "bf16":  # FP8 in the forward only: the input's gradient from the kept high-precision weight
+            return grad @ weight.to(grad.dtype), None, None, None, None, None, None, None, None
         if w_t is None:
             w_t = w_fp8.t().contiguous()  # [in, out] row-major: W column-major for the GEMM
-        grad_in = fp8_gemm(grad, E5M2, w_t.t(), w_inv if col_in is None else col_in, ctx.fast_backward)
-        return grad_in, None, None, None, None, None, None
+        grad_in = fp8_gemm(grad, FP8_GRADS[ctx.grads], w_t.t(), w_inv if col_in is None else col_in,
+                           ctx.fast_backward)
+        return grad_in, None, None, None, None, None, None, None, None
 
 
 class StaticFP8Linear(nn.Linear):
@@ -209,19 +231,23 @@ class StaticFP8Linear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, transpose_once: bool = False, rows: bool = False,
-                    fast_accum: str | None = None) -> "StaticFP8Linear":
+                    fast_accum: str | None = None, grads: str = "e5m2", channels: bool = False) -> "StaticFP8Linear":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias
         new.weight.requires_grad_(False)
-        new.rows, new.fast_accum = rows, fast_accum
+        new.rows, new.fast_accum, new.grads, new.channels = rows or channels, fast_accum, grads, channels
         for name in ("w_fp8", "w_inv", "w_t_fp8", "col_out", "col_in"):
             new.register_buffer(name, None, persistent=False)
-        new._cast(linear.weight, transpose_once)
+        new._cast(linear.weight, transpose_once or channels)
         return new
 
     def _cast(self, weight: torch.Tensor, transpose: bool) -> None:
+        if self.channels:  # a scale an output channel (forward) and an input channel (the kept transpose, backward)
+            self.w_fp8, self.col_out, self.w_t_fp8, self.col_in = frozen_fp8_channels(weight)
+            self.w_inv = self.col_out
+            return
         self.w_fp8, self.w_inv, self.w_t_fp8 = frozen_fp8(weight, transpose)
         if self.rows:
             self.col_out = column_scales(self.w_inv, self.out_features)
@@ -231,13 +257,15 @@ class StaticFP8Linear(nn.Linear):
         """Give a layer converted on the meta device its frozen weight `value` (on its device): cast to FP8 as
         `from_linear` casts it (and transposed, where this layer keeps the transpose). `keep_weight` false: the bf16
         value is not kept; `weight` becomes a stand-in (`stand_in`) and the FP8 copy is the only one."""
+        if self.grads == "bf16" and not keep_weight:
+            raise ValueError("fp8_grads='bf16' computes the backward from the bf16 weight: it must be kept")
         self._cast(value, self.w_t_fp8 is not None)
         self.weight = (nn.Parameter(value, requires_grad=False) if keep_weight
                        else stand_in(value.shape, value.dtype, value.device))
 
     def forward(self, x):
         return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias, self.w_t_fp8, self.col_out, self.col_in,
-                                 self.fast_accum)
+                                 self.fast_accum, self.grads, self.weight if self.grads == "bf16" else None)
 
 
 def stand_in(shape, dtype, device) -> nn.Parameter:
@@ -257,30 +285,38 @@ def is_stand_in(p) -> bool:
 
 def static_fp8_linear(x: torch.Tensor, w_fp8: torch.Tensor, w_inv: torch.Tensor, bias=None,
                       w_t: torch.Tensor | None = None, col_out: torch.Tensor | None = None,
-                      col_in: torch.Tensor | None = None, fast_accum: str | None = None) -> torch.Tensor:
+                      col_in: torch.Tensor | None = None, fast_accum: str | None = None, grads: str = "e5m2",
+                      weight: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T (+ bias) with W already in FP8 (`w_inv`: its inverse scale; `w_t`: its transpose, contiguous, if kept;
     `col_out`, `col_in`: that scale as column scales, where activations and gradients are cast a row at a time),
     for inputs of any leading shape: the one form StaticFP8Linear and a fused group of them (ftbench.fused)
     compute."""
     lead = x.shape[:-1]
     y = _StaticFP8Matmul.apply(x.reshape(-1, x.shape[-1]), w_fp8, w_inv, w_t, col_out, col_in,
-                               fast_accum).reshape(*lead, w_fp8.shape[0])
+                               fast_accum, grads, weight).reshape(*lead, w_fp8.shape[0])
     return y + bias if bias is not None else y
 
 
 def convert_static(model: nn.Module, pattern: re.Pattern = LM_PATTERN, transpose_once: bool = False,
-                   rows: bool = False, fast_accum: str | None = None) -> dict:
+                   rows: bool = False, fast_accum: str | None = None, grads: str = "e5m2",
+                   channels: bool = False) -> dict:
     """The frozen projections `pattern` selects onto StaticFP8Linear (weights cast to FP8 once, and with
-    `transpose_once` their transposes too; `rows`, `fast_accum`: StaticFP8Linear's), before LoRA."""
+    `transpose_once` their transposes too; `rows`, `fast_accum`, `grads`, `channels`: StaticFP8Linear's), before
+    LoRA."""
     names = select_linears(model, False, pattern)
-    swap_linears(model, names, lambda linear: StaticFP8Linear.from_linear(linear, transpose_once, rows, fast_accum))
-    fp8_bytes = sum(model.get_submodule(n).w_fp8.numel() for n in names) * (2 if transpose_once else 1)
-    scaling = "a scale a row (token), amax and cast in one pass" if rows else "tensorwise"
+    swap_linears(model, names, lambda linear: StaticFP8Linear.from_linear(linear, transpose_once, rows, fast_accum,
+                                                                          grads, channels))
+    kept = transpose_once or channels
+    fp8_bytes = sum(model.get_submodule(n).w_fp8.numel() for n in names) * (2 if kept else 1)
+    scaling = "a scale a row (token), amax and cast in one pass" if rows or channels else "tensorwise"
+    weights = "a scale an output channel, its transpose a scale an input channel" if channels else "tensorwise"
+    backward = ("bf16 (FP8 in the forward only)" if grads == "bf16" else f"gradients {grads} per step")
     return {"converted": len(names), "vision_converted": 0,
-            "recipe": "static: weights cast to FP8 once (tensorwise e4m3), activations e4m3 and gradients e5m2 "
-                      f"per step, {scaling}", "fp8_weight_gib": fp8_bytes / 2**30,
-            "weight_transpose": "kept from the start" if transpose_once else "made in every backward",
-            "activation_scaling": "rowwise" if rows else "tensorwise",
+            "recipe": f"static: weights cast to FP8 once (e4m3, {weights}), activations e4m3 and {backward}, "
+                      f"{scaling}", "fp8_weight_gib": fp8_bytes / 2**30,
+            "weight_transpose": "kept from the start" if kept else "made in every backward",
+            "activation_scaling": "rowwise" if rows or channels else "tensorwise",
+            "weight_scaling": "per channel" if channels else "tensorwise", "backward": backward,
             "fast_accumulation": FAST_ACCUM[fast_accum][2]}
 
 
@@ -303,18 +339,19 @@ def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern 
 def static_options(variant) -> dict:
     """The static recipe's per-step settings a variant's knobs ask for (fp8_activation_scaling, fp8_fast_accum), as
     `convert_decoder` takes them."""
-    return {"rows": variant.fp8_activation_scaling == "rowwise", "fast_accum": variant.fp8_fast_accum}
+    return {"rows": variant.fp8_activation_scaling == "rowwise", "fast_accum": variant.fp8_fast_accum,
+            "grads": variant.fp8_grads, "channels": variant.fp8_weight_scaling == "channel"}
 
 
 def convert_decoder(model: nn.Module, recipe: str | None, transpose_once: bool = False, rows: bool = False,
-                    fast_accum: str | None = None) -> dict:
+                    fast_accum: str | None = None, grads: str = "e5m2", channels: bool = False) -> dict:
     """A causal LM's decoder projections in FP8, before LoRA wraps them: cast once (`recipe` static,
     StaticFP8Linear, with `transpose_once` their transposes too, `rows` and `fast_accum` its) or by torchao's float8
     linears in `recipe`'s scaling; the one entry for every way a causal LM is built (one process, or sharded on the
     meta device)."""
     if recipe == "static":
         return convert_static(model, pattern=DECODER_PATTERN, transpose_once=transpose_once, rows=rows,
-                              fast_accum=fast_accum)
+                              fast_accum=fast_accum, grads=grads, channels=channels)
     return convert_torchao(model, include_vision=False, pattern=DECODER_PATTERN, recipe=recipe)
 
 

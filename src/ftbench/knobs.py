@@ -44,6 +44,14 @@ class Variant:
     # fp8_recipe static: which FP8 GEMMs run with the tensor cores' fast accumulation: None (every one exact) |
     # forward (the forward's, as torchao's default config runs its output GEMM; the backward's exact) | all
     fp8_fast_accum: str | None = None
+    # fp8_recipe static: the backward's GEMM (the input's gradient): e5m2 (the output's gradient cast to e5m2, the
+    # hybrid format) | e4m3 (e4m3, as torchao's rowwise recipe and DeepSeek-V3 cast gradients) | bf16 (FP8 in the
+    # forward only: the gradient from the kept bf16 weight)
+    fp8_grads: str = "e5m2"
+    # fp8_recipe static: the frozen weights' scales: tensorwise (one a weight) | channel (one an output channel for
+    # the forward's copy, one an input channel for the backward's, kept transposed: ftbench.fp8.frozen_fp8_channels;
+    # activations and gradients then a scale a token)
+    fp8_weight_scaling: str = "tensorwise"
     # causal LM, PEFT, without trainer metrics: the LM head's loss in two GEMMs a chunk of tokens, the hidden states'
     # gradient formed in the forward (Liger Kernel's fused linear cross-entropy scheme, its cross-entropy kernel)
     # rather than TRL's fused head's three (None) | two-gemm (bf16 GEMMs) | fp8 (FP8 GEMMs, the head's weight cast
@@ -199,6 +207,7 @@ HONOURED = {
                   "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
                   "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "fused_adapters": ANY,
                   "fp8_activation_scaling": {"tensorwise", "rowwise"}, "fp8_fast_accum": {None, "forward", "all"},
+                  "fp8_grads": {"e5m2", "e4m3", "bf16"}, "fp8_weight_scaling": {"tensorwise", "channel"},
                   "lora_epilogue": ANY, "lora_b_one_read": ANY, "coordinate_descent_tuning": ANY, "lm_head": {None, "two-gemm", "fp8"},
                   "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
                   "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
@@ -220,6 +229,11 @@ for _family in HONOURED.values():  # the supervisor, not the runner, honours the
     _family["compile_backend"] = ANY  # every runner compiles through torch.compile (ftbench.variants.compile_kwargs)
     _family["seed"] = ANY  # every runner takes its seed from the run's settings (ftbench.config.train_settings)
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Variant) if f.name != "name"}
+# knobs that change how fast a step runs, never its numbers (the same seed gives the same losses bit for bit): a
+# technique adding only these runs one seed in the quality study and inherits the verdict of the rung it stands on
+# where its curve is bit-identical to that rung's (ftbench.quality)
+NUMERICS_FREE = frozenset({"trainer_metrics", "sync_free", "pin_memory", "gc_freeze", "expandable_segments",
+                           "dataloader_workers", "time_limit_s"})
 
 
 def knob_problems(family: str, variant: Variant) -> list[str]:
@@ -304,6 +318,13 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("fp8_activation_scaling or fp8_fast_accum without fp8_recipe='static', or with "
                         "fused_projections (they set the per-step casts and GEMMs of each weight cast once; a fused "
                         "group runs its own)")
+    if ((variant.fp8_grads != DEFAULTS["fp8_grads"] or variant.fp8_weight_scaling != DEFAULTS["fp8_weight_scaling"])
+            and (variant.fp8_recipe != "static" or variant.fused_projections or variant.parallel == "fsdp2")):
+        problems.append("fp8_grads or fp8_weight_scaling without fp8_recipe='static', or with fused_projections or "
+                        "FSDP2 (they set how each weight cast once enters its GEMMs; a fused group casts its own)")
+    if variant.fp8_weight_scaling == "channel" and variant.fp8_activation_scaling != "rowwise":
+        problems.append("fp8_weight_scaling='channel' without fp8_activation_scaling='rowwise' (a GEMM with a scale "
+                        "an output channel takes its activations' scales a row: the scaled GEMM's outer scales)")
     if variant.coordinate_descent_tuning and (not variant.compile or variant.compile_scope != "layers"
                                               or variant.compile_backend != "inductor"):
         problems.append("coordinate_descent_tuning without Inductor compiling each layer (compile_scope 'layers': a "

@@ -439,10 +439,12 @@ def build_fp8_base(manifest: dict, seed: int, device, variant) -> tuple:
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     source = None if in_process else CheckpointSlices(manifest["path"])
-    counts = draw_parameters(model, seed, device, read=source.tensor if source else None, keep_weights=False)
+    keep = variant.fp8_grads == "bf16"  # FP8 in the forward only: the backward reads the bf16 weight
+    counts = draw_parameters(model, seed, device, read=source.tensor if source else None, keep_weights=keep)
     if in_process:
         name_special_tokens(model, manifest)
-    info["bf16_weights"] = "not kept: each projection cast to FP8 as it landed, its weight a stand-in"
+    info["bf16_weights"] = ("kept: the backward's GEMM runs in bf16 from them (fp8_grads bf16)" if keep else
+                            "not kept: each projection cast to FP8 as it landed, its weight a stand-in")
     facts = {"method": ("in_process" if in_process else "checkpoint") + ", FP8 base layer by layer (each frozen "
                        "projection cast to FP8 as it landed; the model never whole in bf16)",
              "build_s": time.perf_counter() - t0, "generator": GENERATOR if in_process else None, "seed": seed,

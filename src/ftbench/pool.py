@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from .knobs import ConfigError, Variant, required_packages
+from .knobs import NUMERICS_FREE, ConfigError, Variant, required_packages
 from .techniques import TechniqueError, lineage, resolve, resolve_all
 
 
@@ -88,3 +88,47 @@ def pick_variants(config: dict, installed=None) -> list[str]:
             run["variant"] = chosen.get(run["variant"], run["variant"])
     return said
 
+
+
+def changes_numbers(name: str, pool: dict) -> bool:
+    """Whether a variant's knobs differ from those of the variant it stands on by more than NUMERICS_FREE knobs
+    (a variant on no base changes them)."""
+    chain = lineage(name, pool)
+    if len(chain) < 2:
+        return True
+    mine, base = resolve(name, pool), resolve(chain[1], pool)
+    return any(mine.get(k) != base.get(k) for k in set(mine) | set(base) if k not in NUMERICS_FREE | {"seed"})
+
+
+def expand_seeds(config: dict) -> list[str]:
+    """The quality study's seeds as runs: where a study's `quality.seeds` are integers, each variant of its matrix
+    that changes the numbers (`changes_numbers`) runs under each of them too, as `NAME-sSEED` (its base NAME, knob
+    seed), beside NAME under config's seed; a variant that changes none runs once (ftbench.quality judges it by its
+    bit-identity with the rung it stands on). Returns the variant names added."""
+    added = []
+    for study, sdef in config["studies"].items():
+        seeds = (sdef.get("quality") or {}).get("seeds") or []
+        if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+            continue
+        pool = variant_pool(config, study)
+        own = sdef.setdefault("variants", {})
+        for block in sdef.get("matrix") or []:
+            names = []
+            for v in block["variants"]:
+                names.append(v)
+                if v not in pool:
+                    continue  # (check_config names it)
+                chain = lineage(v, pool)
+                if not changes_numbers(v, pool) and len(chain) > 1 and chain[1] in block["variants"]:
+                    continue  # judged by its bit-identity with the rung it stands on, run beside it
+                for seed in seeds:
+                    if seed == config.get("seed"):
+                        continue
+                    extra = f"{v}-s{seed}"
+                    if extra not in pool:
+                        own[extra] = {"base": v, "seed": seed}
+                        added.append(extra)
+                    if extra not in block["variants"] and extra not in names:
+                        names.append(extra)
+            block["variants"] = names
+    return added

@@ -1,25 +1,33 @@
-"""Speed that keeps quality: each technique's held-out loss on a real pretrained model, against the baseline's seeds.
+"""Speed that keeps quality, decided as a user decides: each technique's held-out loss on a real pretrained model,
+paired seed by seed with the baseline's, against a practical margin.
 
-Every run of the quality study is the same fine-tune (data, learning rate, steps) under one technique, its held-out
-loss measured before the first step and every few steps at the label tokens trained so far (ftbench.heldout). The
-baseline (bf16 LoRA) runs under several seeds; their spread is the noise. Each technique is read at the same tokens
-as the baseline (the fewest any baseline seed trained: its curve interpolated linearly there, never extrapolated),
-against the seeds' mean, by the standard error of the difference, se = sqrt(sd_b^2/n_b + sd_t^2/n_t):
+Every run of the quality study is the same fine-tune (data, learning rate, steps) under one technique and one seed
+(knob `seed`: LoRA's initial A and the data order), its held-out loss measured before the first step and every few
+steps at the label tokens trained so far (ftbench.heldout): on the text the fine-tune is meant to learn (an
+instruction's answer, a plain text's words; never the prompt or the chat template), through the technique's own path
+(as trained) and, where it trains on another base than bf16 (FP8, NF4), with its adapters on the bf16 base (as
+served). A technique that changes the numbers runs under the same seeds as the baseline (config `quality.seeds`).
 
-- one run (n_t = 1) has the spread of runs like it: the seeds of the nearest variant it is built on that ran under
-  at least MIN_SEEDS of them (packed rows' runs spread wider than padded ones), else the baseline's spread;
-- a technique run under several seeds (variants whose knobs differ only in the seed) is read by their mean, sd_t
-  their spread, each of its rows carrying that verdict;
-- keeps quality: its held-out loss is within NOISE_SIGMAS standard errors of the seeds' mean (or below it);
-- costs quality: +x nats at the same tokens, where x is more than COST_SIGMAS standard errors above the mean;
-- inconclusive: between the two, or with fewer than MIN_SEEDS baseline seeds (no noise to judge by);
-- quality not measured: a run without a held-out curve (a speed run), or one ending more than SHORT_BY short of the
-  baseline's tokens, never "keeps quality".
+The verdict is a paired equivalence test. For each seed both ran, the difference of their held-out losses at the same
+tokens (the fewest either trained: curves interpolated linearly, never extrapolated); their mean and its two-sided
+`confidence` interval (Student's t on the paired differences); the practical margin: `margin.relative` of the
+baseline's held-out loss there (config, with its source):
 
-Tokens to quality: the label tokens a technique's curve needs to reach the baseline seeds' mean loss at those tokens
-(linear between its points). With a rung's real tokens/s at Qwen3-8B's shapes (the fastest record of the same
-variant there), its time to quality relative to the baseline's is a projection: (tokens to quality / baseline's
-tokens) x (baseline's tokens/s / its tokens/s) — a technique 10 % faster that needs 15 % more tokens is slower.
+- keeps quality: the whole interval lies below the margin (it may be better: a fall keeps quality);
+- costs quality: +x nats [lo, hi]: the whole interval lies above it;
+- inconclusive: the interval straddles the margin, or fewer than MIN_PAIRS seeds are paired;
+- quality not measured: no curve (a speed run, a failed run), or one ending more than SHORT_BY short of the
+  baseline's tokens: never "keeps quality".
+
+A technique that changes no numbers (ftbench.knobs.NUMERICS_FREE: pinned memory, no host sync, no per-step
+metrics) runs one seed; where its curve is bit-identical to the rung it stands on (same seed), it inherits that rung's
+verdict, else it is inconclusive until it runs the seeds. "Fastest that keeps quality" reads the served verdict.
+
+Tokens to quality: the label tokens a technique's curve needs to reach the baseline seeds' mean loss at the tokens
+they are read at (linear between its points; a longer run, knob-free, reads further). With a rung's real tokens/s at
+Qwen3-8B's shapes (the fastest record of the same variant there, on the GPU kind the baseline's speed was measured
+on), its time to quality relative to the baseline's is a projection: (tokens to quality / baseline's tokens) x
+(baseline's tokens/s / its tokens/s).
 """
 
 from __future__ import annotations
@@ -32,10 +40,13 @@ import polars as pl
 
 from .techniques import words
 
-NOISE_SIGMAS = 2.0
-COST_SIGMAS = 3.0
-MIN_SEEDS = 3
-GROUP = ("model", "dataset", "gpu")  # one host kind, one model, one dataset: runs comparable with each other
+MIN_PAIRS = 3  # seeds a technique must share with the baseline for a verdict (an interval from fewer is too wide)
+CONFIDENCE = 0.90  # the interval's two-sided confidence, unless config's quality.confidence says otherwise
+MARGIN = {"relative": 0.0025, "source": "DeepSeek-V3 (2024): FP8 training's relative loss error against bf16 kept "
+                                        "below 0.25 %"}
+# one host kind, one model, one dataset, one way of scoring the held-out split: runs comparable with each other
+GROUP = ("model", "dataset", "gpu", "scored")
+VIEWS = ("served", "trained")
 
 KEEPS, COSTS, INCONCLUSIVE, NOT_MEASURED = "keeps quality", "costs quality", "inconclusive", "quality not measured"
 
@@ -76,53 +87,100 @@ def tokens_to(pts: list[dict], target: float) -> float | None:
 SHORT_BY = 0.02  # a run that ends at most this share of the baseline's tokens short is read where it ends
 
 
-def baseline_noise(curves: dict[str, list[dict]], tokens: float | None = None) -> dict | None:
-    """The baseline seeds' reading: the tokens they are compared at (the fewest any trained, or `tokens`), their
-    losses there, mean, standard deviation and count; None without a curve."""
-    if not curves:
-        return None
-    tokens = min(c[-1]["tokens"] for c in curves.values()) if tokens is None else tokens
-    losses = {name: loss_at(c, tokens) for name, c in curves.items()}
-    values = [v for v in losses.values() if v is not None]
-    return {"tokens": tokens, "losses": losses, "mean": statistics.fmean(values), "n": len(values),
-            "std": statistics.stdev(values) if len(values) > 1 else None,
-            "before": statistics.fmean(c[0]["loss"] for c in curves.values() if c[0]["tokens"] == 0)
-            if any(c[0]["tokens"] == 0 for c in curves.values()) else None}
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (bisection on its CDF, the regularized incomplete beta by its continued fraction)."""
+    def betacf(a, b, x):
+        tiny = 1e-300
+
+        def guard(v):
+            return v if abs(v) > tiny else tiny
+        c, d = 1.0, 1.0 / guard(1.0 - (a + b) * x / (a + 1.0))
+        h = d
+        for m in range(1, 300):
+            for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                        -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+                d = 1.0 / guard(1.0 + num * d)
+                c = guard(1.0 + num / c)
+                h *= d * c
+            if abs(d * c - 1.0) < 1e-15:
+                break
+        return h
+
+    def cdf(t):
+        x = df / (df + t * t)
+        if x >= 1.0:
+            return 0.5
+        a, b = df / 2.0, 0.5
+        front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+        ib = front * betacf(a, b, x) / a if x < (a + 1) / (a + b + 2) else 1 - front * betacf(b, a, 1 - x) / b
+        return 1 - 0.5 * ib if t >= 0 else 0.5 * ib
+
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
 
 
-def verdict(loss: float | None, base: dict | None, spread: tuple | None = None) -> tuple[str, str]:
-    """(verdict, its sentence) for a technique's held-out loss at the baseline's tokens: one run's, or its seeds'
-    mean. Judged by the standard error of its difference from the baseline seeds' mean, sqrt(sd_b^2/n_b + sd_t^2/n_t):
-    `spread` = (sd_t, n_t, whose) is its own seeds' spread and count, or the spread of runs like it (the seeds of the
-    variant it is built on) for one run; without it, one run with the baseline's spread."""
-    if base is None:
-        return INCONCLUSIVE, "no baseline curve to compare with"
-    if loss is None:
-        return NOT_MEASURED, "no held-out curve reaching the baseline's tokens"
-    delta = loss - base["mean"]
-    if base["n"] < MIN_SEEDS or not base["std"]:
-        return INCONCLUSIVE, (f"{delta:+.3f} nats, but the baseline has {base['n']} seed(s) with a spread of "
-                              f"{base['std'] or 0:.3f}: at least {MIN_SEEDS} seeds that differ are needed")
-    sd, n, whose = spread or (base["std"], 1, "one run, the baseline's spread")
-    se = math.sqrt(base["std"] ** 2 / base["n"] + sd ** 2 / n)
-    band = f"standard error {se:.4f}: the baseline's {base['n']} seeds, sd {base['std']:.4f}; {whose}, sd {sd:.4f}"
-    if delta <= NOISE_SIGMAS * se:
-        return KEEPS, f"{delta:+.3f} nats at the same tokens, within {NOISE_SIGMAS:g} standard errors ({band})"
-    if delta > COST_SIGMAS * se:
-        return COSTS, f"costs quality: {delta:+.3f} nats at the same tokens ({delta / se:.1f} standard errors; {band})"
-    return INCONCLUSIVE, (f"{delta:+.3f} nats: between {NOISE_SIGMAS:g} and {COST_SIGMAS:g} standard errors "
-                          f"({band}); more seeds would decide")
+def interval(diffs: list[float], confidence: float) -> tuple[float, float, float, float | None]:
+    """(mean, low, high, sd) of paired differences: the mean's two-sided `confidence` interval by Student's t."""
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2:
+        return mean, -math.inf, math.inf, None
+    sd = statistics.stdev(diffs)
+    half = t_quantile(0.5 + confidence / 2, len(diffs) - 1) * sd / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half, sd
 
 
-def seed_families(names, baseline: str, seeds: list[str], variants: dict | None) -> dict[str, tuple]:
+def decide(mean: float, lo: float, hi: float, margin: float, n: int) -> str:
+    """The verdict of a paired interval against the practical margin."""
+    if n < MIN_PAIRS:
+        return INCONCLUSIVE
+    return KEEPS if hi < margin else COSTS if lo > margin else INCONCLUSIVE
+
+
+def verdict(diffs: list[float], base_loss: float | None, settings: dict | None = None) -> dict:
+    """The paired verdict of one technique's differences from the baseline, seed by seed, at the same tokens:
+    {verdict, mean, low, high, sd, pairs, margin (nats), why}."""
+    settings = settings or {}
+    if not diffs or base_loss is None:
+        return {"verdict": NOT_MEASURED, "pairs": 0,
+                "why": "no held-out curve of this view (as served, or as trained) paired with a baseline seed's"}
+    rel = (settings.get("margin") or MARGIN)["relative"]
+    conf = settings.get("confidence", CONFIDENCE)
+    margin = rel * base_loss
+    mean, lo, hi, sd = interval(diffs, conf)
+    word = decide(mean, lo, hi, margin, len(diffs))
+    span = f"[{lo:+.4f}, {hi:+.4f}]" if len(diffs) > 1 else "(no interval from one seed)"
+    why = (f"{mean:+.4f} nats {span}, {conf:.0%} interval of {len(diffs)} paired seed(s); margin +{margin:.4f} "
+           f"({rel:.2%} of the baseline's {base_loss:.3f})")
+    if len(diffs) < MIN_PAIRS:
+        why += f": at least {MIN_PAIRS} seeds shared with the baseline are needed"
+    elif word == INCONCLUSIVE:
+        why += ": the interval straddles the margin; more seeds would narrow it"
+    return {"verdict": word, "mean": mean, "low": lo, "high": hi, "sd": sd, "pairs": len(diffs), "margin": margin,
+            "why": why}
+
+
+def seed_families(names, baseline: str, seeds: list, variants: dict | None) -> dict[str, tuple]:
     """Each run's family: the same fine-tune under other seeds (its knobs but the seed equal: `variants`' flat knobs).
-    The baseline's family holds the baseline, its named `seeds` and any variant of its knobs under another seed."""
+    The baseline's family holds the baseline, its named `seeds` (variant names) and any variant of its knobs under
+    another seed."""
     def key(name):
         knobs = (variants or {}).get(name)
         return ("alone", name) if knobs is None else tuple(sorted(
             (k, repr(v)) for k, v in knobs.items() if k != "seed" and v is not None))
     own = key(baseline) if (variants or {}).get(baseline) is not None else None
     return {n: ("baseline",) if n in (baseline, *seeds) or key(n) == own else key(n) for n in names}
+
+
+def seed_of(name: str, variants: dict | None, default: int, baseline: str, seeds: list) -> int | str:
+    """A run's seed: its knob `seed`, else config's; a baseline seed named only by its variant (no knobs known) is
+    its own seed, by name."""
+    knobs = (variants or {}).get(name)
+    if knobs is None:
+        return default if name == baseline else name
+    return knobs.get("seed") if knobs.get("seed") is not None else default
 
 
 def speed_at_shapes(speed: pl.DataFrame | None, model: str = "qwen3-8b") -> dict[str, dict]:
@@ -137,113 +195,205 @@ def speed_at_shapes(speed: pl.DataFrame | None, model: str = "qwen3-8b") -> dict
     return best
 
 
-def reading(pts: list[dict] | None, base: dict | None, seed_curves: dict) -> tuple[float | None, dict | None]:
-    """A curve's loss at the baseline's tokens, and the baseline's reading it is compared with: where the run ended
-    a few tokens short (at most SHORT_BY: packed rows against padded), both read where it ended."""
-    at = loss_at(pts, base["tokens"]) if pts and base else None
-    if at is None and pts and base and pts[-1]["tokens"] >= (1 - SHORT_BY) * base["tokens"]:
-        return pts[-1]["loss"], baseline_noise(seed_curves, pts[-1]["tokens"])
-    return at, base
+def needs_serving(name: str, variants: dict | None) -> bool:
+    """Whether a technique trains on another base than the bf16 one it is served on (FP8, NF4)."""
+    return ((variants or {}).get(name) or {}).get("precision") in ("fp8", "nf4")
 
 
-def read_families(runs: list[dict], family: dict, seed_curves: dict) -> dict[tuple, dict]:
-    """A technique run under several seeds, read as one: each family of two or more runs read at all, its curves and
-    the baseline's at the fewest tokens any of them reached; its losses there, their mean and spread."""
-    groups = {}
-    for x in runs:
-        if family[x["variant"]] != ("baseline",) and x["at"] is not None:
-            groups.setdefault(family[x["variant"]], []).append(x)
-    out = {}
-    for key, mine in groups.items():
-        if len(mine) < 2:
-            continue
-        tokens = min(x["here"]["tokens"] for x in mine)
-        losses = [loss_at(x["pts"], tokens) for x in mine]
-        out[key] = {"names": [x["variant"] for x in mine], "curves": [x["pts"] for x in mine], "tokens": tokens,
-                    "losses": losses,
-                    "mean": statistics.fmean(losses), "std": statistics.stdev(losses),
-                    "base": baseline_noise(seed_curves, tokens)}
-    return out
+def view_curve(pts: list[dict] | None, view: str, serves_apart: bool) -> list[dict] | None:
+    """A run's curve as trained, or as served: its `served` losses where it trains on another base (None where the
+    run did not score them), else the trained curve (its trained path is its served path)."""
+    if not pts or view == "trained" or not serves_apart:
+        return pts
+    if not all("served" in p for p in pts):
+        return None
+    return [{**p, "loss": p["served"]} for p in pts]
 
 
-def quality_rows(df: pl.DataFrame, baseline: str, seeds: list[str], variants: dict | None = None,
-                 speed: pl.DataFrame | None = None, lineage: dict | None = None) -> list[dict]:
-    """One row per technique run of each (model, dataset, GPU) group holding the baseline: its verdict, its loss
-    at the baseline's tokens, tokens to quality and, where the same variant ran at Qwen3-8B's shapes, its time to
-    quality relative to the baseline's (a projection). A technique run under several seeds is read by their mean
-    (each of its rows); a single run built on one (`lineage`: each variant's bases, nearest first) by that one's
-    spread, the noise of runs like it."""
+def scored_of(row: dict) -> str:
+    text = row.get("loss.held_out")
+    return (json.loads(text).get("scored") if text else None) or "every token"
+
+
+def latest_scoring(df: pl.DataFrame) -> pl.DataFrame:
+    """Each (model, dataset, GPU)'s runs of one scoring: where some scored the text alone, those; runs of the older
+    scoring (every token, template included) are not mixed with them, nor judged beside them."""
+    df = df.with_columns(pl.Series("scored", [scored_of(r) for r in df.iter_rows(named=True)], dtype=pl.String))
+    newest = {}
+    for r in df.iter_rows(named=True):
+        k = (r["model"], r["dataset"], r["gpu"])
+        if r["scored"] != "every token" or k not in newest:
+            newest[k] = r["scored"] if r["scored"] != "every token" else newest.get(k, "every token")
+    rows = df.to_dicts()
+    for r in rows:  # a run with no curve (a speed run, a failure) joins its group's newest scoring
+        if not r.get("loss.held_out"):
+            r["scored"] = newest[(r["model"], r["dataset"], r["gpu"])]
+    keep = [newest[(r["model"], r["dataset"], r["gpu"])] == r["scored"] for r in rows]
+    return pl.DataFrame(rows, schema=df.schema).filter(pl.Series(keep))
+
+
+def paired(mine: dict, base: dict, floor: float) -> dict:
+    """The paired differences of two families' curves ({seed: curve}) over the seeds both ran, read at the fewest
+    tokens any of those runs trained; a run ending below `floor` tokens (more than SHORT_BY short of the baseline's)
+    is left out, and said. Returns {diffs, seeds, tokens, base_loss, left_out}."""
+    shared = [s for s in mine if s in base and mine[s] and base[s]]
+    left = [s for s in shared if mine[s][-1]["tokens"] < floor]
+    shared = [s for s in shared if s not in left]
+    if not shared:
+        return {"diffs": [], "seeds": [], "tokens": None, "base_loss": None, "left_out": left}
+    tokens = min(min(mine[s][-1]["tokens"], base[s][-1]["tokens"]) for s in shared)
+    diffs = [loss_at(mine[s], tokens) - loss_at(base[s], tokens) for s in shared]
+    base_loss = statistics.fmean(loss_at(base[s], tokens) for s in shared)
+    return {"diffs": diffs, "seeds": shared, "tokens": tokens, "base_loss": base_loss, "left_out": left}
+
+
+def identical(a: list[dict] | None, b: list[dict] | None) -> bool:
+    """Two curves bit for bit: the same tokens and the same losses at every point."""
+    return bool(a and b) and [(p["tokens"], p["loss"]) for p in a] == [(p["tokens"], p["loss"]) for p in b]
+
+
+def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | None = None,
+                 speed: pl.DataFrame | None = None, lineage: dict | None = None, settings: dict | None = None,
+                 default_seed: int = 42) -> list[dict]:
+    """One row per run of each (model, dataset, GPU, scoring) group holding the baseline, each carrying its
+    technique's paired verdicts (served and as trained: `verdict`), its difference from the rung it stands on
+    (`lineage`: each variant's bases, nearest first), tokens to quality and, where the same variant ran at Qwen3-8B's
+    shapes, its time to quality relative to the baseline's (a projection). `seeds`: the baseline's other seeds by
+    variant name (config's integer seeds are variants already: ftbench.pool.expand_seeds)."""
+    settings = settings or {}
     fast = speed_at_shapes(speed)
+    names_seeds = [x for x in seeds if isinstance(x, str)]
     out = []
-    for key, group in df.group_by(list(GROUP), maintain_order=True):
+    if "loss.held_out" not in df.columns:
+        df = df.with_columns(pl.lit(None, dtype=pl.String).alias("loss.held_out"))
+    for key, group in latest_scoring(df).group_by(list(GROUP), maintain_order=True):
         rows = group.to_dicts()
         if baseline not in {r["variant"] for r in rows}:
             continue
-        family = seed_families([r["variant"] for r in rows], baseline, seeds, variants)
-        runs = [{"variant": r["variant"], "row": r, "pts": points(r) if r["status"] == "ok" else None} for r in rows]
-        seed_curves = {x["variant"]: x["pts"] for x in runs if family[x["variant"]] == ("baseline",) and x["pts"]}
-        base = baseline_noise(seed_curves)
-        for x in runs:
-            x["at"], x["here"] = reading(x["pts"], base, seed_curves)
-            x["of the baseline"] = family[x["variant"]] == ("baseline",)
-        fams = read_families(runs, family, seed_curves)
-        for x in runs:
-            fam = fams.get(family[x["variant"]])
-            out.append(quality_row(key, x, base, fam if fam and x["variant"] in fam["names"] else None,
-                                   spread_of(x["variant"], family, fams, lineage), fast, baseline, variants))
+        family = seed_families([r["variant"] for r in rows], baseline, names_seeds, variants)
+        runs = {r["variant"]: {"row": r, "pts": points(r) if r["status"] == "ok" else None,
+                               "seed": seed_of(r["variant"], variants, default_seed, baseline, names_seeds),
+                               "family": family[r["variant"]], "apart": needs_serving(r["variant"], variants)}
+                for r in rows}
+        fams = {}
+        for name, x in runs.items():
+            fams.setdefault(x["family"], {})[x["seed"]] = name
+        readings = read_group(runs, fams, lineage, settings)
+        for name, x in runs.items():
+            out.append(quality_row(key, name, x, runs, fams, readings, fast, baseline, variants))
     return out
 
 
-def spread_of(name: str, family: dict, fams: dict, lineage: dict | None) -> tuple | None:
-    """The spread of runs like `name`'s: the seeds of the nearest variant it is built on that ran under at least
-    MIN_SEEDS of them, as (sd, 1 run, whose); None: the baseline's."""
-    for base in (lineage or {}).get(name, [name])[1:]:
-        f = fams.get(family.get(base))
-        if f and len(f["losses"]) >= MIN_SEEDS:
-            return f["std"], 1, f"one run with the spread of {base}'s {len(f['losses'])} seeds"
+def curves_of(fam: dict, runs: dict, view: str) -> dict:
+    """{seed: curve} of a family in one view."""
+    return {s: view_curve(runs[n]["pts"], view, runs[n]["apart"]) for s, n in fam.items()}
+
+
+def read_group(runs: dict, fams: dict, lineage: dict | None, settings: dict) -> dict:
+    """Each family's paired verdicts in both views, against the baseline and against the nearest family it stands
+    on; families of one seed whose curve is bit-identical to the rung they stand on inherit its verdicts."""
+    base = fams[("baseline",)]
+    base_curves = {v: curves_of(base, runs, v) for v in VIEWS}
+    ends = [c[-1]["tokens"] for c in base_curves["trained"].values() if c]
+    floor = (1 - SHORT_BY) * min(ends) if ends else math.inf
+    out = {}
+    for fkey, fam in fams.items():
+        r = {}
+        for view in VIEWS:
+            pair = paired(curves_of(fam, runs, view), base_curves[view], floor)
+            r[view] = {**verdict(pair["diffs"], pair["base_loss"], settings), **pair}
+        r["stands on"] = stands_on(fkey, fam, runs, fams, lineage)
+        if r["stands on"]:
+            on = fams[r["stands on"]]
+            pair = paired(curves_of(fam, runs, "trained"), curves_of(on, runs, "trained"), -math.inf)
+            r["step"] = interval(pair["diffs"], settings.get("confidence", CONFIDENCE)) if pair["diffs"] else None
+        out[fkey] = r
+    for fkey in sorted(out, key=lambda k: len(lineage_of(fams[k], lineage))):  # nearest the baseline first
+        inherit(fkey, out, fams, runs)
+    return out
+
+
+def lineage_of(fam: dict, lineage: dict | None) -> list[str]:
+    name = next(iter(fam.values()))
+    return (lineage or {}).get(name, [name])
+
+
+def stands_on(fkey, fam: dict, runs: dict, fams: dict, lineage: dict | None):
+    """The family of the nearest variant a family's variants are built on that ran in the group (None: none)."""
+    for name in fam.values():
+        for b in (lineage or {}).get(name, [name])[1:]:
+            if b in runs and runs[b]["family"] != fkey:
+                return runs[b]["family"]
     return None
 
 
-def quality_row(key, x: dict, base: dict | None, fam: dict | None, spread: tuple | None, fast: dict, baseline: str,
+def inherit(fkey, out: dict, fams: dict, runs: dict) -> None:
+    """A one-seed family bit-identical (same seed, same curve, as trained) to the rung it stands on takes that rung's
+    verdicts, and says so; a one-seed family that differs stays inconclusive, and says that too."""
+    r, on = out[fkey], out[fkey]["stands on"]
+    if on is None or len(fams[fkey]) != 1 or fkey == ("baseline",) or r["trained"]["pairs"] >= MIN_PAIRS:
+        return
+    (seed, name), = fams[fkey].items()
+    other = fams[on].get(seed)
+    mine, theirs = runs[name]["pts"], runs[other]["pts"] if other else None
+    if identical(mine, theirs) and not runs[name]["apart"] and not runs[other]["apart"]:
+        for view in VIEWS:
+            r[view] = {**out[on][view], "why": f"bit-identical to {other} (seed {seed}, every held-out point): its "
+                                               f"verdict, {out[on][view]['why']}"}
+    elif mine and theirs:
+        gap = max(abs(a["loss"] - b["loss"]) for a, b in zip(mine, theirs))
+        for view in VIEWS:
+            r[view]["why"] += f"; not bit-identical to {other} (up to {gap:.2e} nats apart): it needs its own seeds"
+
+
+def quality_row(key, name: str, x: dict, runs: dict, fams: dict, readings: dict, fast: dict, baseline: str,
                 variants: dict | None) -> dict:
-    """One run's row of the verdict table (its family's reading where it ran under several seeds)."""
+    """One run's row of the verdict table, carrying its technique's (its family's) verdicts."""
     r, pts = x["row"], x["pts"]
-    if fam:
-        here, at = fam["base"], fam["mean"]
-        word, why = verdict(at, here, (fam["std"], len(fam["losses"]), f"its {len(fam['losses'])} seeds"))
-        why += f" ({', '.join(fam['names'])}, read at {fam['tokens']:,.0f} tokens)"
-        ttqs = [tokens_to(c, base["mean"]) for c in fam["curves"]]
-        ttq = statistics.fmean(ttqs) if None not in ttqs else None
+    fam, reading = fams[x["family"]], readings[x["family"]]
+    served, trained = reading["served"], reading["trained"]
+    why = served["why"]
+    if not pts:
+        word = NOT_MEASURED
+        why = (f"the run's status is {r['status']}: {r.get('reason') or ''}".strip(": ") if r["status"] != "ok"
+               else "the run measured no held-out curve")
     else:
-        here, at = x["here"], x["at"]
-        word, why = (verdict(at, here, spread) if pts and (at is not None or not base) else
-                     (NOT_MEASURED, f"its curve ends at {pts[-1]['tokens']:,} label tokens, "
-                      f"{1 - pts[-1]['tokens'] / base['tokens']:.1%} short of the baseline's {base['tokens']:,.0f} "
-                      f"(read only within {SHORT_BY:.0%} of them)") if pts else
-                     (NOT_MEASURED, f"the run's status is {r['status']}: {r.get('reason') or ''}".strip(": ")
-                      if r["status"] != "ok" else "the run measured no held-out curve"))
-        if here is not base:
-            why += f" (read at {here['tokens']:,.0f} tokens, where this run ended: {base['tokens']:,.0f} elsewhere)"
-        ttq = tokens_to(pts, base["mean"]) if pts and base else None
-    names = fam["names"] if fam else [r["variant"]]
-    s = next((fast[n] for n in names if n in fast), None)  # a seed of a technique runs at its speed
-    rel_tokens = ttq / base["tokens"] if ttq is not None and base and base["tokens"] else None
-    base_speed = fast.get(baseline)
+        word = served["verdict"]
+        if x["seed"] in (served.get("left_out") or []):
+            word, why = NOT_MEASURED, (f"its curve ends at {pts[-1]['tokens']:,} label tokens, more than "
+                                       f"{SHORT_BY:.0%} short of the baseline's: not read ({why})")
+    if x["apart"] and word != NOT_MEASURED:
+        why = f"served on the bf16 base: {why}; as trained: {trained['verdict']}, {trained['why']}"
+    base_pts = [c for c in curves_of(fams[("baseline",)], runs, "trained").values() if c]
+    tokens = trained.get("tokens") or (min(c[-1]["tokens"] for c in base_pts) if base_pts else None)
+    target = statistics.fmean(loss_at(c, tokens) for c in base_pts if loss_at(c, tokens) is not None) \
+        if base_pts and tokens else None
+    ttq = tokens_to(pts, target) if pts and target is not None else None
+    rel_tokens = ttq / tokens if ttq is not None and tokens else None
+    s = next((fast[n] for n in fam.values() if n in fast), None)  # a seed of a technique runs at its speed
+    base_speed = next((fast[n] for n in fams[("baseline",)].values() if n in fast
+                       and (s is None or fast[n]["gpu"] == s["gpu"])), None)  # one GPU kind, never a mix
     rel_time = (rel_tokens * base_speed["throughput.tokens_per_s"] / s["throughput.tokens_per_s"]
                 if rel_tokens is not None and s and base_speed else None)
+    step = reading.get("step")
     return {
-        "model": key[0], "dataset": key[1], "gpu": key[2], "variant": r["variant"],
-        "techniques, in words": words(r["variant"], knobs=(variants or {}).get(r["variant"]) or {}),
-        "seed of the baseline": x["of the baseline"],
+        "model": key[0], "dataset": key[1], "gpu": key[2], "scored": key[3], "variant": name,
+        "techniques, in words": words(name, knobs=(variants or {}).get(name) or {}),
+        "seed": x["seed"], "seed of the baseline": x["family"] == ("baseline",),
+        "seeds": len(fam), "paired seeds": served.get("pairs") or 0,
         "held-out loss before": pts[0]["loss"] if pts and pts[0]["tokens"] == 0 else None,
         "held-out loss after": pts[-1]["loss"] if pts else None,
         "tokens trained": pts[-1]["tokens"] if pts else None,
-        "compared at tokens": here["tokens"] if here else None,
-        "loss at those tokens": at, "baseline mean": here["mean"] if here else None,
-        "baseline sd": here["std"] if here else None, "seeds": here["n"] if here else 0,
-        "its seeds": len(fam["losses"]) if fam else 1,
-        "delta (nats)": at - here["mean"] if at is not None and here else None,
-        "quality": word, "why": why, "tokens to quality": ttq, "tokens to quality (x baseline)": rel_tokens,
+        "compared at tokens": served.get("tokens") or tokens,
+        "baseline loss there": served.get("base_loss"),
+        "quality": word, "quality (as trained)": trained["verdict"] if pts else NOT_MEASURED,
+        "delta (nats)": served.get("mean"), "interval low": served.get("low"), "interval high": served.get("high"),
+        "margin (nats)": served.get("margin"),
+        "delta as trained": trained.get("mean"), "as trained low": trained.get("low"),
+        "as trained high": trained.get("high"),
+        "stands on": next(iter(fams[reading["stands on"]].values())) if reading.get("stands on") else None,
+        "delta from it": step[0] if step else None,
+        "why": why, "tokens to quality": ttq, "tokens to quality (x baseline)": rel_tokens,
         "tokens/s at Qwen3-8B": s["throughput.tokens_per_s"] if s else None,
         "speed measured on": f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}" if s else None,
         "time to quality (x baseline, projection)": rel_time}
@@ -300,9 +450,11 @@ def svg(chart) -> str:
     return vl_convert.vegalite_to_svg(chart.to_json())
 
 
-SHOWN = ["variant", "techniques, in words", "gpu", "dataset", "quality", "held-out loss before", "held-out loss after", "compared at tokens",
-         "loss at those tokens", "delta (nats)", "baseline sd", "seeds", "its seeds", "tokens to quality (x baseline)",
-         "tokens/s at Qwen3-8B", "speed measured on", "time to quality (x baseline, projection)", "why"]
+SHOWN = ["variant", "techniques, in words", "gpu", "dataset", "quality", "delta (nats)", "interval low",
+         "interval high", "margin (nats)", "quality (as trained)", "delta as trained", "as trained low",
+         "as trained high", "seeds", "paired seeds", "stands on", "delta from it", "compared at tokens",
+         "held-out loss before", "held-out loss after", "tokens to quality (x baseline)", "tokens/s at Qwen3-8B",
+         "speed measured on", "time to quality (x baseline, projection)", "scored", "why"]
 
 
 def verdict_table(rows: list[dict]) -> pl.DataFrame:
@@ -343,10 +495,11 @@ def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers
     for gpu, dataset in dict.fromkeys((r["gpu"], r["dataset"]) for r in base):
         mine = [r for r in base if (r["gpu"], r["dataset"]) == (gpu, dataset)]
         before = statistics.fmean(r["held-out loss before"] for r in mine)
-        after = statistics.fmean(r["loss at those tokens"] for r in mine if r["loss at those tokens"] is not None)
+        after = statistics.fmean(r["held-out loss after"] for r in mine)
         parts.append(f"<p><b>On {_escape(gpu)}: held-out loss {before:.3f} before fine-tuning, {after:.3f} after "
-                     f"{mine[0]['compared at tokens']:,} label tokens</b> ({_escape(dataset)}; bf16 LoRA, mean of "
-                     f"{len(mine)} seed(s); lower by {before - after:.2f} nats).</p>")
+                     f"{statistics.fmean(r['tokens trained'] for r in mine):,.0f} label tokens</b> "
+                     f"({_escape(dataset)}; bf16 LoRA, mean of {len(mine)} seed(s); lower by {before - after:.2f} "
+                     f"nats; scored on {_escape(mine[0]['scored'])}).</p>")
     parts.append(chart_svg)
     parts.append(html_table(verdict_table(rows), "quality-verdicts"))
     if claims:

@@ -55,6 +55,13 @@ TECHNIQUES = {t.name: t for t in [
       "accumulation in the forward, the backward's GEMMs exact", {"fp8_fast_accum": "forward"}),
     T("fp8-fast-accum-all", "fast accumulation in every FP8 GEMM", "the tensor cores' fast accumulation in the "
       "forward and the backward", {"fp8_fast_accum": "all"}),
+    T("fp8-e4m3-grads", "FP8 gradients in E4M3", "the output's gradient cast to E4M3 (more mantissa, as torchao's "
+      "rowwise recipe and DeepSeek-V3 cast it) rather than E5M2 for the backward's GEMM", {"fp8_grads": "e4m3"}),
+    T("fp8-forward-only", "FP8 in the forward only", "the backward's GEMM in bf16 from the kept bf16 weight: only the "
+      "forward's GEMMs in FP8", {"fp8_grads": "bf16"}),
+    T("fp8-channel-weights", "FP8 weights scaled per channel", "each frozen weight cast once with a scale an output "
+      "channel (forward) and its transpose a scale an input channel (backward); activations and gradients a scale a "
+      "token (ftbench.fp8.frozen_fp8_channels)", {"fp8_weight_scaling": "channel"}),
     T("lm-head-two-gemm", "the LM head's loss in two bf16 GEMMs", "fused linear cross-entropy: the hidden states' "
       "gradient formed in the forward, a chunk of tokens at a time (ftbench.head)", {"lm_head": "two-gemm"}),
     T("lm-head-fp8", "the LM head's loss in two FP8 GEMMs", "fused linear cross-entropy with the head's weight cast "
@@ -160,6 +167,7 @@ VALUED = {"gpus": "{} GPUs", "nodes": "{} launchers", "dataloader_workers": "{} 
           "lm_head": "LM head {}", "flash_impl": "flash attention {}", "framework": "framework {}",
           "shape_policy": "{} shapes", "experts": "experts {}", "checkpoint_policy": "{} checkpointing",
           "fp8_activation_scaling": "FP8 activations {}", "fp8_fast_accum": "fast accumulation: {}",
+          "fp8_grads": "FP8 backward: {}", "fp8_weight_scaling": "FP8 weights scaled per {}",
           "peft": "adapter {}"}
 
 

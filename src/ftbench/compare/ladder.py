@@ -267,8 +267,8 @@ def ladder_note(by_batch: bool, eval_loss: bool, same_rows: str | None, quality:
     if quality:
         note += (" 'Quality (real model)': the verdict of the quality study (the report's front page, "
                  "results/quality/quality.html) for the same technique fine-tuning a pretrained model on real text: "
-                 "its held-out loss at the same tokens against the baseline's seeds (keeps quality within 2 sd, costs "
-                 "quality past 3 sd), on the GPU kind named. The speed is Qwen3-8B's here, the quality SmolLM2-135M's "
+                 "its held-out loss at the same tokens against the baseline's seeds (keeps quality within 2 standard "
+                 "errors of the difference, costs quality past 3; ftbench.quality), on the GPU kind named. The speed is Qwen3-8B's here, the quality SmolLM2-135M's "
                  "there; a rung that costs quality is never named the fastest configuration.")
     return note
 
