@@ -14,9 +14,13 @@
 #      generate job (the report's jobs need polars and altair, which the host lacks)
 #   2. the quality study (config/quality_gpu.yaml); NeMo AutoModel's run first, with its own transformers first on
 #      the path (/tmp/nemosite), after the model and data jobs ran with the study's packages
-#   3. bench/fp8_gemm_error.py
+#   3. SPEED="path..." (optional): those Qwen3-8B records (config/study_b_random.yaml), one at a time, alone on the
+#      GPU (their speed is measured: after the quality runs, which share it)
+#   4. bench/fp8_gemm_error.py
 # A second lease that finishes what a first left: SKIP_MINE=1 skips step 1, TARGETS="path..." runs those records
-# (and NeMo's) in step 2 in place of the whole study, SKIP_FP8=1 skips step 3.
+# (and NeMo's) in step 2 in place of the whole study, SKIP_FP8=1 skips step 4.
+# The pieces: the wheels (and, optional, git/head.bundle) as one tar split into .pay/pNN folders of ~40 MB beside the
+# ~21 MB tree (git-ignored through .git/info/exclude), one carried a call.
 set -u
 tree=/tmp/ftb
 mine=/tmp/mine
@@ -37,7 +41,7 @@ start)
       /tmp/payload/nm/*.whl
   fi
   mkdir -p "$tree" && tar --exclude=./.venv --exclude=./results --exclude=./logs --exclude=./.snakemake \
-    --exclude=./.dw -cf - . | tar -xf - -C "$tree"
+    --exclude=./.dw --exclude=./.pay -cf - . | tar -xf - -C "$tree"
   cd "$tree"
   bundle=/tmp/payload/head.bundle; [ -f "$bundle" ] || bundle=/tmp/unpack/git/head.bundle
   if [ -f "$bundle" ]; then
@@ -67,6 +71,10 @@ chain)
   fi
   $smk $quality -- ${TARGETS:-results/quality/quality.html} >> /tmp/quality.log 2>&1
   echo "quality study: $?"
+  if [ -n "${SPEED:-}" ]; then
+    $smk --configfile config/study_b_random.yaml -- $SPEED > /tmp/speed.log 2>&1
+    echo "speed runs: $?"
+  fi
   [ -n "${SKIP_FP8:-}" ] || PYTHONPATH=src:$PYTHONPATH python3 bench/fp8_gemm_error.py --out /tmp/fp8_gemm_error.json > /tmp/fp8_gemm_error.log 2>&1
   echo done > /tmp/quality.done ;;
 poll)
@@ -88,7 +96,8 @@ PY
     find results/generat* -name answers.json | tar czf "$3/mine/answers.tar.gz" -T - 2> /dev/null)
   cd "$tree" && bash bench/collect.sh "$3" > /dev/null
   find results/generat* -name answers.json | tar czf "$3/answers.tar.gz" -T - 2> /dev/null
-  cp /tmp/fp8_gemm_error.json /tmp/fp8_gemm_error.log /tmp/quality.log /tmp/mine.log /tmp/chain.log "$3/" 2> /dev/null
+  cp /tmp/fp8_gemm_error.json /tmp/fp8_gemm_error.log /tmp/quality.log /tmp/speed.log /tmp/mine.log /tmp/chain.log \
+    "$3/" 2> /dev/null
   grep -h "pick\.\|passed over" /tmp/mine.log | head -5
   tail -5 /tmp/quality.log; [ -f /tmp/quality.done ] && echo "chain done" || echo "chain still running" ;;
 esac

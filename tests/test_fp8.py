@@ -339,3 +339,62 @@ def test_the_static_recipes_per_step_knobs_are_refused_where_nothing_acts_on_the
     assert any("lora_epilogue" in p for p in knob_problems("causal_lm", Variant("e", lora_epilogue=True)))
     assert knob_problems("causal_lm", Variant("f", fused_adapters=True, lora_epilogue=True)) == []
     assert any("fp8_fast_accum" in p for p in knob_problems("lmm", Variant("g", fp8_fast_accum="forward")))
+
+
+def test_weights_cast_once_per_channel_with_e4m3_gradients_or_fp8_in_the_forward_only():
+    """fp8_weight_scaling channel: the forward's copy a scale an output channel, the backward's (the kept transpose)
+    a scale an input channel, activations and gradients a scale a token; fp8_grads e4m3 casts the output's gradient
+    to E4M3, bf16 computes the input's gradient from the bf16 weight (FP8 in the forward only). Each is the arithmetic
+    written out; a channel far smaller than the others keeps its precision, where a tensor's scale flushes it."""
+    import copy
+
+    from ftbench.fp8 import E4M3, StaticFP8Linear, convert_static
+
+    torch.manual_seed(0)
+    plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        plain.weight[5] *= 1e-6  # one output channel far smaller than the rest
+    ch = StaticFP8Linear.from_linear(copy.deepcopy(plain), rows=True, grads="e4m3", channels=True)
+    fwd = StaticFP8Linear.from_linear(copy.deepcopy(plain), rows=True, grads="bf16", channels=True)
+    assert ch.col_out.shape == (1, 48) and ch.col_in.shape == (1, 64) and ch.w_t_fp8.shape == (64, 48)
+
+    def by_rows(t, dtype):  # the row-scaled cast, written out
+        top = torch.finfo(dtype).max
+        scale = top / t.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
+        return (t.float() * scale).clamp(-top, top).to(dtype).float() / scale
+
+    w = plain.weight.float()
+    w_out = ch.w_fp8.float() * ch.col_out.reshape(-1, 1)  # [out, in], a scale an output channel
+    w_in = ch.w_t_fp8.float() * ch.col_in.reshape(-1, 1)  # [in, out], a scale an input channel
+    torch.testing.assert_close(w_out, w, rtol=0.07, atol=0)  # e4m3: 3 mantissa bits, every channel at its scale
+    torch.testing.assert_close(w_in, w.t(), rtol=0.07, atol=1e-6)  # (the small channel: subnormal here)
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    for layer, grad_of in ((ch, lambda g: by_rows(g, E4M3) @ w_in.t()), (fwd, lambda g: g.float() @ w)):
+        xr = x.clone().requires_grad_(True)
+        y = layer(xr)
+        torch.testing.assert_close(y.float(), by_rows(x, E4M3) @ w_out.t(), rtol=1e-2, atol=1e-3)
+        g = torch.randn_like(y)
+        y.backward(g)
+        torch.testing.assert_close(xr.grad.float(), grad_of(g), rtol=2e-2, atol=2e-3)
+    exact = x.float() @ w.t()
+    small = (ch(x)[:, 5].float() - exact[:, 5]).abs().max() / exact[:, 5].abs().max()
+    tensor = StaticFP8Linear.from_linear(copy.deepcopy(plain))
+    flushed = (tensor(x)[:, 5].float() - exact[:, 5]).abs().max() / exact[:, 5].abs().max()
+    assert small < 0.1 and flushed > 0.3
+    info = convert_static(nn.Sequential(copy.deepcopy(plain)), pattern=re.compile(""), rows=True, grads="bf16",
+                          channels=True)
+    assert info["weight_scaling"] == "per channel" and "forward only" in info["backward"]
+
+
+def test_the_quality_recipes_knobs_are_refused_where_nothing_acts_on_them():
+    from ftbench.config import Variant
+    from ftbench.knobs import knob_problems
+
+    ok = Variant("x", precision="fp8", fp8_backend="torchao", fp8_recipe="static", fp8_grads="e4m3",
+                 fp8_weight_scaling="channel", fp8_activation_scaling="rowwise")
+    assert knob_problems("causal_lm", ok) == []
+    assert any("fp8_grads or fp8_weight_scaling" in p for p in knob_problems(
+        "causal_lm", Variant("x", precision="fp8", fp8_backend="torchao", fp8_recipe="rowwise", fp8_grads="bf16")))
+    assert any("fp8_activation_scaling='rowwise'" in p for p in knob_problems(
+        "causal_lm", Variant("x", precision="fp8", fp8_backend="torchao", fp8_recipe="static",
+                             fp8_weight_scaling="channel")))

@@ -266,3 +266,92 @@ def test_a_variant_of_the_baselines_knobs_under_another_seed_is_one_of_its_seeds
     from ftbench.techniques import lineage
     pool = {"a": {}, "b": {"base": "a"}, "c": {"base": "b", "adds": []}}
     assert lineage("c", pool) == ["c", "b", "a"] and lineage("a", pool) == ["a"]
+
+
+def char_tokenizer():
+    """A character-level tokenizer with a ChatML template (as SmolLM2's), offsets and all."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = sorted(set("".join(chr(c) for c in range(32, 127)) + "\n"))
+    tok = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token=" "))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=" ", pad_token=" ")
+    fast.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+                          "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+    return fast
+
+
+def test_the_held_out_split_scores_the_answer_not_the_prompt_or_the_template():
+    """An instruction is scored on its answer and the end of its turn; a plain text on its own words (body and
+    title), never the chat template's role markers between them; the token ids are the trainer's own tokenization."""
+    from ftbench.heldout import scored_labels
+
+    tok = char_tokenizer()
+    chat = [{"role": "user", "content": "Write it."}, {"role": "assistant", "content": "Done."}]
+    out = scored_labels(tok, chat, "instruction")
+    assert out["input_ids"] == tok.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
+    scored = "".join(tok.decode([t]) for t, y in zip(out["input_ids"], out["labels"]) if y != -100)
+    assert scored == "Done.<|end|>\n"
+    text = scored_labels(tok, chat, "wikipedia")
+    assert "".join(tok.decode([t]) for t, y in zip(text["input_ids"], text["labels"]) if y != -100) == "Write it.Done."
+
+
+def test_an_fp8_trained_adapter_is_scored_on_the_bf16_base(tiny_qwen):
+    """A tiny Qwen3 trained a few steps with its frozen projections in FP8 (weights cast once, the CPU's scaled GEMM)
+    and LoRA: the served twin (the bf16 base, the same adapter names) takes the trained adapters bit for bit and
+    scores what the bf16 model with those adapters scores, which differs from the FP8 path's loss."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from ftbench.config import Variant
+    from ftbench.fp8 import DECODER_PATTERN, convert_static
+    from ftbench.heldout import ServedTwin
+    from ftbench.runners.causal_lm import served_variant
+    from ftbench.variants import apply_lora
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
+    fp8_model = copy.deepcopy(base)
+    convert_static(fp8_model, pattern=DECODER_PATTERN)
+    v = Variant("fp8", precision="fp8", fp8_backend="torchao", fp8_recipe="static", token_budget=64,
+                padding_free=True, attention="varlen")
+    lora = {"r": 4, "alpha": 8, "target_modules": "all-linear"}
+    trained = apply_lora(fp8_model, v, lora)
+    opt = torch.optim.AdamW([p for p in trained.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(0, trained.config.vocab_size, (2, 32))
+    for _ in range(3):
+        trained(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    served = served_variant(v)
+    assert (served.precision, served.token_budget, served.attention) == ("bf16", 64, "varlen")
+    twin = ServedTwin(lambda: apply_lora(copy.deepcopy(base), served, lora))(trained)
+    pairs = {n: p for n, p in twin.named_parameters() if "lora_" in n}
+    assert pairs and all(torch.equal(pairs[n], p) for n, p in trained.named_parameters() if p.requires_grad)
+    with torch.no_grad():
+        merged = apply_lora(copy.deepcopy(base), served, lora)
+        merged.load_state_dict({n: p for n, p in trained.state_dict().items() if "lora_" in n}, strict=False)
+        assert twin(input_ids=ids, labels=ids).loss == merged(input_ids=ids, labels=ids).loss
+        assert twin(input_ids=ids, labels=ids).loss != trained(input_ids=ids, labels=ids).loss
+    with pytest.raises(RuntimeError, match="lacks"):
+        ServedTwin(lambda: copy.deepcopy(base))(trained)
+
+
+def test_the_quality_seeds_run_every_technique_that_changes_the_numbers():
+    """quality.seeds [1, 2]: lora and a compiled rung run as NAME, NAME-s1, NAME-s2; a rung adding only pinned memory
+    to one in the same matrix runs once (judged by its bit-identity), one whose base is absent runs every seed."""
+    from ftbench.config import expand_seeds
+
+    config = {"seed": 42, "variants": {"lora": {"peft": "lora"}, "comp": {"base": "lora", "compile": "default"},
+                                       "comp-pinned": {"base": "comp", "adds": ["pinned"]},
+                                       "lone-pinned": {"base": "comp", "adds": ["pinned"]}},
+              "studies": {"quality": {"quality": {"baseline": "lora", "seeds": [1, 2]},
+                                      "matrix": [{"variants": ["lora", "comp", "comp-pinned"]},
+                                                 {"variants": ["lone-pinned"]}]}}}
+    added = expand_seeds(config)
+    blocks = config["studies"]["quality"]["matrix"]
+    assert blocks[0]["variants"] == ["lora", "lora-s1", "lora-s2", "comp", "comp-s1", "comp-s2", "comp-pinned"]
+    assert blocks[1]["variants"] == ["lone-pinned", "lone-pinned-s1", "lone-pinned-s2"]
+    assert config["studies"]["quality"]["variants"]["comp-s2"] == {"base": "comp", "seed": 2} and "comp-s1" in added
