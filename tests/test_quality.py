@@ -214,8 +214,9 @@ def test_a_technique_that_changes_no_numbers_inherits_its_rungs_verdict_only_whe
     off = run("jitter", [(0, 3.0), (100, 2.0), (200, BASE_END[0] + 0.0101)])
     lineage = {"pinned": ["pinned", "cost", "lora"], "jitter": ["jitter", "cost", "lora"],
                "cost": ["cost", "lora"]}
-    out = verdicts(cost, ([same, off], {"pinned": {"peft": "lora", "t": "cost", "pin": True},
-                                        "jitter": {"peft": "lora", "t": "cost", "j": 1}}), lineage=lineage)
+    out = verdicts(cost, ([same, off], {"pinned": {"peft": "lora", "t": "cost", "pin_memory": True},
+                                        "jitter": {"peft": "lora", "t": "cost", "sync_free": True}}),
+                   lineage=lineage)
     assert out["pinned"]["quality"] == "costs quality" and "bit-identical to cost" in out["pinned"]["why"]
     assert out["pinned"]["stands on"] == "cost"
     assert out["jitter"]["quality"] == "inconclusive" and "needs its own seeds" in out["jitter"]["why"]

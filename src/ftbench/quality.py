@@ -38,6 +38,7 @@ import statistics
 
 import polars as pl
 
+from .knobs import NUMERICS_FREE
 from .techniques import words
 
 MIN_PAIRS = 3  # seeds a technique must share with the baseline for a verdict (an interval from fewer is too wide)
@@ -278,7 +279,7 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
         fams = {}
         for name, x in runs.items():
             fams.setdefault(x["family"], {})[x["seed"]] = name
-        readings = read_group(runs, fams, lineage, settings)
+        readings = read_group(runs, fams, lineage, settings, variants)
         for name, x in runs.items():
             out.append(quality_row(key, name, x, runs, fams, readings, fast, baseline, variants))
     return out
@@ -289,7 +290,7 @@ def curves_of(fam: dict, runs: dict, view: str) -> dict:
     return {s: view_curve(runs[n]["pts"], view, runs[n]["apart"]) for s, n in fam.items()}
 
 
-def read_group(runs: dict, fams: dict, lineage: dict | None, settings: dict) -> dict:
+def read_group(runs: dict, fams: dict, lineage: dict | None, settings: dict, variants: dict | None = None) -> dict:
     """Each family's paired verdicts in both views, against the baseline and against the nearest family it stands
     on; families of one seed whose curve is bit-identical to the rung they stand on inherit its verdicts."""
     base = fams[("baseline",)]
@@ -309,7 +310,13 @@ def read_group(runs: dict, fams: dict, lineage: dict | None, settings: dict) -> 
             r["step"] = interval(pair["diffs"], settings.get("confidence", CONFIDENCE)) if pair["diffs"] else None
         out[fkey] = r
     for fkey in sorted(out, key=lambda k: len(lineage_of(fams[k], lineage))):  # nearest the baseline first
-        inherit(fkey, out, fams, runs)
+        inherit(fkey, out, fams, runs, variants)
+    base_losses = [c[-1]["loss"] for c in base_curves["trained"].values() if c]
+    for view in VIEWS:  # the baseline against itself: its seeds' spread, not a verdict of a difference
+        if base_losses:
+            out[("baseline",)][view]["why"] = (
+                f"the baseline: {len(base_losses)} seed(s), held-out loss {statistics.fmean(base_losses):.4f} at the "
+                f"end" + (f", sd {statistics.stdev(base_losses):.4f}" if len(base_losses) > 1 else ""))
     return out
 
 
@@ -327,14 +334,25 @@ def stands_on(fkey, fam: dict, runs: dict, fams: dict, lineage: dict | None):
     return None
 
 
-def inherit(fkey, out: dict, fams: dict, runs: dict) -> None:
-    """A one-seed family bit-identical (same seed, same curve, as trained) to the rung it stands on takes that rung's
-    verdicts, and says so; a one-seed family that differs stays inconclusive, and says that too."""
+def numbers_alike(a: str, b: str, variants: dict | None) -> bool:
+    """Whether two variants' knobs differ only in knobs that change no numbers (ftbench.knobs.NUMERICS_FREE)."""
+    ka, kb = (variants or {}).get(a), (variants or {}).get(b)
+    if ka is None or kb is None:
+        return False
+    return all(ka.get(k) == kb.get(k) for k in set(ka) | set(kb) if k not in NUMERICS_FREE | {"seed"})
+
+
+def inherit(fkey, out: dict, fams: dict, runs: dict, variants: dict | None = None) -> None:
+    """A one-seed family of a technique that changes no numbers, bit-identical (same seed, same curve, as trained)
+    to the rung it stands on, takes that rung's verdicts, and says so; one that differs stays inconclusive, and says
+    that too."""
     r, on = out[fkey], out[fkey]["stands on"]
     if on is None or len(fams[fkey]) != 1 or fkey == ("baseline",) or r["trained"]["pairs"] >= MIN_PAIRS:
         return
     (seed, name), = fams[fkey].items()
     other = fams[on].get(seed)
+    if other is None or not numbers_alike(name, other, variants):
+        return
     mine, theirs = runs[name]["pts"], runs[other]["pts"] if other else None
     if identical(mine, theirs) and not runs[name]["apart"] and not runs[other]["apart"]:
         for view in VIEWS:
@@ -344,6 +362,14 @@ def inherit(fkey, out: dict, fams: dict, runs: dict) -> None:
         gap = max(abs(a["loss"] - b["loss"]) for a, b in zip(mine, theirs))
         for view in VIEWS:
             r[view]["why"] += f"; not bit-identical to {other} (up to {gap:.2e} nats apart): it needs its own seeds"
+
+
+def head_of(fam: dict, fkey, baseline: str) -> str:
+    """The name a family of seeds goes by: the baseline's, else its run under the first seed it ran (config's seed,
+    whose variant carries no seed suffix, where it ran)."""
+    if fkey == ("baseline",):
+        return baseline
+    return min(fam.values(), key=len)
 
 
 def quality_row(key, name: str, x: dict, runs: dict, fams: dict, readings: dict, fast: dict, baseline: str,
@@ -378,6 +404,7 @@ def quality_row(key, name: str, x: dict, runs: dict, fams: dict, readings: dict,
     step = reading.get("step")
     return {
         "model": key[0], "dataset": key[1], "gpu": key[2], "scored": key[3], "variant": name,
+        "technique": head_of(fam, x["family"], baseline),
         "techniques, in words": words(name, knobs=(variants or {}).get(name) or {}),
         "seed": x["seed"], "seed of the baseline": x["family"] == ("baseline",),
         "seeds": len(fam), "paired seeds": served.get("pairs") or 0,
