@@ -64,3 +64,45 @@ def test_the_readme_is_a_page_and_measurements_readme_a_current_table():
     table = (ROOT / "measurements/README.md").read_text()
     folders = [f.name for f in (ROOT / "measurements").iterdir() if f.is_dir()]
     assert all(f"| `{f}` |" in table for f in folders)
+
+
+PROSE = ["README.md", "docs/frontier.md", "docs/quality.md", "docs/running.md", "config/your_model.yaml",
+         "config/quality_gpu.yaml", "report/quality.rst"]
+QUALITY_FIGURE = re.compile(r"[+\-]?\d+\.\d+\s*(?:nats|standard errors|sd\b)")
+
+
+def prose_outside_generated(path) -> str:
+    """A page's text less its generated blocks (between `<!-- NAME: SCRIPT -->` and `<!-- /NAME -->`)."""
+    return re.sub(r"<!-- (\w+): [^>]+ -->.*?<!-- /\1 -->", "", (ROOT / path).read_text(), flags=re.S)
+
+
+def test_no_quality_figure_is_typed_by_hand_and_the_generated_verdicts_are_current():
+    """Issue 78: prose typed by hand went stale within a day. The quality verdicts' figures live in docs/quality.md's
+    generated table (bench/quality_docs.py, current); the README, the docs and the config comments quote none."""
+    for path in PROSE:
+        found = QUALITY_FIGURE.findall(prose_outside_generated(path))
+        assert not found, f"{path} quotes quality figures by hand: {found[:3]}"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/quality_docs.py"), "--check"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_speed_figure_in_prose_is_a_shipped_records():
+    """Each "N real tokens/s" the README, the frontier page and config/your_model.yaml quote is the rounded
+    throughput of a shipped ok record (measurements/)."""
+    import json
+
+    measured = set()
+    for f in (ROOT / "measurements").rglob("*.json"):
+        if f.name not in ("metrics.json", "run.json"):
+            continue
+        d = json.loads(f.read_text())
+        tps = (d.get("throughput") or {}).get("tokens_per_s") if d.get("status") == "ok" else None
+        if tps:
+            measured.add(round(tps))
+    pages = {"README.md": r"([\d,]{5,}) (?:real tokens/s|for the fastest)", "config/your_model.yaml":
+             r"([\d,]{5,}) real tokens/s", "docs/frontier.md": r"\| ([\d,]{5,})(?: \(H200\)| \(batch 1\))? \|"}
+    for path, pattern in pages.items():
+        figures = [int(x.replace(",", "")) for x in re.findall(pattern, (ROOT / path).read_text())]
+        assert figures, path
+        assert not [x for x in figures if x not in measured], (path, [x for x in figures if x not in measured])
