@@ -10,6 +10,9 @@ import torch
 from ftbench import quality
 from ftbench.data import held_out_module, python_docs, python_docs_split
 from ftbench.models import materialize_gguf
+from conftest import ROOT
+
+ROOT_CONFIG = ROOT / "config/config.yaml"
 
 H, L, F, V, NH, KV = 16, 2, 32, 40, 2, 1
 
@@ -356,3 +359,31 @@ def test_the_quality_seeds_run_every_technique_that_changes_the_numbers():
     assert blocks[0]["variants"] == ["lora", "lora-s1", "lora-s2", "comp", "comp-s1", "comp-s2", "comp-pinned"]
     assert blocks[1]["variants"] == ["lone-pinned", "lone-pinned-s1", "lone-pinned-s2"]
     assert config["studies"]["quality"]["variants"]["comp-s2"] == {"base": "comp", "seed": 2} and "comp-s1" in added
+
+
+def test_a_longer_arm_reads_tokens_to_quality_past_the_baselines_tokens():
+    """`slow` never reaches the baseline's 1.600 within 200 tokens; its longer arm (1.5x the steps) reaches it at
+    250 (1.25x); `never`'s longer arm does not: "not within 1.5x". The arms themselves are never judged at the same
+    tokens."""
+    slow = family("slow", shifted([0.05] * 5))
+    never = family("never", shifted([0.05] * 5))
+    arm = ([run(name("slow-long", s), [(0, 3.0), (200, 1.7), (300, 1.5)]) for s in SEEDS],
+           {name("slow-long", s): {"peft": "lora", "t": "slow", "steps_scale": 1.5, "seed": s} for s in SEEDS})
+    flat = ([run(name("never-long", s), [(0, 3.0), (300, 1.65)]) for s in SEEDS],
+            {name("never-long", s): {"peft": "lora", "t": "never", "steps_scale": 1.5, "seed": s} for s in SEEDS})
+    out = verdicts(slow, never, arm, flat)
+    assert out["slow"]["longer arm: tokens to quality (x baseline)"].startswith("1.25x (5 seeds")
+    assert out["never"]["longer arm: tokens to quality (x baseline)"].startswith("not within 1.5x")
+    assert out["slow-long"]["quality"] == "longer arm" and out["lora"]["longer arm: tokens to quality (x baseline)"] is None
+
+
+def test_a_longer_arm_trains_more_steps_on_the_same_schedule_shape():
+    from ftbench.config import RunSpec, load_yaml, train_settings
+
+    config = load_yaml(ROOT_CONFIG)
+    config["studies"]["quality"]["variants"]["lora-long"] = {"base": "lora", "adds": ["longer-1.5x"]}
+    spec = RunSpec("quality", "smollm2-135m", "full", "python_docstrings", "lora-long", 4)
+    plain = train_settings(config, RunSpec("quality", "smollm2-135m", "full", "python_docstrings", "lora", 4))
+    long = train_settings(config, spec)
+    assert (long.measure.warmup_steps, long.measure.steps) == (3, 6)  # 2 and 4, times 1.5
+    assert long.max_steps == round(1.5 * plain.max_steps)

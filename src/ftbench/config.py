@@ -603,7 +603,13 @@ def train_settings(config: dict, spec: RunSpec) -> TrainSettings:
     merged = {**config["training"], **study.get("training", {})}
     merged["measure"] = {**config["training"].get("measure", {}), **study.get("training", {}).get("measure", {})}
     known = {f.name for f in dataclasses.fields(TrainSettings)} - {"seed"}
-    seed = variant_knobs(config, spec.study, spec.variant).get("seed")  # a variant's own seed, else config's
+    knobs = variant_knobs(config, spec.study, spec.variant)
+    seed = knobs.get("seed")  # a variant's own seed, else config's
+    if knobs.get("steps_scale"):  # a longer arm: every step count times the scale, the schedule stretched with them
+        scale = knobs["steps_scale"]
+        merged["measure"] = {**merged["measure"], **{k: max(1, round(merged["measure"].get(k, d) * scale)) for k, d in
+                                                     (("warmup_steps", MeasureSettings.warmup_steps),
+                                                      ("steps", MeasureSettings.steps))}}
     return TrainSettings(seed=config["seed"] if seed is None else seed,
                          **{k: v for k, v in merged.items() if k in known})
 

@@ -158,6 +158,10 @@ class Variant:
     # the run's seed (LoRA's initial A, the data order, dropout), over config's `seed`: the same fine-tune under
     # other seeds, for the quality study's noise (ftbench.quality)
     seed: int | None = None
+    # the run's optimizer steps (its measured warm-up and steps) times this, the learning rate's schedule stretched
+    # over them (the same shape, to 0 at the end): the quality study's longer arm, where tokens to quality is read
+    # for a technique that has not reached the baseline's loss within the baseline's tokens (ftbench.quality)
+    steps_scale: float | None = None
 
     @classmethod
     def from_config(cls, name: str, knobs: dict) -> "Variant":
@@ -228,6 +232,7 @@ for _family in HONOURED.values():  # the supervisor, not the runner, honours the
     _family["gc_freeze"] = ANY  # the harness's Meter freezes (every runner goes through it)
     _family["compile_backend"] = ANY  # every runner compiles through torch.compile (ftbench.variants.compile_kwargs)
     _family["seed"] = ANY  # every runner takes its seed from the run's settings (ftbench.config.train_settings)
+    _family["steps_scale"] = ANY  # and its steps (ftbench.config.train_settings)
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Variant) if f.name != "name"}
 # knobs that change how fast a step runs, never its numbers (the same seed gives the same losses bit for bit): a
 # technique adding only these runs one seed in the quality study and inherits the verdict of the rung it stands on

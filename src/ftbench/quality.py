@@ -50,6 +50,7 @@ GROUP = ("model", "dataset", "gpu", "scored")
 VIEWS = ("served", "trained")
 
 KEEPS, COSTS, INCONCLUSIVE, NOT_MEASURED = "keeps quality", "costs quality", "inconclusive", "quality not measured"
+LONGER = "longer arm"
 
 
 def points(row: dict) -> list[dict] | None:
@@ -175,6 +176,13 @@ def seed_families(names, baseline: str, seeds: list, variants: dict | None) -> d
     return {n: ("baseline",) if n in (baseline, *seeds) or key(n) == own else key(n) for n in names}
 
 
+def knob_key(name: str, variants: dict | None):
+    """A variant's knobs but its seed, as a family key (None: its knobs are unknown)."""
+    knobs = (variants or {}).get(name)
+    return None if knobs is None else tuple(sorted((k, repr(v)) for k, v in knobs.items()
+                                                   if k != "seed" and v is not None))
+
+
 def seed_of(name: str, variants: dict | None, default: int, baseline: str, seeds: list) -> int | str:
     """A run's seed: its knob `seed`, else config's; a baseline seed named only by its variant (no knobs known) is
     its own seed, by name."""
@@ -273,6 +281,7 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
             continue
         family = seed_families([r["variant"] for r in rows], baseline, names_seeds, variants)
         runs = {r["variant"]: {"row": r, "pts": points(r) if r["status"] == "ok" else None,
+                               "key": knob_key(r["variant"], variants),
                                "seed": seed_of(r["variant"], variants, default_seed, baseline, names_seeds),
                                "family": family[r["variant"]], "apart": needs_serving(r["variant"], variants)}
                 for r in rows}
@@ -280,9 +289,58 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
         for name, x in runs.items():
             fams.setdefault(x["family"], {})[x["seed"]] = name
         readings = read_group(runs, fams, lineage, settings, variants)
+        longer = longer_arms(runs, fams)
         for name, x in runs.items():
-            out.append(quality_row(key, name, x, runs, fams, readings, fast, baseline, variants))
+            row = quality_row(key, name, x, runs, fams, readings, fast, baseline, variants)
+            if x["family"] in longer.values():  # a longer arm: read for tokens to quality, never at the same tokens
+                row.update({"quality": LONGER, "quality (as trained)": LONGER,
+                            "why": "a longer arm (more steps, the schedule stretched): read for tokens to quality"})
+            row["longer arm: tokens to quality (x baseline)"] = longer_reading(
+                longer.get(x["family"]), runs, fams, row["compared at tokens"], readings)
+            out.append(row)
     return out
+
+
+def longer_arms(runs: dict, fams: dict) -> dict:
+    """{a family's key: the key of its longer arm} (the same knobs with `steps_scale`, ftbench.knobs)."""
+    def scale_of(fkey):
+        return next((float(v) for k, v in fkey if k == "steps_scale"), None) if fkey != ("baseline",) else None
+    out = {}
+    for fkey in fams:
+        if scale_of(fkey) is None or fkey[0] == "alone":
+            continue
+        plain = tuple(kv for kv in fkey if kv[0] != "steps_scale")
+        target = next((k for k in fams if k == plain or (k == ("baseline",) and plain == base_key(runs, fams))),
+                      None)
+        if target is not None:
+            out[target] = fkey
+    return out
+
+
+def base_key(runs: dict, fams: dict):
+    """The baseline family's knob key (its runs' family is ("baseline",): their own knobs' key, as `seed_families`
+    makes it), None where unknown."""
+    return next((x.get("key") for x in runs.values() if x["family"] == ("baseline",) and x.get("key")), None)
+
+
+def longer_reading(fkey, runs: dict, fams: dict, tokens, readings: dict) -> str | None:
+    """A technique's tokens to quality read on its longer arm: the mean over its seeds of the label tokens each needs
+    to reach the baseline seeds' mean at `tokens` (as served), as a multiple of `tokens`; "not within Nx" where a seed
+    never reaches it; None without a longer arm."""
+    if fkey is None or not tokens:
+        return None
+    scale = next(float(v) for k, v in fkey if k == "steps_scale")
+    base = [c for c in curves_of(fams[("baseline",)], runs, "trained").values() if c and loss_at(c, tokens)]
+    if not base:
+        return None
+    target = statistics.fmean(loss_at(c, tokens) for c in base)
+    arms = [c for c in curves_of(fams[fkey], runs, "served").values() if c]
+    if not arms:
+        return None
+    reached = [tokens_to(c, target) for c in arms]
+    if None in reached:
+        return f"not within {scale:g}x ({reached.count(None)} of {len(arms)} seeds never reached it)"
+    return f"{statistics.fmean(reached) / tokens:.2f}x ({len(arms)} seeds, a {scale:g}x arm)"
 
 
 def curves_of(fam: dict, runs: dict, view: str) -> dict:
@@ -480,7 +538,8 @@ def svg(chart) -> str:
 SHOWN = ["variant", "techniques, in words", "gpu", "dataset", "quality", "delta (nats)", "interval low",
          "interval high", "margin (nats)", "quality (as trained)", "delta as trained", "as trained low",
          "as trained high", "seeds", "paired seeds", "stands on", "delta from it", "compared at tokens",
-         "held-out loss before", "held-out loss after", "tokens to quality (x baseline)", "tokens/s at Qwen3-8B",
+         "held-out loss before", "held-out loss after", "tokens to quality (x baseline)",
+         "longer arm: tokens to quality (x baseline)", "tokens/s at Qwen3-8B",
          "speed measured on", "time to quality (x baseline, projection)", "scored", "why"]
 
 

@@ -62,6 +62,9 @@ TECHNIQUES = {t.name: t for t in [
     T("fp8-channel-weights", "FP8 weights scaled per channel", "each frozen weight cast once with a scale an output "
       "channel (forward) and its transpose a scale an input channel (backward); activations and gradients a scale a "
       "token (ftbench.fp8.frozen_fp8_channels)", {"fp8_weight_scaling": "channel"}),
+    T("longer-1.5x", "a longer arm, 1.5x the steps", "the same fine-tune over 1.5x the optimizer steps, its learning "
+      "rate's schedule stretched with them: where tokens to quality is read beyond the baseline's tokens",
+      {"steps_scale": 1.5}),
     T("lm-head-two-gemm", "the LM head's loss in two bf16 GEMMs", "fused linear cross-entropy: the hidden states' "
       "gradient formed in the forward, a chunk of tokens at a time (ftbench.head)", {"lm_head": "two-gemm"}),
     T("lm-head-fp8", "the LM head's loss in two FP8 GEMMs", "fused linear cross-entropy with the head's weight cast "
@@ -167,7 +170,7 @@ VALUED = {"gpus": "{} GPUs", "nodes": "{} launchers", "dataloader_workers": "{} 
           "lm_head": "LM head {}", "flash_impl": "flash attention {}", "framework": "framework {}",
           "shape_policy": "{} shapes", "experts": "experts {}", "checkpoint_policy": "{} checkpointing",
           "fp8_activation_scaling": "FP8 activations {}", "fp8_fast_accum": "fast accumulation: {}",
-          "fp8_grads": "FP8 backward: {}", "fp8_weight_scaling": "FP8 weights scaled per {}",
+          "fp8_grads": "FP8 backward: {}", "steps_scale": "{}x the steps", "fp8_weight_scaling": "FP8 weights scaled per {}",
           "peft": "adapter {}"}
 
 
