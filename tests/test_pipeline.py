@@ -334,10 +334,14 @@ def test_the_front_page_shows_a_real_fine_tune_lowering_the_held_out_loss(pipeli
     assert "Speed that keeps quality: a real fine-tune" in html and "<svg" in front
     before, after = map(float, re.search(r"On cpu: held-out loss ([\d.]+) before fine-tuning, ([\d.]+) after",
                                          front).groups())
-    assert before - after >= 0.3
+    assert before - after >= 0.15  # the answers alone are scored (the template's tokens, easy to learn, are not)
+    assert "scored on the answer (completion) tokens" in front
     rows = {r["variant"]: r for r in table(front, "quality-verdicts") if r["gpu"] == "cpu"}
-    assert {"lora", "lora-s1", "lora-s2", "lora-gc", "lora-padding-free"} <= set(rows)
+    assert {"lora", "lora-padding-free"} == set(rows)  # a row a technique: its seeds (-s1, -s2) in verdicts.csv
     assert all(r["quality"] in ("keeps quality", "costs quality", "inconclusive") for r in rows.values())
+    assert rows["lora-padding-free"]["paired seeds"] == "3" and rows["lora-padding-free"]["margin (nats)"]
+    verdicts = (wd / "results/quality/verdicts.csv").read_text()
+    assert "lora-padding-free-s2" in verdicts and "interval high" in verdicts
     answers = table(front, "quality-answers")
     assert len(answers) >= 2 and all(a["after fine-tuning"] != a["before fine-tuning"] for a in answers[:2])
     record = json.loads((wd / "results/runs/quality/smollm2-135m/full/python_docstrings/lora/bs4/metrics.json")

@@ -587,7 +587,11 @@ def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers
                      f"({_escape(dataset)}; bf16 LoRA, mean of {len(mine)} seed(s); lower by {before - after:.2f} "
                      f"nats; scored on {_escape(mine[0]['scored'])}).</p>")
     parts.append(chart_svg)
-    parts.append(html_table(verdict_table(rows), "quality-verdicts"))
+    parts.append("<p>A row a technique (its runs under every seed carry the same verdict: results/quality/"
+                 "verdicts.csv has each). The verdict reads the adapters as served on the bf16 base; as trained "
+                 "beside it. Scored on the text to be learned only; the margin and the interval in nats.</p>")
+    parts.append(html_table(verdict_table([r for r in rows if r.get("technique", r["variant"]) == r["variant"]]),
+                            "quality-verdicts"))
     if claims:
         parts.append("<p>The published quality claims, read from the verdicts:</p>")
         parts.append(html_table(pl.DataFrame(claims), "quality-claims"))
