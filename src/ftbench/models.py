@@ -170,6 +170,23 @@ def gguf_path(spec: dict) -> Path:
     return path
 
 
+def gguf_fault(path, error: Exception) -> str:
+    """Why a GGUF file does not load, naming the file: not GGUF by its first bytes; cut short (its tensors run past
+    its last byte); a tensor type transformers cannot dequantize; else the loader's own words."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    said = f"{type(error).__name__}: {str(error)[:300]}"
+    if magic != b"GGUF":
+        return f"{path}: not a GGUF file (it begins {magic!r}, not b'GGUF')"
+    if "reshape" in str(error) or isinstance(error, (EOFError, OSError)) or "mmap" in str(error):
+        return f"{path}: cut short: its tensors run past its last byte, {size:,} ({said})"
+    if "quant" in str(error).lower() or "not supported" in str(error).lower():
+        return f"{path}: a tensor type it cannot dequantize ({said})"
+    return f"{path}: does not load ({said})"
+
+
 def gguf_facts(path, spec: dict) -> dict:
     """What a GGUF checkpoint is, for the record: its package and version (where a package ships it), the file's
     sha256 and size, the tensor types it stores (the quantization the weights were rounded to) and its metadata's
@@ -282,7 +299,11 @@ def materialize(params: dict, manifest_path) -> dict:
 
     out = Path(manifest_path).parent
     if params["model"]["source"] == "gguf":  # a real pretrained model from a GGUF file, dequantized here
-        manifest = materialize_gguf(params["model"]["gguf"], out)
+        try:
+            manifest = materialize_gguf(params["model"]["gguf"], out)
+        except Exception as e:  # noqa: BLE001 — a file that does not load is a result its training jobs record
+            path = gguf_path(params["model"]["gguf"])
+            manifest = {"status": "error", "reason": gguf_fault(path, e), "family": "causal_lm", "gguf_file": str(path)}
         out.mkdir(parents=True, exist_ok=True)
         (out / "model.json").write_text(json.dumps(manifest, indent=2))
         return manifest
