@@ -41,7 +41,7 @@ start)
       /tmp/payload/nm/*.whl
   fi
   mkdir -p "$tree" && tar --exclude=./.venv --exclude=./results --exclude=./logs --exclude=./.snakemake \
-    --exclude=./.dw --exclude=./.pay -cf - . | tar -xf - -C "$tree"
+    --exclude=./.dw --exclude='./.pay*' -cf - . | tar -xf - -C "$tree"
   cd "$tree"
   bundle=/tmp/payload/head.bundle; [ -f "$bundle" ] || bundle=/tmp/unpack/git/head.bundle
   if [ -f "$bundle" ]; then

@@ -283,8 +283,8 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
                                          beside=["lora-tb-cg-lean-fp8", "lora-tb-cg-lean-async-fp8"],
                                          quality=quality_by_variant(verdicts))
     cells = {r["variant"]: r["quality (real model)"] for r in table.iter_rows(named=True)}
-    assert cells["lora-tb-cg"] == "keeps quality (-0.001 nats at the same tokens, docs); H100 SXM5"  # its own GPU kind's
-    assert cells["lora-tb-cg-lean-async-fp8"].startswith("costs quality (+0.019 nats")
+    assert cells["lora-tb-cg"] == "keeps quality (-0.0010 nats as served, paired seeds; docs); H100 SXM5"  # its GPU kind's
+    assert cells["lora-tb-cg-lean-async-fp8"].startswith("costs quality (+0.0190 nats")
     assert cells["lora-tb"] == "quality not measured"
     assert "fastest that keeps quality: <b>lora-tb-cg</b> at batch 2, 14,000 real tokens/s" in lead
     assert "Faster, without that verdict: <b>lora-tb-cg-lean-async-fp8</b>" in lead and "costs quality (+0.019" in lead
@@ -299,8 +299,8 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
     lead, _, (_, table, _) = frontier(df, {}, rungs=["lora-pf-varlen-compile", "lora-tb", "lora-tb-cg"],
                                       beside=["lora-tb-cg-lean-async-fp8"], quality=text)
     cells = {r["variant"]: r["quality (real model)"] for r in table.iter_rows(named=True)}
-    assert cells["lora-tb-cg"] == ("keeps quality (-0.001 nats at the same tokens, docs); costs quality (+0.009 nats "
-                                   "at the same tokens, text); H100 SXM5")
+    assert cells["lora-tb-cg"] == ("keeps quality (-0.0010 nats as served, paired seeds; docs); costs quality "
+                                   "(+0.0090 nats as served, paired seeds; text); H100 SXM5")
     assert "none is named the fastest" in lead
 
 

@@ -86,8 +86,12 @@ def test_local_dataset_files_are_read_by_format_and_their_columns_checked(tmp_pa
     proc = dry_run_with(tmp_path, lambda c: c["datasets"]["japanese_alpaca"].update(source=str(wrong)))
     assert proc.returncode != 0
     assert "datasets.japanese_alpaca: kind instruction needs column(s) ['instruction', 'output']" in proc.stdout + proc.stderr
-    mapped = dry_run_with(tmp_path, lambda c: c["datasets"]["japanese_alpaca"].update(
+    short = dry_run_with(tmp_path, lambda c: c["datasets"]["japanese_alpaca"].update(
         source=str(wrong), columns={"instruction": "prompt", "output": "answer"}))
+    assert short.returncode != 0 and "wrong.parquet has 12 rows; num_samples 64 + eval_samples 8 need 72" in \
+        short.stdout + short.stderr  # issue 79: too few rows, refused before any job
+    mapped = dry_run_with(tmp_path, lambda c: c["datasets"]["japanese_alpaca"].update(
+        source=str(wrong), columns={"instruction": "prompt", "output": "answer"}, num_samples=8, eval_samples=2))
     assert mapped.returncode == 0, mapped.stderr[-2000:]
 
 

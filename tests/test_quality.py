@@ -312,7 +312,7 @@ def test_an_fp8_trained_adapter_is_scored_on_the_bf16_base(tiny_qwen):
     from ftbench.config import Variant
     from ftbench.fp8 import DECODER_PATTERN, convert_static
     from ftbench.heldout import ServedTwin
-    from ftbench.runners.causal_lm import served_variant
+    from ftbench.runners.served import served_variant
     from ftbench.variants import apply_lora
 
     torch.manual_seed(0)

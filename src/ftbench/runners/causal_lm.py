@@ -11,6 +11,7 @@ import time
 import torch
 
 from .. import attention, fp8, head, heldout, packing, parallel
+from .served import served_twin
 from ..profiling import SyncWatch
 from ..build import restore_renamed, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
@@ -389,41 +390,6 @@ def train(ctx, record, device, meter):
     if curve is not None:
         record["loss"]["held_out"] = curve.summary()
     save_adapter(trainer, model, ctx, record)
-
-
-# what a technique's adapters are served with: the model's structure (the adapters' names, the rows and attention the
-# held-out split is fed through); every other knob (the base's precision, compilation, the head's loss, the kernels
-# of the training step) back to its default: the bf16 base
-SERVED_KEEP = ("peft", "fused_projections", "fused_adapters", "attention", "flash_impl", "padding_free",
-               "token_budget", "sdpa_backend", "experts", "expert_lora")
-
-
-def served_variant(v):
-    """The variant a technique's adapters are served on: its structure on the bf16 base (SERVED_KEEP)."""
-    from ..knobs import Variant
-
-    return Variant(name=f"{v.name} (served on the bf16 base)", **{k: getattr(v, k) for k in SERVED_KEEP})
-
-
-def served_twin(ctx, device, model):
-    """A `heldout.ServedTwin` where the technique trains on a base other than bf16 (FP8, NF4) through PEFT on one
-    device, else None (its trained path is its served path)."""
-    v = ctx.variant
-    if v.precision not in ("fp8", "nf4") or v.framework != "hf" or v.parallel or v.peft != "lora":
-        return None
-
-    def build():
-        twin, _ = parallel.build_causal_lm(ctx.manifest, ctx.settings.seed, device, served_variant(v),
-                                           ctx.settings.lora)
-        twin.config.use_cache = False
-        if v.attention == "varlen":
-            attention.use_varlen(twin)
-        if fused_head_available():  # the loss path the trainer scores with (TRL's fused head)
-            from trl.trainer.utils import add_fused_lm_head
-
-            add_fused_lm_head(twin.get_base_model())
-        return twin.eval()
-    return heldout.ServedTwin(build)
 
 
 def setup_model(ctx, record, device, meter):
