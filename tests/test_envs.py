@@ -2,6 +2,7 @@
 
 import re
 import tomllib
+from pathlib import Path
 
 import pytest
 import yaml
@@ -83,8 +84,9 @@ MODULES = {"torch": "torch", "transformers": "transformers", "peft": "peft", "tr
            "unsloth": "unsloth", "transformer-engine": "transformer_engine", "pillow": "PIL",
            "safetensors": "safetensors", "tokenizers": "tokenizers", "polars": "polars", "altair": "altair",
            "vl-convert-python": "vl_convert", "pandas": "pandas", "pyarrow": "pyarrow", "pyyaml": "yaml",
-           "numpy": "numpy", "nvidia-ml-py": "pynvml"}
-IMPLIED = {"pandas": ["numpy"], "pyarrow": ["numpy"], "torch": ["numpy"]}  # what a package brings with it
+           "numpy": "numpy", "nvidia-ml-py": "pynvml", "gguf": "gguf"}
+IMPLIED = {"pandas": ["numpy"], "pyarrow": ["numpy"], "torch": ["numpy"],  # what a package brings with it
+           "datasets": ["pyarrow", "numpy", "pandas"]}
 
 BLOCKER = '''
 import builtins, sys
@@ -154,3 +156,76 @@ def test_each_env_has_a_lock_file_that_agrees_with_its_pins(env):
         name = lock.canonical(name.split("[")[0])
         assert pins.get(name) == version, f"{env}: {name} is {version} in the env file, {pins.get(name)} in the lock"
     assert len(pins) > len(lock.pip_requirements(ROOT / f"envs/{env}.yaml"))  # the closure, not just the pins
+
+
+def reached_modules(script: Path) -> list[Path]:
+    """The library modules a rule's script reaches as it imports: its ftbench imports and, from each, the ftbench
+    modules imported at module level (absolute or relative), as Python would load them."""
+    import ast
+
+    src = ROOT / "src"
+
+    def module_file(name: str) -> Path | None:
+        base = src.joinpath(*name.split("."))
+        return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+    def top_imports(path: Path, package: str) -> list[str]:
+        out = []
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                out += [base] + [f"{base}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                out += [a.name for a in node.names]
+        return [n for n in out if n.split(".")[0] == "ftbench"]
+
+    todo = top_imports(script, "")
+    seen: dict[str, Path] = {}
+    while todo:
+        name = todo.pop()
+        path = module_file(name)
+        if path is None or name in seen:
+            continue
+        seen[name] = path
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        todo += top_imports(path, package)
+    return sorted(set(seen.values()))
+
+
+# function-level imports of a reached module that serve other rules' jobs, never this env's (each with why): the
+# report's pages read profiles and token counts that the profile and token_stats jobs wrote in the train env
+ELSEWHERE = {("report.yaml", "src/ftbench/profiling.py"): {"torch"},  # the profiler itself: the profile job's
+             ("report.yaml", "src/ftbench/data.py"): {"datasets", "pillow"},  # preparing data: prepare_dataset's
+             ("report.yaml", "src/ftbench/tokens.py"): {"transformers"}}  # tokenizing: the token_stats job's
+
+
+# packages a variant needs only on a GPU host, in their own envs (envs/unsloth.yaml, envs/te.yaml); a run without
+# them records `unsupported` (ftbench.variants.check_supported)
+OWN_ENVS = {"unsloth", "transformer-engine"}
+
+
+@pytest.mark.parametrize("rule, env, script", rule_envs_and_scripts(), ids=lambda v: getattr(v, "name", v))
+def test_each_rules_env_holds_every_pinned_package_its_library_code_imports_anywhere(rule, env, script):
+    """Issue 79: not only what imports at load time; every import statement (function-level too) of the library
+    modules the script reaches names a pinned package its env holds (gguf for a GGUF model's materialize job)."""
+    import ast
+
+    spec = yaml.safe_load(env.read_text())
+    pip = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict))
+    have = {re.sub(r"\[.*\]", "", r.partition("==")[0]).lower() for r in pip}
+    have |= {m for p in list(have) for m in IMPLIED.get(p, [])}
+    by_module = {mod: pkg for pkg, mod in MODULES.items() if pkg not in OWN_ENVS}
+    missing = set()
+    for path in reached_modules(script):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
+            for n in names:
+                pkg = by_module.get(n.split(".")[0])
+                if pkg and pkg not in have and pkg not in ELSEWHERE.get((env.name, str(path.relative_to(ROOT))), ()):
+                    missing.add(f"{pkg} ({path.relative_to(ROOT)})")
+    assert not missing, f"rule {rule} ({env.name}) lacks {sorted(missing)}"
