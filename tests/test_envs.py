@@ -158,6 +158,24 @@ def test_each_env_has_a_lock_file_that_agrees_with_its_pins(env):
     assert len(pins) > len(lock.pip_requirements(ROOT / f"envs/{env}.yaml"))  # the closure, not just the pins
 
 
+# the modules ftbench.supervise._child imports for each kind of job it runs (test_the_child_map_is_supervises_own)
+CHILD = {"materialize": ["ftbench.execute", "ftbench.models"], "generate": ["ftbench.execute", "ftbench.generate"],
+         "train": ["ftbench.execute", "ftbench.ranks", "ftbench.runners.causal_lm", "ftbench.runners.lmm",
+                   "ftbench.runners.diffusion"],
+         "profile": ["ftbench.execute", "ftbench.ranks", "ftbench.profiling", "ftbench.runners.causal_lm",
+                     "ftbench.runners.lmm", "ftbench.runners.diffusion"]}
+
+
+def test_the_child_map_is_supervises_own():
+    import ast
+
+    child = next(n for n in ast.walk(ast.parse((ROOT / "src/ftbench/supervise.py").read_text()))
+                 if isinstance(n, ast.FunctionDef) and n.name == "_child")
+    imported = {f"ftbench.{n.module}" for n in ast.walk(child) if isinstance(n, ast.ImportFrom) and n.level == 1}
+    assert imported <= {m for mods in CHILD.values() for m in mods}, imported
+    assert {"ftbench.models", "ftbench.generate", "ftbench.execute"} <= imported
+
+
 def reached_modules(script: Path) -> list[Path]:
     """The library modules a rule's script reaches as it imports: its ftbench imports and, from each, the ftbench
     modules imported at module level (absolute or relative), as Python would load them."""
@@ -184,6 +202,9 @@ def reached_modules(script: Path) -> list[Path]:
         return [n for n in out if n.split(".")[0] == "ftbench"]
 
     todo = top_imports(script, "")
+    kind = re.search(r'supervise\(\s*"(\w+)"', script.read_text())
+    if kind:  # the job runs in a child process (ftbench.supervise._child), which imports its job's modules
+        todo += CHILD[kind.group(1)]
     seen: dict[str, Path] = {}
     while todo:
         name = todo.pop()
