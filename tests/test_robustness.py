@@ -274,3 +274,18 @@ def write_tiny_gguf_file(path):
     from test_quality import write_tiny_gguf
 
     write_tiny_gguf(path)
+
+
+def test_a_merged_folder_with_a_record_of_an_unknown_schema_is_refused_before_any_job(tmp_path):
+    import json
+
+    from ftbench.config import ConfigError, merge_sources
+
+    folder = tmp_path / "lease" / "runs" / "x"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"schema_version": 99, "status": "ok"}))
+    with pytest.raises(ConfigError, match=r"metrics.json: unknown schema_version 99 \(this ftbench reads 1 and 2\)"):
+        merge_sources({"merge_runs": [str(tmp_path / "lease")]})
+    (folder / "metrics.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not a readable run record"):
+        merge_sources({"merge_runs": [str(tmp_path / "lease")]})

@@ -379,7 +379,26 @@ def merge_sources(config: dict) -> list[str]:
         if not found:
             raise ConfigError(f"merge_runs: '{entry}' names no runs table or folder (from {Path.cwd()})")
         sources += [f for f in found if f not in sources]
+    for source in sources:  # every record read now, before any job: not after every training job has run
+        check_records(source)
     return sources
+
+
+def check_records(source) -> None:
+    """Each record a merged folder or file holds is JSON of a schema version this ftbench reads (one line naming the
+    file where one is not)."""
+    from .records import SCHEMA_VERSION
+
+    path = Path(source)
+    files = sorted(path.rglob("metrics.json")) if path.is_dir() else [path] if path.suffix == ".json" else []
+    for f in files:
+        try:
+            version = json.loads(f.read_text()).get("schema_version")
+        except (OSError, ValueError, AttributeError) as e:
+            raise ConfigError(f"merge_runs: {f}: not a readable run record ({type(e).__name__})") from None
+        if version not in (1, SCHEMA_VERSION):
+            raise ConfigError(f"merge_runs: {f}: unknown schema_version {version!r} (this ftbench reads 1 and "
+                              f"{SCHEMA_VERSION})")
 
 
 def shipped_sources(config: dict) -> list[str]:
