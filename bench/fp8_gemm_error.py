@@ -15,6 +15,11 @@ Error: ||C - C_ref||_F / ||C_ref||_F (relative Frobenius), and the largest |C - 
 
     python3 bench/fp8_gemm_error.py [--out FILE.json] [--tokens M]   (a CUDA GPU of compute capability 8.9+; ~20 s)
 
+With `--real MODEL_DIR EVAL_PARQUET` the operands are real: each decoder projection's input x and output gradient dy
+captured from the real model (a materialized checkpoint, e.g. results/models/smollm2-135m/full/checkpoint) running
+the held-out text (the quality study's eval split, its scored labels' loss backpropagated), with that projection's
+own bf16 weight; the forms then include the quality recipes' (weights per channel, E4M3 gradients).
+
 On a CPU (no FP8 tensor cores: fast accumulation is ignored there) `--tokens 64 --small` checks the script runs.
 """
 from __future__ import annotations
@@ -49,19 +54,69 @@ def operands(m: int, k: int, n: int, device, seed: int = 0):
     return x.to(torch.bfloat16), w, dy.to(torch.bfloat16)
 
 
+def real_operands(model_dir: str, eval_path: str, tokens: int, device) -> dict:
+    """{projection name: (x, w, dy)} of layer 0, the middle layer and the last, captured from the real model on the
+    held-out text: each projection's input and output gradient over up to `tokens` tokens, and its bf16 weight."""
+    import pyarrow.parquet as pq
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ftbench.data import sft_messages
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    n = model.config.num_hidden_layers
+    layers = sorted({0, n // 2, n - 1})
+    kind = "instruction" if "instruction" in pq.read_schema(eval_path).names else "wikipedia"
+    texts = [tok.apply_chat_template(sft_messages(r, kind), tokenize=False)
+             for r in pq.read_table(eval_path).to_pylist()]
+    ids = tok("".join(texts), return_tensors="pt", add_special_tokens=False)["input_ids"][:, :tokens].to(device)
+    seen, hooks = {}, []
+    for i in layers:
+        for name, mod in model.model.layers[i].named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                key = f"layer {i} {name.split('.')[-1]}"
+                hooks.append(mod.register_forward_hook(
+                    lambda m, inp, out, key=key: seen.setdefault(key, {}).update(x=inp[0].detach(), w=m.weight)))
+                hooks.append(mod.register_full_backward_hook(
+                    lambda m, gin, gout, key=key: seen.setdefault(key, {}).update(dy=gout[0].detach())))
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model(input_ids=ids, labels=ids).loss.backward()
+    for h in hooks:
+        h.remove()
+    flat = {k: (v["x"].reshape(-1, v["x"].shape[-1]), v["w"].detach(), v["dy"].reshape(-1, v["dy"].shape[-1]))
+            for k, v in seen.items()}
+    rows = min(x.shape[0] for x, _, _ in flat.values())
+    align = rows - rows % 16  # the FP8 GEMM's shape rule
+    return {k: (x[:align], w, dy[:align]) for k, (x, w, dy) in flat.items()}
+
+
 def errors(c: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     d = c.float() - ref
     return (d.norm() / ref.norm()).item(), (d.abs().max() / ref.abs().max()).item()
 
 
-def measure(m: int, k: int, n: int, device) -> list[dict]:
-    x, w, dy = operands(m, k, n, device)
+# the quality recipes' forms (ftbench.fp8.frozen_fp8_channels): weights a scale a channel, activations a scale a
+# token, gradients in E4M3 or E5M2, exact accumulation
+CHANNEL_FORMS = [("fp8 weights per channel, E4M3 gradients, exact", E4M3),
+                 ("fp8 weights per channel, E5M2 gradients, exact", E5M2)]
+
+
+def measure(m: int, k: int, n: int, device, given=None) -> list[dict]:
+    x, w, dy = given if given is not None else operands(m, k, n, device)
     y_ref, dx_ref = x.float() @ w.float().t(), dy.float() @ w.float()
     w_fp8, w_inv, w_t = frozen_fp8(w, transpose=True)
     out = []
-    for form, scaling, fast in FORMS:
+    forms = FORMS + ([(name, "channel", dtype) for name, dtype in CHANNEL_FORMS] if given is not None else [])
+    for form, scaling, fast in forms:
         if scaling is None:
             y, dx = x @ w.t(), dy @ w
+        elif scaling == "channel":
+            from ftbench.fp8 import frozen_fp8_channels
+
+            w8, col_out, w8_t, col_in = frozen_fp8_channels(w)
+            y = fp8_gemm(x, E4M3, w8.t(), col_out)
+            dx = fp8_gemm(dy, fast, w8_t.t(), col_in)  # (here `fast` carries the gradients' dtype)
         else:
             rows = scaling == "rowwise"
             y = fp8_gemm(x, E4M3, w_fp8.t(), column_scales(w_inv, n) if rows else w_inv, fast)
@@ -78,13 +133,22 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--small", action="store_true", help="the small model's shapes only (a CPU check)")
+    ap.add_argument("--real", nargs=2, metavar=("MODEL_DIR", "EVAL_PARQUET"),
+                    help="real operands captured from this model on this held-out split")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and torch.cuda.get_device_capability() < (8, 9):
         print("FP8 GEMMs need compute capability 8.9+", file=sys.stderr)
         return 2
     rows = []
-    for model, proj, k, n in SHAPES:
+    if a.real:
+        for proj, (x, w, dy) in real_operands(*a.real, a.tokens, device).items():
+            for r in measure(x.shape[0], w.shape[1], w.shape[0], device, (x, w, dy)):
+                rows.append({"model": "SmolLM2-135M, real activations", "projection": proj, "tokens": x.shape[0],
+                             "in_features": w.shape[1], "out_features": w.shape[0], **r})
+                print(f"{proj:22s} {r['gemm']:26s} K={r['reduction']:6d} {r['form']:48s} "
+                      f"rel {r['rel_fro_error']:.2e}  max {r['max_error_over_max']:.2e}", flush=True)
+    for model, proj, k, n in SHAPES if not a.real else []:
         if a.small and model != "SmolLM2-135M":
             continue
         m = min(a.tokens, 2048) if "lm_head" in proj else a.tokens
@@ -92,8 +156,9 @@ def main(argv=None) -> int:
             rows.append({"model": model, "projection": proj, "tokens": m, "in_features": k, "out_features": n, **r})
             print(f"{model:13s} {proj:22s} {r['gemm']:26s} K={r['reduction']:6d} {r['form']:36s} "
                   f"rel {r['rel_fro_error']:.2e}  max {r['max_error_over_max']:.2e}", flush=True)
+    method = __doc__.split("\n\n")[4 if a.real else 1].replace("\n", " ")
     facts = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-             "method": __doc__.split("\n\n")[1].replace("\n", " "), "rows": rows}
+             "method": method, "rows": rows}
     if a.out:
         with open(a.out, "w") as f:
             json.dump(facts, f, indent=1)

