@@ -289,3 +289,19 @@ def test_a_merged_folder_with_a_record_of_an_unknown_schema_is_refused_before_an
     (folder / "metrics.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not a readable run record"):
         merge_sources({"merge_runs": [str(tmp_path / "lease")]})
+
+
+def test_a_python_docs_dataset_asking_for_more_rows_than_this_python_has_is_refused(tmp_path, monkeypatch):
+    """The standard library's docstrings are counted once per Python (cached): more held-out rows than its held-out
+    modules hold is a config error naming the key and both numbers, before any job."""
+    from ftbench.config import ConfigError, check_dataset_source
+    from ftbench.stdlib_text import python_docs_counts
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    have = python_docs_counts("wikipedia")
+    assert have["train"] > 100 and have["held_out"] > 10 and list(tmp_path.glob("ftbench/python_docs-*.json"))
+    ok = {"kind": "wikipedia", "source": "python_docs", "num_samples": 10, "eval_samples": have["held_out"]}
+    check_dataset_source("text", ok)
+    with pytest.raises(ConfigError, match=rf"datasets.text.eval_samples: {have['held_out'] + 1} rows, but this "
+                                          rf"Python's standard library has {have['held_out']} held-out rows"):
+        check_dataset_source("text", {**ok, "eval_samples": have["held_out"] + 1})

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .stdlib_text import HELD_OUT_MODULES, PYTHON_DOCS_LICENSE, held_out_module, python_docs  # noqa: F401
+
 BEAN_LABELS = ["angular_leaf_spot", "bean_rust", "healthy"]
 _SYLLABLES = [c + v for c in ["", "k", "s", "t", "n", "h", "m", "y", "r", "w", "g", "z", "d", "b", "p", "sh", "ch", "ts"]
               for v in "aiueo"]
@@ -125,64 +127,6 @@ SYNTHESIZERS = {
     "image_classification": synth_images,
     "image_caption": synth_captions,
 }
-
-
-PYTHON_DOCS_LICENSE = "PSF-2.0 (the Python Software Foundation License of the standard library's docstrings)"
-HELD_OUT_MODULES = 5  # python_docs: one module in this many (by a digest of its name) is held out whole
-
-
-def held_out_module(module: str) -> bool:
-    """Whether a standard-library module is held out: its rows are never trained on (by a digest of its name, so
-    the same on every machine and Python)."""
-    import hashlib
-
-    return int(hashlib.sha256(module.encode()).hexdigest(), 16) % HELD_OUT_MODULES == 0
-
-
-def _stdlib_sources():
-    """(module name, parsed source) of each public module of this Python's standard library, in name order
-    (parsed, never imported: no module's side effects run; test suites and private modules left out)."""
-    import ast
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(root).with_suffix("").parts
-        if parts[0] in ("test", "idlelib", "lib2to3", "site-packages", "dist-packages") or any(
-                p.startswith("_") and p != "__init__" or p in ("tests", "idle_test") for p in parts):
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        yield ".".join(p for p in parts if p != "__init__"), tree
-
-
-def python_docs(kind: str) -> list[dict]:
-    """Real English text from the docstrings of this Python's standard library. kind instruction: write a public
-    function's docstring (40-600 characters) from its module and signature; kind wikipedia: a module's or public
-    class's docstring (200-4000 characters) titled by its qualified name. Each row names its module."""
-    import ast
-
-    rows = []
-    for module, tree in _stdlib_sources():
-        if kind == "wikipedia":
-            doc = ast.get_docstring(tree)
-            if doc and 200 <= len(doc) <= 4000:
-                rows.append({"module": module, "title": module, "text": doc})
-            for node in tree.body:
-                doc = ast.get_docstring(node) if isinstance(node, ast.ClassDef) else None
-                if doc and not node.name.startswith("_") and 200 <= len(doc) <= 4000:
-                    rows.append({"module": module, "title": f"{module}.{node.name}", "text": doc})
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
-                doc = ast.get_docstring(node)
-                if doc and 40 <= len(doc) <= 600:
-                    rows.append({"module": module, "input": f"def {node.name}({ast.unparse(node.args)}):",
-                                 "instruction": f"Write the docstring of this function from Python's `{module}` "
-                                                "module.", "output": doc})
-    return rows
 
 
 def python_docs_split(ddef: dict, seed: int):

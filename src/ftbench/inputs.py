@@ -6,6 +6,7 @@ and the file. A leaf below ftbench.config, which re-exports these names."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from .knobs import ConfigError
@@ -56,8 +57,19 @@ def check_gguf_source(model: str, spec: dict, base_dir) -> None:
 
 
 def check_dataset_source(name: str, ddef: dict) -> None:
-    """A local source exists and is a directory or a file of a known format whose columns fit the kind."""
+    """A local source exists and is a directory or a file of a known format whose columns fit the kind, with rows
+    enough; the standard library's docstrings hold rows enough for both parts."""
     source = ddef["source"]
+    if source == "python_docs":
+        from .stdlib_text import python_docs_counts
+
+        have = python_docs_counts(ddef["kind"])
+        for part, key in (("train", "num_samples"), ("held_out", "eval_samples")):
+            if ddef.get(key, 0) > have[part]:
+                raise ConfigError(f"datasets.{name}.{key}: {ddef[key]} rows, but this Python's standard library has "
+                                  f"{have[part]} {'held-out' if part == 'held_out' else 'training'} rows of kind "
+                                  f"{ddef['kind']} (Python {sys.version.split()[0]})")
+        return
     if source == "synthetic" or not (local_path_like(source) or Path(source).expanduser().exists()):
         return  # synthetic, or a hub id (checked when it is downloaded)
     path = Path(source).expanduser()
