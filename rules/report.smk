@@ -168,7 +168,9 @@ rule quality:
         html=report(
             "results/quality/quality.html",
             caption="../report/quality.rst",
-            category="Quality",
+            # the study's own category (its runs and figures are there): one sidebar entry, not "quality" and "Quality"
+            category=QUALITY_STUDY,
+            subcategory="Verdicts",
             labels={"table": "speed that keeps quality"},
         ),
         front="results/quality/front.html",

@@ -387,3 +387,21 @@ def test_a_longer_arm_trains_more_steps_on_the_same_schedule_shape():
     long = train_settings(config, spec)
     assert (long.measure.warmup_steps, long.measure.steps) == (3, 6)  # 2 and 4, times 1.5
     assert long.max_steps == round(1.5 * plain.max_steps)
+
+
+def test_speed_against_quality_names_the_fastest_that_keeps_quality_as_served_and_the_fastest_overall():
+    speed = pl.DataFrame([{"status": "ok", "model": "qwen3-8b", "scale": "full", "device_type": "cuda", "gpu": "H100",
+                           "dataset": "d", "batch_size": 2, "variant": v, "throughput.tokens_per_s": s}
+                          for v, s in (("lora", 4000.0), ("keep", 15000.0), ("fp8", 22000.0))])
+    fp8 = family("fp8", shifted([0.010, 0.011, 0.009, 0.010, 0.010]), {"peft": "lora", "precision": "fp8"},
+                 served=shifted([0.010, 0.011, 0.009, 0.010, 0.010]))
+    rows, knobs = family("lora", BASE_END, {"peft": "lora"})
+    for f in (family("keep", shifted([0.001, 0.0015, 0.0005, 0.001, 0.001])), fp8):
+        rows, knobs = rows + f[0], {**knobs, **f[1]}
+    out = quality.quality_rows(pl.DataFrame(rows, infer_schema_length=None), "lora", [], knobs, speed=speed)
+    frame = quality.speed_quality_frame(out)
+    assert set(frame["variant"]) == {"lora", "keep", "fp8"}  # a point a technique (its seeds are one)
+    line = quality.speed_quality_line(frame)
+    assert line.startswith("Fastest that keeps quality (as served, on every dataset measured): keep at 15,000")
+    assert "fastest overall: fp8 at 22,000 (costs quality)" in line
+    assert "<svg" in quality.svg(quality.speed_quality_chart(frame))

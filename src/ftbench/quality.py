@@ -193,13 +193,17 @@ def seed_of(name: str, variants: dict | None, default: int, baseline: str, seeds
 
 
 def speed_at_shapes(speed: pl.DataFrame | None, model: str = "qwen3-8b") -> dict[str, dict]:
-    """variant -> its fastest ok record at `model`'s full shapes (real tokens/s, the GPU, the dataset and batch)."""
+    """variant -> its fastest ok record at `model`'s full shapes (real tokens/s, the GPU, the dataset and batch), on
+    one GPU kind (the one most of those records ran on): speeds and projections never mix kinds."""
     if speed is None or not len(speed) or "throughput.tokens_per_s" not in speed.columns:
         return {}
     ok = speed.filter((pl.col("status") == "ok") & (pl.col("model") == model) & (pl.col("scale") == "full")
                       & pl.col("throughput.tokens_per_s").is_not_null() & (pl.col("device_type") == "cuda"))
+    if not len(ok):
+        return {}
+    kind = ok["gpu"].value_counts(sort=True)["gpu"][0]  # one GPU kind: the one most records ran on
     best = {}
-    for r in ok.sort("throughput.tokens_per_s", descending=True).iter_rows(named=True):
+    for r in ok.filter(pl.col("gpu") == kind).sort("throughput.tokens_per_s", descending=True).iter_rows(named=True):
         best.setdefault(r["variant"], r)
     return best
 
@@ -529,6 +533,71 @@ def curves_chart(frame: pl.DataFrame):
                                               ).resolve_scale(x="independent", y="independent")
 
 
+def speed_quality_frame(rows: list[dict]) -> pl.DataFrame:
+    """A point a technique and dataset that has a speed at Qwen3-8B's shapes: its real tokens/s there and its held-out
+    loss difference from the baseline with its interval, as served where measured, else as trained (said)."""
+    out = []
+    for r in rows:
+        if r.get("technique", r["variant"]) != r["variant"] or r.get("tokens/s at Qwen3-8B") is None:
+            continue
+        served = r.get("delta (nats)") is not None
+        delta = r["delta (nats)"] if served else r.get("delta as trained")
+        if delta is None:
+            continue
+        lo, hi = (r["interval low"], r["interval high"]) if served else (r.get("as trained low"), r.get("as trained high"))
+        finite = lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
+        out.append({"variant": r["variant"], "dataset": r["dataset"], "gpu": r["gpu"],
+                    "tokens/s at Qwen3-8B": r["tokens/s at Qwen3-8B"], "delta (nats)": delta,
+                    "low": lo if finite else delta, "high": hi if finite else delta,
+                    "margin": r.get("margin (nats)"), "verdict": r["quality"] if served else
+                    f"{r['quality (as trained)']} (as trained only)", "seen": "as served" if served else "as trained",
+                    "baseline": bool(r.get("seed of the baseline"))})
+    return pl.DataFrame(out, schema={"variant": pl.String, "dataset": pl.String, "gpu": pl.String,
+                                     "tokens/s at Qwen3-8B": pl.Float64, "delta (nats)": pl.Float64,
+                                     "low": pl.Float64, "high": pl.Float64, "margin": pl.Float64,
+                                     "verdict": pl.String, "seen": pl.String, "baseline": pl.Boolean})
+
+
+def speed_quality_chart(frame: pl.DataFrame):
+    """Speed against quality: each technique at its real tokens/s (Qwen3-8B, one H100) and its held-out loss
+    difference with its interval, the practical margin a rule; a panel per dataset."""
+    import altair as alt
+
+    data = frame.to_pandas()
+    base = alt.Chart(data)
+    x = alt.X("tokens/s at Qwen3-8B:Q", title="real tokens/s, Qwen3-8B (one GPU)", scale=alt.Scale(zero=False))
+    points = base.mark_point(filled=True, size=70).encode(
+        x=x, y=alt.Y("delta (nats):Q", title="held-out loss - baseline's (nats)"),
+        color=alt.Color("verdict:N", legend=alt.Legend(labelLimit=400)), shape=alt.Shape("seen:N"),
+        tooltip=["variant", "verdict", "seen", alt.Tooltip("delta (nats):Q", format="+.4f"),
+                 alt.Tooltip("low:Q", format="+.4f"), alt.Tooltip("high:Q", format="+.4f"),
+                 alt.Tooltip("tokens/s at Qwen3-8B:Q", format=",.0f")])
+    bars = base.mark_rule().encode(x=x, y="low:Q", y2="high:Q", color=alt.Color("verdict:N"))
+    margin = base.mark_rule(strokeDash=[4, 4], color="gray").encode(y="mean(margin):Q")
+    zero = base.mark_rule(color="black", opacity=0.3).encode(y=alt.datum(0))
+    return alt.layer(bars, points, margin, zero).properties(width=420, height=260).facet(
+        column=alt.Column("dataset:N"), title="Speed against quality (dashed: the practical margin; bars: the 90 % "
+                                              "interval of the paired differences)")
+
+
+def speed_quality_line(frame: pl.DataFrame) -> str:
+    """One sentence under the figure: the fastest technique that keeps quality as served on every dataset it was
+    measured on, and the fastest overall."""
+    if not len(frame):
+        return "No technique has both a speed at Qwen3-8B's shapes and a quality verdict yet."
+    by = {}
+    for r in frame.iter_rows(named=True):
+        by.setdefault(r["variant"], []).append(r)
+    speed = {v: rs[0]["tokens/s at Qwen3-8B"] for v, rs in by.items()}
+    keeps = [v for v, rs in by.items() if all(r["verdict"] == KEEPS for r in rs) and not rs[0]["baseline"]]
+    fastest = max(speed, key=speed.get)
+    said = (f"Fastest that keeps quality (as served, on every dataset measured): {max(keeps, key=speed.get)} at "
+            f"{speed[max(keeps, key=speed.get)]:,.0f} real tokens/s" if keeps else
+            "No technique beyond the baseline with a speed at Qwen3-8B's shapes keeps quality as served on every "
+            "dataset yet")
+    return f"{said}; fastest overall: {fastest} at {speed[fastest]:,.0f} ({', '.join(sorted({r['verdict'] for r in by[fastest]}))})."
+
+
 def svg(chart) -> str:
     import vl_convert
 
@@ -585,6 +654,10 @@ def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers
                      f"{statistics.fmean(r['tokens trained'] for r in mine):,.0f} label tokens</b> "
                      f"({_escape(dataset)}; bf16 LoRA, mean of {len(mine)} seed(s); lower by {before - after:.2f} "
                      f"nats; scored on {_escape(mine[0]['scored'])}).</p>")
+    frame = speed_quality_frame(rows)
+    if len(frame):
+        parts.append(svg(speed_quality_chart(frame)))
+    parts.append(f"<p>{_escape(speed_quality_line(frame))}</p>")
     parts.append(chart_svg)
     parts.append("<p>A row a technique (its runs under every seed carry the same verdict: results/quality/"
                  "verdicts.csv has each). The verdict reads the adapters as served on the bf16 base; as trained "
