@@ -17,8 +17,9 @@ ROOT_CONFIG = ROOT / "config/config.yaml"
 H, L, F, V, NH, KV = 16, 2, 32, 40, 2, 1
 
 
-def write_tiny_gguf(path):
-    """A two-layer Llama in GGUF (F32 tensors, a byte-level BPE of 40 tokens), and the tensors written."""
+def write_tiny_gguf(path, undequantizable: bool = False):
+    """A two-layer Llama in GGUF (F32 tensors, a byte-level BPE of 40 tokens), and the tensors written; with
+    `undequantizable`, one tensor stored as Q8_1, a type gguf-py cannot dequantize."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
@@ -51,6 +52,11 @@ def write_tiny_gguf(path):
                        f"blk.{i}.ffn_down.weight": (H, F)})
     for name, shape in shapes.items():
         written[name] = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        if undequantizable and name == "blk.0.ffn_down.weight":
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_1]
+            w.add_tensor(name, np.zeros((shape[0], shape[1] // block * size), dtype=np.uint8),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+            continue
         w.add_tensor(name, written[name])
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -262,18 +262,23 @@ def test_a_gguf_file_that_does_not_load_is_named_in_the_manifest_its_records_rea
                            tmp_path / "out" / "model.json")
     assert manifest["status"] == "error" and "cut.gguf: cut short" in manifest["reason"]
     assert (tmp_path / "out" / "model.json").is_file()
+    odd = tmp_path / "odd.gguf"
+    write_tiny_gguf_file(odd, undequantizable=True)
+    manifest = materialize({"model": {"source": "gguf", "gguf": {"path": str(odd)}}, "architecture": None},
+                           tmp_path / "odd" / "model.json")
+    assert manifest["status"] == "error" and "odd.gguf: a tensor type it cannot dequantize: Q8_1" in manifest["reason"]
     other = tmp_path / "other.gguf"
     other.write_bytes(b"PK\x03\x04rest")
     assert "not a GGUF file (it begins b'PK\\x03\\x04'" in gguf_fault(other, ValueError("GGUF magic invalid"))
 
 
-def write_tiny_gguf_file(path):
+def write_tiny_gguf_file(path, undequantizable: bool = False):
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent))
     from test_quality import write_tiny_gguf
 
-    write_tiny_gguf(path)
+    write_tiny_gguf(path, undequantizable)
 
 
 def test_a_merged_folder_with_a_record_of_an_unknown_schema_is_refused_before_any_job(tmp_path):

@@ -183,8 +183,23 @@ def gguf_fault(path, error: Exception) -> str:
     if "reshape" in str(error) or isinstance(error, (EOFError, OSError)) or "mmap" in str(error):
         return f"{path}: cut short: its tensors run past its last byte, {size:,} ({said})"
     if "quant" in str(error).lower() or "not supported" in str(error).lower():
-        return f"{path}: a tensor type it cannot dequantize ({said})"
+        return f"{path}: a tensor type it cannot dequantize: {', '.join(undequantizable(path)) or '?'} ({said})"
     return f"{path}: does not load ({said})"
+
+
+def undequantizable(path) -> list[str]:
+    """The tensor types a GGUF file stores that gguf-py cannot dequantize (each tried on one zero block)."""
+    import gguf
+    import numpy as np
+
+    bad = []
+    for t in sorted({t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}, key=lambda t: t.name):
+        size = gguf.GGML_QUANT_SIZES[t][1]
+        try:
+            gguf.quants.dequantize(np.zeros((1, size), dtype=np.uint8), t)
+        except NotImplementedError:
+            bad.append(t.name)
+    return bad
 
 
 def gguf_facts(path, spec: dict) -> dict:
