@@ -638,10 +638,27 @@ def fp8_error_table(check: dict) -> pl.DataFrame:
     return df.pivot(on="form", index=["model", "projection", "gemm", "reduction"], values="rel_fro_error")
 
 
+def answer_tables(answers: list[dict]) -> list[str]:
+    """Held-out prompts answered before and after the baseline's fine-tune, a table a run that generated them."""
+    from .analysis import html_table
+
+    parts = []
+    for a in answers:
+        if not a.get("before"):
+            continue
+        table = pl.DataFrame({"held-out prompt": a["prompts"], "before fine-tuning": a["before"],
+                              "after fine-tuning": a["after"] or ["(no fine-tuned model)"] * len(a["prompts"]),
+                              "held-out answer": a.get("references") or [""] * len(a["prompts"])})
+        parts.append("<p>Held-out prompts (never trained on) answered before and after the baseline's fine-tune:</p>")
+        parts.append(html_table(table, "quality-answers"))
+    return parts
+
+
 def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers: list[dict], origin: str,
-                   fp8_errors: list[dict] | None = None) -> str:
-    """The front page's real fine-tune: held-out loss before and after, the curves, the verdicts, and held-out
-    prompts answered before and after."""
+                   fp8_errors: list[dict] | None = None, full: bool = True) -> str:
+    """The real fine-tune: held-out loss before and after, speed against quality, the curves and held-out prompts
+    answered before and after; with `full` (the quality page) also the verdict table, the published claims and the
+    FP8 GEMM errors, which the report's front page (`full` false) leaves one click away."""
     from .analysis import _escape, html_table
 
     parts = ["<h2>Speed that keeps quality: a real fine-tune</h2>", f"<p>{_escape(origin)}</p>"]
@@ -659,6 +676,13 @@ def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers
         parts.append(svg(speed_quality_chart(frame)))
     parts.append(f"<p>{_escape(speed_quality_line(frame))}</p>")
     parts.append(chart_svg)
+    if not full:
+        parts += answer_tables(answers)
+        parts.append("<p>The verdict table (a row a technique: its paired difference, interval and margin, as served "
+                     "and as trained), the published quality claims and the FP8 GEMM errors: the quality study's "
+                     "page, <i>Verdicts</i> under the quality study in the sidebar (results/quality/quality.html); "
+                     "the method: docs/quality.md.</p>")
+        return "\n".join(parts)
     parts.append("<p>A row a technique (its runs under every seed carry the same verdict: results/quality/"
                  "verdicts.csv has each). The verdict reads the adapters as served on the bf16 base; as trained "
                  "beside it. Scored on the text to be learned only; the margin and the interval in nats.</p>")
@@ -667,14 +691,7 @@ def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers
     if claims:
         parts.append("<p>The published quality claims, read from the verdicts:</p>")
         parts.append(html_table(pl.DataFrame(claims), "quality-claims"))
-    for a in answers:
-        if not a.get("before"):
-            continue
-        table = pl.DataFrame({"held-out prompt": a["prompts"], "before fine-tuning": a["before"],
-                              "after fine-tuning": a["after"] or ["(no fine-tuned model)"] * len(a["prompts"]),
-                              "held-out answer": a.get("references") or [""] * len(a["prompts"])})
-        parts.append("<p>Held-out prompts (never trained on) answered before and after the baseline's fine-tune:</p>")
-        parts.append(html_table(table, "quality-answers"))
+    parts += answer_tables(answers)
     for c in fp8_errors or []:  # each shipped check: synthetic operands at both models' shapes, real activations
         parts.append(f"<p>Each FP8 form's GEMM error against fp32 (relative Frobenius), measured on {c['device']} "
                      f"(torch {c['torch']}; bench/fp8_gemm_error.py). {_escape(c['method'])}</p>")

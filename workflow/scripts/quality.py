@@ -21,9 +21,11 @@ frame = quality.curves_frame(df)
 chart = quality.svg(quality.curves_chart(frame)) if len(frame) else "<p>No held-out curve was measured.</p>"
 answers = [json.loads(Path(a).read_text()) for a in snakemake.input.answers]
 errors = [json.loads(Path(e).read_text()) for e in snakemake.input.fp8_errors]
-front = quality.front_fragment(rows, claims, chart, answers, quality.origin_line(df), errors)
-Path(snakemake.output.front).write_text(front)
-Path(snakemake.output.html).write_text(html_page(p.title, [f"<div>{front}</div>"]))
+origin = quality.origin_line(df)
+# the report's front page: the answers at a glance; the quality page: every table
+Path(snakemake.output.front).write_text(quality.front_fragment(rows, claims, chart, answers, origin, errors, full=False))
+page = quality.front_fragment(rows, claims, chart, answers, origin, errors)
+Path(snakemake.output.html).write_text(html_page(p.title, [f"<div>{page}</div>"]))
 quality.verdict_table(rows).write_csv(snakemake.output.csv)
 for r in rows:
     print(r["gpu"], r["variant"], r["quality"], r["why"])
