@@ -250,3 +250,17 @@ def test_each_rules_env_holds_every_pinned_package_its_library_code_imports_anyw
                 if pkg and pkg not in have and pkg not in ELSEWHERE.get((env.name, str(path.relative_to(ROOT))), ()):
                     missing.add(f"{pkg} ({path.relative_to(ROOT)})")
     assert not missing, f"rule {rule} ({env.name}) lacks {sorted(missing)}"
+
+
+def test_the_materialize_env_holds_every_gguf_model_package_a_shipped_config_names():
+    """Issue 79: a GGUF model source that names a package (its file shipped in it) is read by materialize_model in
+    envs/train.yaml, which must hold that package."""
+    spec = yaml.safe_load((ROOT / "envs/train.yaml").read_text())
+    pip = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict))
+    have = {r.partition("==")[0].lower() for r in pip}
+    named = set()
+    for f in (ROOT / "config").glob("*.yaml"):
+        for mdef in (yaml.safe_load(f.read_text()) or {}).get("models", {}).values():
+            if isinstance(mdef, dict) and (mdef.get("gguf") or {}).get("package"):
+                named.add(mdef["gguf"]["package"].lower())
+    assert named and named <= have, named - have
