@@ -33,20 +33,13 @@ def study_config() -> dict:
     return config
 
 
-def study_pool() -> dict:
-    from ftbench.pool import variant_pool
-
-    return variant_pool(study_config(), "quality")
-
-
-def rows() -> list[dict]:
+def rows(config: dict) -> list[dict]:
     import polars as pl
 
     from ftbench import quality
     from ftbench.analysis import read_runs
     from ftbench.config import study_lineage, study_variants
 
-    config = study_config()
     folders = sorted(p for p in (ROOT / "measurements").glob("*/quality") if p.is_dir())
     tables = [t for t in (read_runs(f) for f in folders) if len(t)]
     if not tables:
@@ -62,13 +55,13 @@ def fmt(x, spec="+.4f") -> str:
     return "" if x is None else format(x, spec)
 
 
-def table(found: list[dict]) -> str:
-    """One table a (GPU, dataset, scoring): a technique a row (its seed-42 run's name), served then as trained."""
+def table(found: list[dict], pool: dict) -> str:
+    """One table a (GPU, dataset, scoring): a technique a row (its seed-42 run's name), served then as trained;
+    `pool`: the study's variants as config writes them (what each adds to its base, in words)."""
     if not found:
         return "No quality record is shipped yet."
     from ftbench.techniques import adds_words
 
-    pool = study_pool()
     heads = {}
     for r in found:  # a technique's row: its head run's (the others carry the same verdicts)
         if r["variant"] == r["technique"]:
@@ -97,7 +90,10 @@ def table(found: list[dict]) -> str:
 def render(text: str) -> str:
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table(rows())}\n{END}{tail}"
+    from ftbench.pool import variant_pool
+
+    config = study_config()
+    return f"{head}{START}\n{table(rows(config), variant_pool(config, 'quality'))}\n{END}{tail}"
 
 
 def main(argv: list[str]) -> int:

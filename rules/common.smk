@@ -124,7 +124,8 @@ def study_profiles(wildcards):
 
 
 # profile summaries measured elsewhere (a merge_runs folder's profiles/), each rendered as a page of its own
-MERGE_RUNS = ftc.merge_sources(config)  # patterns expanded
+# patterns expanded (check_config read their records already)
+MERGE_RUNS = ftc.merge_sources(config, check=False)
 MERGED_SOURCES = {Path(f).name: f for f in MERGE_RUNS}
 # shown on the front page beside the user's runs (shipped_runs)
 SHIPPED_RUNS = ftc.shipped_sources(config)

@@ -295,16 +295,17 @@ def expand_sources(entry: str) -> list[str]:
     return [f for f in sorted(glob.glob(entry)) if Path(f).is_dir() or f.endswith((".parquet", ".json"))]
 
 
-def merge_sources(config: dict) -> list[str]:
+def merge_sources(config: dict, check: bool = True) -> list[str]:
     """`merge_runs` with its patterns expanded (`measurements/*`: every folder, runs table or record there, in name
-    order; of the same run the latest measured copy wins); an entry that names nothing is refused."""
+    order; of the same run the latest measured copy wins); an entry that names nothing is refused; with `check`,
+    every record they hold read (`check_records`), before any job: a caller that checked already passes False."""
     sources = []
     for entry in config.get("merge_runs") or []:
         found = expand_sources(entry)
         if not found:
             raise ConfigError(f"merge_runs: '{entry}' names no runs table or folder (from {Path.cwd()})")
         sources += [f for f in found if f not in sources]
-    for source in sources:  # every record read now, before any job: not after every training job has run
+    for source in sources if check else []:
         check_records(source)
     return sources
 

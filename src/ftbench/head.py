@@ -29,6 +29,14 @@ import torch
 
 from .fp8 import E4M3, E5M2, fp8_gemm, frozen_fp8
 
+
+def fused_head_available() -> bool:
+    """Whether TRL's fused LM-head loss (a Triton kernel) can run here."""
+    from trl.trainer import utils
+
+    return utils._ChunkedLogProbFunction is not None
+
+
 HEAD_KINDS = ("two-gemm", "fp8")
 IGNORE = -100
 CHUNK = 4096  # tokens a chunk: the logits of one chunk (bf16) are 1.2 GB on Qwen3's vocabulary

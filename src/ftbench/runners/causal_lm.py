@@ -11,12 +11,13 @@ import time
 import torch
 
 from .. import attention, fp8, head, heldout, packing, parallel
-from .served import served_twin
+from ..head import fused_head_available
 from ..profiling import SyncWatch
 from ..build import restore_renamed, write_4bit_checkpoint
 from ..flops import causal_lm_shape, step_flops
 from ..variants import (DTYPE_NAMES, adapted_modules, checkpoint_kwargs, compile_kwargs, compile_model, compute_dtype,
                         cuda_graphs, parameter_counts, precision_ran, quantization_config)
+from .served import served_twin
 
 
 def unsloth_checkpoint_routes() -> list:
@@ -218,13 +219,6 @@ def pad_multiple(variant, settings, batch_size: int = 1) -> int | None:
     if variant.precision == "fp8":
         multiple = math.lcm(multiple or 1, fp8.ALIGN)
     return multiple
-
-
-def fused_head_available() -> bool:
-    """Whether TRL's fused LM-head loss (a Triton kernel) can run here."""
-    from trl.trainer import utils
-
-    return utils._ChunkedLogProbFunction is not None
 
 
 def fused_head_loss(model, inputs, num_items_in_batch=None, ranks: int = 1):

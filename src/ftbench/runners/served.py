@@ -4,7 +4,7 @@ structure (the adapters' names, the rows and attention the held-out split is fed
 
 from __future__ import annotations
 
-from .. import attention, heldout, parallel
+from .. import attention, head, heldout, parallel
 
 # what a technique's adapters are served with: the model's structure (the adapters' names, the rows and attention the
 # held-out split is fed through); every other knob (the base's precision, compilation, the head's loss, the kernels
@@ -33,9 +33,9 @@ def served_twin(ctx, device, model):
         twin.config.use_cache = False
         if v.attention == "varlen":
             attention.use_varlen(twin)
-        from trl.trainer import utils
+        if head.fused_head_available():  # the loss path the trainer scores with (TRL's fused head)
+            from trl.trainer.utils import add_fused_lm_head
 
-        if utils._ChunkedLogProbFunction is not None:  # the loss path the trainer scores with (TRL's fused head)
-            utils.add_fused_lm_head(twin.get_base_model())
+            add_fused_lm_head(twin.get_base_model())
         return twin.eval()
     return heldout.ServedTwin(build)
