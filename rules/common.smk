@@ -245,6 +245,15 @@ def coverage_tables():
     return ftc.coverage_tables(config)
 
 
+def study_pages():
+    """Each published table's study letter -> its study's comparison page in the report (active studies only)."""
+    return {
+        t["table"].removeprefix("study_").upper(): f"results/studies/{t['study']}/comparison.html"
+        for t in coverage_tables()
+        if t["study"] in STUDIES
+    }
+
+
 def llm_frontier():
     """Study B's frontier (config compare.frontier of the llm study), for the front page's fastest-LoRA line."""
     llm = (config.get("studies") or {}).get("llm") or {}

@@ -154,6 +154,7 @@ rule coverage:
         across_code=config.get("merge_across_code", False),
         frontier=llm_frontier(),
         pool=ftc.all_variants(config),
+        pages=study_pages(),
     script:
         "../workflow/scripts/coverage.py"
 

@@ -1,6 +1,7 @@
 """End to end: the default pipeline through Snakemake, then the report's content."""
 
 import base64
+import html
 import json
 import re
 import time
@@ -310,11 +311,49 @@ def test_study_a_records_and_relative_table(pipeline):
     assert rel["qlora"]["published memory"].startswith("53% less")
 
 
+def front_page(report_html: str) -> str:
+    """The report's front page (its workflow description) as the browser gets it."""
+    return json.loads(re.search(r"var workflow_desc = (.*?);\n", report_html, re.S).group(1))
+
+
+def words_read(page: str) -> int:
+    """The words a reader reads on a page: its text outside styles, scripts and figures (each figure a picture)."""
+    text = re.sub(r"<(style|script|svg)\b.*?</\1>", " ", page, flags=re.S)
+    return len(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())
+
+
+def test_the_front_page_answers_three_questions_at_a_glance(pipeline):
+    """Issue 80: at most 1,200 words, a figure for each question, every published study's verdicts as a grid whose
+    heading opens the study's page, variants by their names in words, the tables one click away."""
+    wd, report = pipeline
+    front = front_page(report)
+    assert words_read(front) <= 1200, words_read(front)
+    questions = ["Do the published findings hold?", "What is fastest while keeping quality?",
+                 "What did the real fine-tune learn?"]
+    at = [front.index(q) for q in questions]
+    assert at == sorted(at)
+    results = json.loads(re.search(r"var results = (\{.*?\});\s*\n", report, re.S).group(1))
+    links = re.findall(r"resultPath: '([^']+)'", front)
+    assert "results/coverage/coverage.html" in links and "results/quality/quality.html" in links
+    assert all(link in results for link in links), set(links) - set(results)  # every link opens a page of the report
+    for study in ("A", "B", "C", "D"):  # the shipped records judge every study: a grid each, its heading a link
+        heading = re.search(rf"<h4><a [^>]*resultPath: '([^']+)'[^>]*>Study {study} \(", front)
+        assert heading and heading.group(1).endswith("/comparison.html"), study
+    grids = front.split("Do the published findings hold?")[1].split("What is fastest")[0]
+    assert grids.count("<svg") == 4
+    assert "Speed against quality" in front and "<details>" in front  # provenance folded
+    assert "quality-verdicts" not in front and "id='shipped_coverage'" not in front  # the tables: a click away
+    assert "lora-tb-cg-lean-async-pinned" not in re.sub(r"<svg.*?</svg>", "", front, flags=re.S)  # names in words
+    # the categories of the sidebar: none differs from another only by case
+    categories = json.loads(re.search(r"var categories = (\{.*?\});\s*\n", report, re.S).group(1))
+    assert len({c.lower() for c in categories}) == len(categories)
+
+
 def test_the_report_opens_with_the_coverage_table_and_tiny_records_fill_no_published_cell(pipeline):
     wd, report = pipeline
-    # the front page (the workflow description) embeds the coverage fragment before anything else of ours
+    # the front page (the workflow description) opens with what ftbench is, then the published findings
     front = report.index("Do the published findings hold?")
-    assert front < report.index("ftbench measures what fine-tuning efficiency techniques buy")
+    assert front > report.index("ftbench measures what fine-tuning efficiency techniques buy")
     page = embedded(report, "results/coverage/coverage.html")
     counts = {r["study"]: r for r in table(page, "coverage_counts")}
     assert counts["Study A (LLaVA-NeXT, relative to bf16)"]["published cells"] == "42"
@@ -331,7 +370,7 @@ def test_the_front_page_shows_a_real_fine_tune_lowering_the_held_out_loss(pipeli
     held-out prompts answered before and after, on the report's front page."""
     wd, html = pipeline
     front = (wd / "results/quality/front.html").read_text()
-    assert "Speed that keeps quality: a real fine-tune" in html and "<svg" in front
+    assert "What did the real fine-tune learn?" in html and "<svg" in front
     before, after = map(float, re.search(r"On cpu: held-out loss ([\d.]+) before fine-tuning, ([\d.]+) after",
                                          front).groups())
     assert before - after >= 0.15  # the answers alone are scored (the template's tokens, easy to learn, are not)

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 import torch
 
-from ftbench import quality
+from ftbench import quality, quality_page
 from ftbench.data import held_out_module, python_docs, python_docs_split
 from ftbench.models import materialize_gguf
 from conftest import ROOT
@@ -405,9 +405,16 @@ def test_speed_against_quality_names_the_fastest_that_keeps_quality_as_served_an
     for f in (family("keep", shifted([0.001, 0.0015, 0.0005, 0.001, 0.001])), fp8):
         rows, knobs = rows + f[0], {**knobs, **f[1]}
     out = quality.quality_rows(pl.DataFrame(rows, infer_schema_length=None), "lora", [], knobs, speed=speed)
-    frame = quality.speed_quality_frame(out)
+    names = {"lora": "LoRA, bf16", "keep": "LoRA: keeps it", "fp8": "LoRA: FP8 dynamic"}
+    frame = quality_page.speed_quality_frame(out, names, {"keep": "Unsloth"})
     assert set(frame["variant"]) == {"lora", "keep", "fp8"}  # a point a technique (its seeds are one)
-    line = quality.speed_quality_line(frame)
-    assert line.startswith("Fastest that keeps quality (as served, on every dataset measured): keep at 15,000")
-    assert "fastest overall: fp8 at 22,000 (costs quality)" in line
-    assert "<svg" in quality.svg(quality.speed_quality_chart(frame))
+    by = {r["variant"]: r for r in frame.iter_rows(named=True)}
+    assert by["keep"]["peer"] == "Unsloth" and by["fp8"]["peer"] == "ftbench"
+    # the frontier of those that keep quality: the faster one that keeps it, and the baseline (better, slower)
+    assert by["keep"]["frontier"] and by["lora"]["frontier"] and not by["fp8"]["frontier"]
+    line = quality_page.speed_quality_line(frame)
+    assert line.startswith("Fastest that keeps quality (as served, on every dataset measured): LoRA: keeps it at "
+                           "15,000")
+    assert "fastest overall: LoRA: FP8 dynamic at 22,000 (costs quality)" in line
+    chart = quality_page.svg(quality_page.speed_quality_chart(frame))
+    assert "<svg" in chart and "LoRA: keeps it" in chart and "Speed against quality" in chart

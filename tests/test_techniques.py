@@ -83,3 +83,30 @@ def test_the_docs_page_of_techniques_is_generated_from_the_list_and_current():
 
     assert (ROOT / "docs/techniques.md").read_text() == techniques_page(DEFAULT["variants"]), (
         "docs/techniques.md is stale: python -m ftbench.techniques > docs/techniques.md")
+
+
+def test_display_names_are_short_words_that_tell_every_variant_of_a_page_apart():
+    """Issue 80: a variant's name in words, made from its techniques' short words: what it is, then up to three
+    techniques (a peer first, then what a rung adds to the rung it stands on), then how many more; GPUs and other
+    valued knobs said; on one page no two variants read alike."""
+    from ftbench.techniques import display_name, display_names, peer
+
+    assert all(t.short for t in TECHNIQUES.values())  # every technique has its short words
+    assert display_name({"peft": "lora"}) == "LoRA, bf16"
+    assert display_name({"peft": "lora", "precision": "nf4"}) == "QLoRA"
+    assert display_name(resolve("unsloth-lora-tb", DEFAULT["variants"])).startswith("LoRA: Unsloth, ")
+    assert peer(resolve("unsloth-lora-tb", DEFAULT["variants"])) == "Unsloth"
+    assert peer(resolve("lora-tb", DEFAULT["variants"])) is None
+    pool = DEFAULT["variants"]
+    names = display_names(list(pool), pool)
+    assert len(set(names.values())) == len(names)  # the whole config on one page: none alike
+    assert names["lora-fsdp2"] != names["lora-fsdp4"] and names["lora-fsdp4"].endswith("4 GPUs")
+    top = "lora-tb-cg-lean-async-pinned-fp8-static-fa4-lce8-wt-fa-acc-rw-ep-1r-ba"
+    assert names[top].startswith("LoRA: LoRA B in one read, ") and " more" in names[top]  # what the rung adds
+    assert max(len(n) for n in names.values()) < 110
+    # two variants alike in their first words lead with what tells them apart
+    two = {"a": {"base": "lora-tb-cg", "adds": ["pinned", "sync-free", "no-metrics"]},
+           "b": {"base": "lora-tb-cg", "adds": ["pinned", "sync-free", "no-metrics", "fused-adamw"]}}
+    said = display_names(["a", "b"], {**pool, **two})
+    assert said["a"] != said["b"] and "fused AdamW" in said["b"]
+    assert display_names(["nowhere"], pool) == {"nowhere": "nowhere"}  # known nowhere: its code

@@ -371,6 +371,13 @@ def _escape(text: str) -> str:
 WHOLE_COLUMNS = ("techniques, in words", "stands on + adds")  # words a reader needs whole, never cut
 
 
+def report_link(path: str, text: str) -> str:
+    """A link, in the report's front page, that opens the result at `path` (its path in the workflow, as the report
+    keys it) in one click; Snakemake's report (9.27) shows a result by this view, as its own result buttons do."""
+    return (f"<a href=\"javascript:app.setView({{content: 'html', contentPath: results['{path}'].data_uri, "
+            f"resultPath: '{path}'}})\">{text}</a>")
+
+
 def html_table(df: pl.DataFrame, table_id: str = "") -> str:
     head = "".join(f"<th>{c}</th>" for c in df.columns)
     whole = [c in WHOLE_COLUMNS for c in df.columns]
@@ -399,13 +406,19 @@ def variants_shown(blocks: list, known=None) -> list[str]:
     return list(names)
 
 
-def legend_block(blocks: list, pool: dict | None, records=None, fallback: dict | None = None) -> tuple | None:
-    """The legend of a page of `blocks`: each variant its tables name, what it adds to the rung it stands on and its
-    techniques in words (ftbench.techniques.legend), so a reader never needs the YAML to know what ran."""
+def variant_knobs(records) -> dict:
+    """Each variant's knobs as its first record gives them (`records`: a runs frame or rows with the flattened
+    `variant.*` knobs; ftbench.techniques.record_knobs)."""
     if isinstance(records, pl.DataFrame):  # a variant's first record gives its knobs: one row each is read
         records = (records.unique("variant", keep="first", maintain_order=True) if "variant" in records.columns
                    else records).iter_rows(named=True)
-    knobs = record_knobs(records)
+    return record_knobs(records)
+
+
+def legend_block(blocks: list, pool: dict | None, records=None, fallback: dict | None = None) -> tuple | None:
+    """The legend of a page of `blocks`: each variant its tables name, what it adds to the rung it stands on and its
+    techniques in words (ftbench.techniques.legend), so a reader never needs the YAML to know what ran."""
+    knobs = variant_knobs(records)
     known = {*(pool or {}), *knobs, *(fallback or {})} if (pool or knobs or fallback) else None
     names = variants_shown(blocks, known)
     if not names:

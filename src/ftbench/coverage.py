@@ -10,6 +10,7 @@ from html import escape
 import polars as pl
 
 from .analysis import KEY, full_scale, html_table, legend_block, oldest_first, peak_memory, read_runs, typed
+from .analysis import variant_knobs
 from .cells import study_a, study_b, study_c, study_d
 from .verdicts import VERDICTS, counts_line
 
@@ -164,7 +165,12 @@ FRONT_STYLE = ("<style>div.flex.items-center.h-screen.overflow-auto:has(.ftbench
                "div.grow.flex.gap-3.items-start:has(.ftbench-coverage) { flex-wrap: wrap; min-width: 0; } "
                "div.grow.flex.gap-3.items-start > div:has(.ftbench-coverage) { min-width: 0; flex: 1 1 100%; } "
                "div.prose.max-w-lg:has(.ftbench-coverage) { max-width: min(78rem, 100%); } "
-               ".ftbench-coverage { overflow-x: auto; } .ftbench-grid svg { max-width: 100%; height: auto; }</style>")
+               ".ftbench-coverage { overflow-x: auto; } .ftbench-grid svg { max-width: 100%; height: auto; } "
+               "div.prose:has(.ftbench-coverage) svg { max-width: 100%; height: auto; } "
+               # on a phone the report's menu (a fifth of the width, but never narrower than its words) took 57 % of
+               # a 390-pixel screen beside the front page (seen in headless Chromium, 2026-12-07): a third of it there
+               "@media (max-width: 640px) { body:has(.ftbench-coverage) nav:not(.w-0) { min-width: 0 !important; "
+               "width: 34vw !important; flex: 0 0 34vw; font-size: 0.75rem; } }</style>")
 
 
 def _commit_named(r: dict) -> str:
@@ -208,27 +214,70 @@ def provenance_line(df: pl.DataFrame, across_code: bool = False, dates: bool = F
 
 def coverage_html(table: pl.DataFrame, provenance: str | None = None, shipped: tuple | None = None,
                   fastest: str | None = None, records=None, pool: dict | None = None) -> str:
-    """The fragment that leads the report (and the body of its page): where its records come from, per study the
-    verdict counts, Study A's grid, then every cell. `shipped`: (table, provenance) of the records that ship in
-    measurements/ (config shipped_runs), judged on their own: ahead of the user's cells while those measure none at
-    full scale (the default pipeline's tiny runs), after them otherwise, with one line on replacing them;
-    `fastest`: the shipped records' fastest LoRA and its lead over the best peer at its best (compare.headline),
-    opening that block; `records`: rows of the runs behind both (their `variant.*` knobs), for the legend of the
-    variants the cells name, in words (`pool`: every study's variants, for those without a record)."""
+    """The coverage page: where its records come from, per study the verdict counts, Study A's grid, then every
+    cell. `shipped`: (table, provenance) of the records that ship in measurements/ (config shipped_runs), judged on
+    their own: ahead of the user's cells while those measure none at full scale (the default pipeline's tiny runs),
+    after them otherwise, with one line on replacing them; `fastest`: the shipped records' fastest LoRA and its lead
+    over the best peer at its best (compare.headline), opening that block; `records`: rows of the runs behind both
+    (their `variant.*` knobs), for the legend of the variants the cells name, in words (`pool`: every study's
+    variants, for those without a record)."""
     legend = legend_html([table, *(shipped[:1] if shipped else [])], records, pool)
+    names = cell_names([table, *(shipped[:1] if shipped else [])], records, pool)
     if shipped is None or shipped[0].is_empty() or not shipped[0]["measured"].any():
         return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>"
-                f"{_verdicts_block(table, provenance, 'coverage')}<p>{VERDICT_NOTE}</p>{legend}</div>")
+                f"{_verdicts_block(table, provenance, 'coverage', names)}<p>{VERDICT_NOTE}</p>{legend}</div>")
     measured = bool(table["measured"].any())  # your runs: unmeasured, their counts alone (every cell "not measured")
-    mine = "<h4>Your runs</h4>" + _verdicts_block(table, provenance, "coverage", grid=measured, cells=measured)
+    mine = "<h4>Your runs</h4>" + _verdicts_block(table, provenance, "coverage", names, grid=measured, cells=measured)
     theirs = ("<h4>Measured on the project's lent GPUs (shipped in measurements/)</h4>"
               + (f"<p><b>The fastest LoRA measured that keeps quality, and its peers at their best</b> (Study B's frontier; "
                  f"docs/frontier.md): {fastest}</p>" if fastest else "")
-              + _verdicts_block(shipped[0], shipped[1], "shipped_coverage", grid=not measured)
+              + _verdicts_block(shipped[0], shipped[1], "shipped_coverage", names, grid=not measured)
               + f"<p>{SHIPPED_NOTE}</p>")
     blocks = [mine, theirs] if measured else [theirs, mine]
     return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>" + "".join(blocks)
             + f"<p>{VERDICT_NOTE}</p>{legend}</div>")
+
+
+def front_html(table: pl.DataFrame, provenance: str | None, shipped: tuple | None, pages: dict[str, str],
+               records=None, pool: dict | None = None) -> str:
+    """The report's first question at a glance: do the published findings hold? Each study's verdicts as a grid
+    (a cell a published claim, coloured by its verdict, ours above the published figure) under its counts, its
+    heading opening the study's comparison page (`pages`: study letter -> result path); where the records come from
+    folded; every cell one click away on the coverage page. Judges your runs where they measure a cell at full
+    scale, else the shipped records (config shipped_runs)."""
+    from .analysis import report_link
+    from .figures import svg_string, verdict_grid
+
+    theirs = shipped is not None and not shipped[0].is_empty() and bool(shipped[0]["measured"].any())
+    judged, source = (shipped if theirs and not table["measured"].any() else (table, provenance))
+    names = cell_names([judged], records, pool)
+    per_study = summary(judged)
+    total = {v: int(per_study[v].sum()) for v in VERDICTS}
+    parts = [f"<p>Of {int(per_study['published cells'].sum())} published cells, {counts_line(total)} "
+             f"({'the records shipped in measurements/' if judged is not table else 'your runs'}; every cell with its "
+             f"evidence: {report_link(PAGE, 'the coverage page')}).</p>"]
+    for letter in dict.fromkeys(judged["study"].to_list()):
+        cells = judged.filter(pl.col("study") == letter)
+        heading = NAMES.get(letter, letter)
+        link = report_link(pages[letter], heading) if letter in pages else heading
+        counts = {v: int((cells["verdict"] == v).sum()) for v in VERDICTS}
+        parts.append(f"<h4>{link}</h4><p>{counts_line(counts)}</p>"
+                     f"<div class='ftbench-grid'>{svg_string(verdict_grid(cells, heading, names))}</div>")
+    parts.append(f"<details><summary>Where these records come from</summary><p>{escape(source or '')}</p>"
+                 + (f"<p>{SHIPPED_NOTE}</p>" if judged is not table else "") + "</details>")
+    return (f"{FRONT_STYLE}<div class='ftbench-coverage'><h3>Do the published findings hold?</h3>" + "".join(parts)
+            + "</div>")
+
+
+PAGE = "results/coverage/coverage.html"
+
+
+def cell_names(tables: list[pl.DataFrame], records, pool: dict | None) -> dict[str, str]:
+    """The display names (ftbench.techniques.display_names) of the variants the tables' cells name."""
+    from .techniques import display_names
+
+    shown = [v for t in tables for v in t["variant"].to_list()]
+    return display_names(shown, records=variant_knobs(records), fallback=pool)
 
 
 def legend_html(tables: list[pl.DataFrame], records, pool: dict | None = None) -> str:
@@ -240,22 +289,24 @@ def legend_html(tables: list[pl.DataFrame], records, pool: dict | None = None) -
             f"{html_table(block[1], 'coverage_legend')}</details>")
 
 
-def _verdicts_block(table: pl.DataFrame, provenance: str | None, table_id: str, grid: bool = True,
+def _verdicts_block(table: pl.DataFrame, provenance: str | None, table_id: str, names: dict, grid: bool = True,
                     cells: bool = True) -> str:
     """One set of records' verdicts: where they come from, per study the counts, Study A's grid, then every cell."""
-    from .figures import study_a_grid, svg_string
+    from .figures import svg_string, verdict_grid
 
     per_study = summary(table)
     lead = "".join(f"<li><b>{r['study']}</b>: {counts_line({v: r[v] for v in VERDICTS})}</li>"
                    for r in per_study.iter_rows(named=True))
     study_a_cells = table.filter(pl.col("study") == "A")
     # the picture shrinks to the page's width (its viewBox keeps the proportions): a phone sees it whole
-    picture = (f"<div class='ftbench-grid'>{svg_string(study_a_grid(study_a_cells))}</div>"
+    picture = (f"<div class='ftbench-grid'>{svg_string(verdict_grid(study_a_cells, NAMES['A'], names))}</div>"
                if grid and study_a_cells.height else "")
     source = f"<p><b>{escape(provenance)}</b></p>" if provenance else ""
     return (f"{source}<ul>{lead}</ul>" + picture
             + "<h4>Coverage and verdicts, per study</h4>" + html_table(per_study, f"{table_id}_counts")
-            + (f"<p>{NOTE}</p>" + html_table(table.drop("measured"), table_id) if cells else ""))
+            + (f"<p>{NOTE}</p>" + html_table(table.drop("measured").insert_column(
+                3, table["variant"].replace_strict(names, default=table["variant"]).alias("name")), table_id)
+               if cells else ""))
 
 
 SHIPPED_NOTE = ("These verdicts come from the records that ship with ftbench (config <code>shipped_runs</code>), not "

@@ -79,14 +79,69 @@ VERDICT_COLOURS = {"holds": "#4c9a2a", "differs": "#e07b39", "inconclusive": "#d
                    "not measured": "#e4e4e4"}
 
 
-def study_a_grid(cells: pl.DataFrame) -> alt.Chart:
-    """Study A's published cells as a grid, variant by batch size, each coloured by its verdict, with our ratio to
-    bf16 and the published one written in it. Columns: variant, batch, verdict, ratio, published x, status."""
+def verdict_grid(cells: pl.DataFrame, title: str, names: dict | None = None) -> alt.Chart:
+    """A study's published cells as a grid, each coloured by its verdict, ours (bold) above the published figure:
+    Study A's by variant and batch size with the ratios to bf16, another study's a row a claim (what varies among
+    its model, dataset, variant and batch) and a column a metric where it has several. `names`: variants' display
+    names (ftbench.techniques.display_names); the code where none. Columns: study, model, dataset, variant, batch,
+    verdict, status, how, ours, published (Study A: ratio, published x)."""
+    names = names or {}
+    cells = cells.with_columns(pl.col("variant").replace_strict(names, default=pl.col("variant")).alias("name"))
+    if set(cells["study"]) == {"A"}:
+        return study_a_grid(cells)
+    return _claims_grid(cells, title)
+
+
+def _short(text: str | None, most: int = 26) -> str:
+    text = (text or "").strip() or "–"
+    return text if len(text) <= most else text[:most - 1] + "…"
+
+
+def _claims_grid(cells: pl.DataFrame, title: str) -> alt.Chart:
     from .verdicts import VERDICTS
 
-    order = list(dict.fromkeys(cells["variant"].to_list()))
+    varies = [c for c in ("model", "dataset", "name", "batch") if cells[c].cast(pl.String).n_unique() > 1]
+    by_metric = cells["metric"].n_unique() > 1
+    rows = [r for r in cells.iter_rows(named=True)]
+
+    def said(r, c):  # a part of a claim's label, or nothing where the study does not state it
+        v = r[c]
+        return None if v is None or str(v) in ("–", "(not stated)") else f"batch {v}" if c == "batch" else str(v)
+
+    data = pl.DataFrame({
+        "claim": [" · ".join(filter(None, (said(r, c) for c in varies))) or str(r["name"]) for r in rows],
+        "metric": [r["metric"] if by_metric else "" for r in rows],
+        "verdict": [r["verdict"] for r in rows], "how": [r["how"] or "" for r in rows],
+        "variant": [r["variant"] for r in rows],
+        "ours": [_short(r["ours"]) for r in rows], "pub": ["pub " + _short(r["published"], 22) for r in rows],
+    }).to_pandas()
+    order = list(dict.fromkeys(data["claim"]))
+    base = alt.Chart(data).encode(
+        x=alt.X("metric:N", title=None, axis=alt.Axis(labelAngle=0, orient="top", labelLimit=205)),
+        y=alt.Y("claim:N", sort=order, title=None, axis=alt.Axis(labelLimit=320)))
+    cells_ = base.mark_rect(stroke="white", strokeWidth=2).encode(
+        color=alt.Color("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=[VERDICT_COLOURS[v] for v in VERDICTS]),
+                        legend=alt.Legend(title="verdict", orient="bottom")),
+        tooltip=["claim", "variant", "metric", "verdict", "how", "ours", "pub"])
+    ours = base.mark_text(dy=-6, fontSize=11, fontWeight="bold").encode(text="ours:N")
+    pub = base.mark_text(dy=8, fontSize=10, color="#333").encode(text="pub:N")
+    return (cells_ + ours + pub).properties(
+        width=210 * max(1, data["metric"].nunique()), height=len(order) * 40,
+        padding={"left": 60, "top": 5, "right": 5, "bottom": 5},
+        title=alt.TitleParams(title, subtitle="ours (bold) above the published figure; colour: the verdict"))
+
+
+def study_a_grid(cells: pl.DataFrame) -> alt.Chart:
+    """Study A's published cells as a grid, variant by batch size, each coloured by its verdict, with our ratio to
+    bf16 and the published one written in it. Columns: variant, batch, verdict, ratio, published x, status; `name`
+    (the variant's display name) where given."""
+    from .verdicts import VERDICTS
+
+    if "name" not in cells.columns:
+        cells = cells.with_columns(pl.col("variant").alias("name"))
+    order = list(dict.fromkeys(cells["name"].to_list()))
     data = cells.select(
-        "variant", pl.col("batch").cast(pl.Int64), "verdict", "status", "how",
+        "variant", "name", pl.col("batch").cast(pl.Int64), "verdict", "status", "how",
         pl.when(pl.col("ratio").is_not_null()).then(pl.format("ours x{}", pl.col("ratio").round(2)))
         .when(pl.col("status") == "timeout").then(pl.lit("timeout"))
         .when(pl.col("status") == "oom").then(pl.lit("oom"))
@@ -96,11 +151,11 @@ def study_a_grid(cells: pl.DataFrame) -> alt.Chart:
         pl.format("pub x{}", pl.col("published x")).fill_null("").alias("pub")).to_pandas()
     base = alt.Chart(data).encode(
         x=alt.X("batch:O", title="batch size", axis=alt.Axis(labelAngle=0, orient="top")),
-        y=alt.Y("variant:N", sort=order, title=None, axis=alt.Axis(labelLimit=300)))
+        y=alt.Y("name:N", sort=order, title=None, axis=alt.Axis(labelLimit=360)))
     cells_ = base.mark_rect(stroke="white", strokeWidth=2).encode(
         color=alt.Color("verdict:N", scale=alt.Scale(domain=list(VERDICTS), range=[VERDICT_COLOURS[v] for v in VERDICTS]),
                         legend=alt.Legend(title="verdict", orient="bottom")),
-        tooltip=["variant", "batch", "verdict", "how", "ours", "pub", "status"])
+        tooltip=["name", "variant", "batch", "verdict", "how", "ours", "pub", "status"])
     ours = base.mark_text(dy=-6, fontSize=11, fontWeight="bold").encode(text="ours:N")
     pub = base.mark_text(dy=8, fontSize=10, color="#333").encode(text="pub:N")
     return (cells_ + ours + pub).properties(

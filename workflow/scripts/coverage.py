@@ -9,7 +9,7 @@ import polars as pl  # noqa: E402
 from ftbench.analysis import aggregate, html_page, read_runs  # noqa: E402
 from ftbench.compare import headline, read_quality  # noqa: E402
 from ftbench.config import load_yaml  # noqa: E402
-from ftbench.coverage import coverage_html, coverage_rows, merged_records, provenance_line  # noqa: E402
+from ftbench.coverage import coverage_html, coverage_rows, front_html, merged_records, provenance_line  # noqa: E402
 from ftbench.coverage import shipped_records  # noqa: E402
 
 published = {Path(p).name: load_yaml(p) for p in snakemake.input.published}  # the rule's inputs, by file name
@@ -27,7 +27,9 @@ if snakemake.input.shipped:  # what ships in measurements/, judged on its own (c
         llm, replaced = aggregate([], list(frames.values()), study="llm", with_replaced=True)
         fastest = headline(llm, replaced, quality=read_quality(snakemake.input.quality), **snakemake.params.frontier)
 records = pl.concat([runs, theirs], how="diagonal_relaxed") if shipped else runs  # the legend's knobs
-fragment = coverage_html(table, provenance_line(runs, snakemake.params.across_code), shipped, fastest, records,
-                         snakemake.params.pool)
-Path(snakemake.output.front).write_text(fragment)
+mine = provenance_line(runs, snakemake.params.across_code)
+fragment = coverage_html(table, mine, shipped, fastest, records, snakemake.params.pool)
+# the report's front page: each study's verdicts as a grid; this page: every cell
+Path(snakemake.output.front).write_text(front_html(table, mine, shipped, snakemake.params.pages, records,
+                                                   snakemake.params.pool))
 Path(snakemake.output.html).write_text(html_page("ftbench: what the records reproduce", [fragment]))

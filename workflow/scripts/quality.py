@@ -7,8 +7,9 @@ from pathlib import Path  # noqa: E402
 
 import polars as pl  # noqa: E402
 
-from ftbench import quality  # noqa: E402
+from ftbench import quality, quality_page  # noqa: E402
 from ftbench.analysis import aggregate, html_page, read_runs  # noqa: E402
+from ftbench.techniques import display_names, peer  # noqa: E402
 
 p = snakemake.params
 shipped = [read_runs(f) for f in snakemake.input.shipped]  # each measurements/ folder read once
@@ -17,15 +18,23 @@ speed = pl.concat([s for s in shipped if len(s)], how="diagonal_relaxed") if any
 rows = quality.quality_rows(df, p.settings["baseline"], p.settings.get("seeds") or [], p.variants, speed, p.lineage,
                             p.settings, p.seed)
 claims = quality.claims_rows(rows, p.settings.get("claims") or [], p.variants)
-frame = quality.curves_frame(df)
-chart = quality.svg(quality.curves_chart(frame)) if len(frame) else "<p>No held-out curve was measured.</p>"
+frame = quality_page.curves_frame(df)
+chart = quality_page.svg(quality_page.curves_chart(frame)) if len(frame) else "<p>No held-out curve was measured.</p>"
 answers = [json.loads(Path(a).read_text()) for a in snakemake.input.answers]
 errors = [json.loads(Path(e).read_text()) for e in snakemake.input.fp8_errors]
-origin = quality.origin_line(df)
+origin = quality_page.origin_line(df)
+shown = [r["variant"] for r in rows]
+named = {"names": display_names(shown, records=p.variants, lineages=p.lineage),
+         "peers": {n: peer(k) for n, k in p.variants.items()}}
+base = p.settings["baseline"]
+curves = quality_page.svg(quality_page.baseline_curves_chart(frame, base, named["names"].get(base, base))) \
+    if len(frame) else None
 # the report's front page: the answers at a glance; the quality page: every table
-Path(snakemake.output.front).write_text(quality.front_fragment(rows, claims, chart, answers, origin, errors, full=False))
-page = quality.front_fragment(rows, claims, chart, answers, origin, errors)
+Path(snakemake.output.front).write_text(
+    quality_page.front_fragment(rows, claims, chart, answers, origin, errors, full=False, front_curves=curves,
+                                **named))
+page = quality_page.front_fragment(rows, claims, chart, answers, origin, errors, **named)
 Path(snakemake.output.html).write_text(html_page(p.title, [f"<div>{page}</div>"]))
-quality.verdict_table(rows).write_csv(snakemake.output.csv)
+quality_page.verdict_table(rows).write_csv(snakemake.output.csv)
 for r in rows:
     print(r["gpu"], r["variant"], r["quality"], r["why"])

@@ -276,7 +276,7 @@ def ladder_note(by_batch: bool, eval_loss: bool, same_rows: str | None, quality:
 
 
 def quality_by_variant(rows) -> dict:
-    """The quality study's verdicts (results/quality/verdicts.csv rows, `ftbench.quality.verdict_table`) by variant
+    """The quality study's verdicts (results/quality/verdicts.csv rows, `ftbench.quality_page.verdict_table`) by variant
     and GPU kind, one per dataset the study ran the technique on."""
     out = {}
     for q in rows:
