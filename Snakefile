@@ -3,7 +3,7 @@ import sys
 from snakemake.utils import min_version
 
 sys.path.insert(0, f"{workflow.basedir}/src")
-from ftbench.config import validate_config  # noqa: E402
+from ftbench.config.settings import validate_config  # noqa: E402
 
 min_version("9.0")
 

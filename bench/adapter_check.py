@@ -1,5 +1,5 @@
 """An adapter saved from several ranks, reloaded by PEFT on one GPU (issue 45): the run's model built whole on one
-device from the same seeded draws (ftbench.build), the adapter read by `PeftModel.from_pretrained`, its tensors
+device from the same seeded draws (ftbench.build.stages), the adapter read by `PeftModel.from_pretrained`, its tensors
 compared with the saved file, and one batch's loss with and without the adapter. Prints one JSON line and writes it
 to <run dir>/adapter/reload.json. Usage: python3 bench/adapter_check.py RUN_DIR (…/lora-fsdp2/bs4)"""
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ftbench.build import build_model
+from ftbench.build.stages import build_model
 
 run = Path(sys.argv[1])
 record = json.loads((run / "metrics.json").read_text())

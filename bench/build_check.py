@@ -1,4 +1,4 @@
-"""Build a random model at full scale in this process (ftbench.build; nothing written but the tokenizer and config)
+"""Build a random model at full scale in this process (ftbench.build.stages; nothing written but the tokenizer and config)
 and take a few LoRA training steps on random tokens: prints build time, peak host and GPU memory, disk used, and
 each step's time and peak memory. A check of the build and of what fits, before the pipeline's measured runs.
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from ftbench.architectures import load_architecture
-from ftbench.build import build_model
-from ftbench.config import Variant
-from ftbench.models import materialize_model
-from ftbench.variants import apply_lora, quantization_config
+from ftbench.config.architectures import load_architecture
+from ftbench.build.stages import build_model
+from ftbench.config.settings import Variant
+from ftbench.build.models import materialize_model
+from ftbench.build.variants import apply_lora, quantization_config
 
 GIB = 2**30
 

@@ -7,7 +7,7 @@ Snakemake, one job per GPU of this host, resumable, and write its folder under m
     python3 bench/campaign.py --list
 
 A campaign is data (`campaigns:` in bench/parts.yaml): its config files and targets, in the parts' notation. The
-host's GPUs (`ftbench.gpus.visible_gpus`: CUDA_VISIBLE_DEVICES, else nvidia-smi; FTBENCH_GPU_IDS fakes them) set
+host's GPUs (`ftbench.harness.gpus.visible_gpus`: CUDA_VISIBLE_DEVICES, else nvidia-smi; FTBENCH_GPU_IDS fakes them) set
 `--resources gpu=N`, so Snakemake runs N one-GPU jobs at once and each job locks a GPU of its own. Resumable: a call
 cut at its limit (`--limit-s`, or the machine's) loses only the jobs it was running (`--rerun-incomplete`); the next
 call starts no finished job again: a target whose file the campaign's folder holds is not asked for, so a fresh
@@ -114,7 +114,7 @@ def job_env(code: Path) -> dict:
     """The environment Snakemake runs in: the code folder's library first on PYTHONPATH, ahead of the working tree's
     (a lent host's PYTHONPATH names it) and of an installed copy, so that every job imports the library of the files
     its record's digest names (the job scripts put their own folder last on their path)."""
-    from ftbench.source import library_first
+    from ftbench.harness.source import library_first
 
     return library_first(code / "src", dict(os.environ))
 
@@ -122,7 +122,7 @@ def job_env(code: Path) -> dict:
 def config_path(name: str, code: Path) -> Path:
     """A campaign's config file: from the code folder where it is one of the files that shape a measurement (under
     config/: part of the source digest), else from the project (bench/: the campaign's windows and limits)."""
-    from ftbench.source import SHAPING
+    from ftbench.harness.source import SHAPING
 
     return (code if Path(name).parts[0] in SHAPING else ROOT) / name
 
@@ -175,8 +175,8 @@ def merged_config(camp: dict, code: Path = ROOT) -> dict:
 
 
 def needed_packages(knobs: dict) -> list[str]:
-    """The importable packages a variant's knobs need beyond the base install (`ftbench.knobs.required_packages`)."""
-    from ftbench.knobs import Variant, required_packages
+    """The importable packages a variant's knobs need beyond the base install (`ftbench.core.knobs.required_packages`)."""
+    from ftbench.core.knobs import Variant, required_packages
 
     return required_packages(Variant.from_config("campaign", knobs))
 
@@ -187,7 +187,7 @@ def waiting(camp: dict, targets: list[str], code: Path = ROOT) -> dict[str, str]
     they run in the call after the package is installed (Transformer Engine is built once per host)."""
     import importlib.util
 
-    from ftbench.config import study_variants
+    from ftbench.config.settings import study_variants
 
     config = merged_config(camp, code)
     held = {}
@@ -285,8 +285,8 @@ def noisy(camp: dict, out: Path, bound: float) -> dict[str, float]:
     """The campaign's ok records whose noise band (NOISE_SIGMAS x the noise of the number a verdict reads: real
     tokens/s for packed rows, else the median step's) is wider than `bound`: target -> that noise. Read from the
     records alone (no report library: a GPU host need not carry polars)."""
-    from ftbench.records import read_record
-    from ftbench.verdicts import NOISE_SIGMAS, step_noise
+    from ftbench.core.records import read_record
+    from ftbench.judge.verdicts import NOISE_SIGMAS, step_noise
 
     found = {}
     for t in camp["targets"]:
@@ -377,7 +377,7 @@ def split_batches(targets: list[str], out: Path, calls: list[dict], machine: str
     """The batches this call would finish on `machine` while the folder holds records of the same batch from another
     machine (a campaign resumed on a fresh lease): batch -> those machines. A cell run here against a baseline kept
     from there is not comparable on the front page; run such a batch whole on one machine."""
-    from ftbench.gpus import calls_machines, machine_named
+    from ftbench.harness.gpus import calls_machines, machine_named
 
     named = calls_machines(calls)
     todo = {batch_of(t) for t in pending(targets, out) if t.endswith("metrics.json")}
@@ -420,7 +420,7 @@ def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, b
     the round before (a config file written beside the records), until every one is under `bound`, `rounds` ran or
     `budget_s` is spent; each cell's noise before and after, and which ended it, goes to the state (and README)."""
     study = camp.get("study")
-    from ftbench.config import MeasureSettings
+    from ftbench.config.settings import MeasureSettings
 
     measure = ((merged_config(camp, code)["studies"].get(study) or {}).get("training") or {}).get("measure") or {}
     base = measure.get("repeats", MeasureSettings.repeats)
@@ -459,7 +459,7 @@ def only_batches(targets: list[str], batches: str) -> list[str]:
 def host_facts() -> dict:
     """This host: name, CPUs and their model, memory, and each GPU's name, UUID and driver (nvidia-smi; none on a CPU
     machine)."""
-    from ftbench.gpus import host_cpu
+    from ftbench.harness.gpus import host_cpu
 
     facts = {"hostname": platform.node(), "cpus": os.cpu_count(), "cpu_model": host_cpu()["cpu_model"],
              "python": platform.python_version()}
@@ -492,8 +492,8 @@ def host_line(host: dict) -> str:
 def machines_lines(state: dict, records: list) -> list[str]:
     """The README's machine lines: one host, or each machine of a campaign split over leases (`machine_of` its
     calls' host and GPUs) with its calls, batches and records, and the batches whose records ran on more than one
-    machine (a ratio across them is not comparable on the front page: ftbench.coverage)."""
-    from ftbench.gpus import calls_machines, machine_named, machine_of
+    machine (a ratio across them is not comparable on the front page: ftbench.judge.coverage)."""
+    from ftbench.harness.gpus import calls_machines, machine_named, machine_of
 
     calls = state["calls"]
     per_call = [machine_of(c.get("hostname"), c.get("gpu_uuids")) for c in calls]
@@ -527,8 +527,8 @@ def machines_lines(state: dict, records: list) -> list[str]:
 
 def readme(camp: dict, state: dict, out: Path) -> str:
     """The campaign's README, from its state and the records it holds."""
-    from ftbench.gpus import machine_of
-    from ftbench.records import read_record
+    from ftbench.harness.gpus import machine_of
+    from ftbench.core.records import read_record
 
     records = []
     for f in sorted(out.rglob("metrics.json")):
@@ -603,7 +603,7 @@ def readme(camp: dict, state: dict, out: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from ftbench.gpus import machine_of, visible_gpus
+    from ftbench.harness.gpus import machine_of, visible_gpus
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("campaign", nargs="?")
@@ -739,7 +739,7 @@ def main(argv: list[str]) -> int:
     call.update(end=now(), wall_s=round(time.monotonic() - t0, 1), exit=rc)
     collect(todo["targets"], out, workdir)
     if args.repeat_noisy > 0:
-        from ftbench.verdicts import INCONCLUSIVE_BAND
+        from ftbench.judge.verdicts import INCONCLUSIVE_BAND
 
         bound = INCONCLUSIVE_BAND if args.bound is None else args.bound
         repeat_noisy(camp, state, out, workdir, len(gpus), args.repeat_noisy, bound, args.rounds, code)

@@ -2,7 +2,7 @@
 attention forward and backward, once through torch's bundled FA2 (`torch.nn.attention.varlen.varlen_attn`), and
 through FA4 by two routes:
 
-- `fa4_varlen`: the project's own operator (`ftbench.attention.fa4_varlen`, what flash_impl fa4 runs), eagerly and
+- `fa4_varlen`: the project's own operator (`ftbench.build.attention.fa4_varlen`, what flash_impl fa4 runs), eagerly and
   compiled with CUDA graphs (torch.compile, mode reduce-overhead, as the frontier's rungs run their layers), replayed
   on rows whose boundaries change from step to step;
 - torch's FA4 registration (`torch.nn.attention.activate_flash_attention_impl`), which the rung ran before
@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from ftbench import attention
+from ftbench.build import attention
 
 HEADS, KV_HEADS, DIM, T, MAX_LEN = 32, 8, 128, 8192, 2048  # Qwen3-8B's attention; 2 rows of 4,096 tokens
 TOL = 0.05  # bf16 attention of two kernels: |a - b| over the largest |b|, per tensor
@@ -148,12 +148,12 @@ def main() -> int:
     rows = cases()
     reference = {name: run(fa2, b) for name, b in rows.items()}
     bad = False
-    print("ftbench.attention.fa4_varlen, eager:")
+    print("ftbench.build.attention.fa4_varlen, eager:")
     for name, b in rows.items():
         bad |= report(name, reference[name], lambda b=b: run(fa4, b))
     # compiled with CUDA graphs, as the rungs' layers: recorded on one row's bounds, replayed on others' (the bounds
     # tensor is an input; its values change every step)
-    print("ftbench.attention.fa4_varlen, torch.compile reduce-overhead (CUDA graphs), rows changing step to step:")
+    print("ftbench.build.attention.fa4_varlen, torch.compile reduce-overhead (CUDA graphs), rows changing step to step:")
     compiled = torch.compile(fa4, mode="reduce-overhead", fullgraph=True)
     slotted = [n for n, b in rows.items() if b.numel() == SLOTS + 1]
     for step, name in enumerate(slotted * 3):

@@ -6,7 +6,7 @@ Each shape is one frozen projection as the frontier runs it: the forward GEMM y 
 features) and the input's gradient dx = dy W (reduction over the output features). The operands are drawn once per
 shape: x with a few outlier channels (activations' heavy tails: 1 % of channels 20x larger), W ~ N(0, 0.02), dy ~
 N(0, 1e-3); the weight is the bf16 value the model holds, and the reference is the fp32 product of those bf16
-values. Forms, as ftbench.fp8 computes them (the frozen weight cast once, tensorwise e4m3; activations e4m3 and
+values. Forms, as ftbench.build.fp8 computes them (the frozen weight cast once, tensorwise e4m3; activations e4m3 and
 gradients e5m2): bf16 (the baseline's GEMM), FP8 tensorwise exact, tensorwise with fast accumulation (torchao's
 dynamic recipe runs its forward so), row-wise activation scales exact, row-wise with fast accumulation. The LM head
 (4,096 x 151,936) is the FP8 head's shape (lm_head: fp8).
@@ -30,7 +30,7 @@ import sys
 
 import torch
 
-from ftbench.fp8 import E4M3, E5M2, column_scales, fp8_gemm, frozen_fp8
+from ftbench.build.fp8 import E4M3, E5M2, column_scales, fp8_gemm, frozen_fp8
 
 # (model, projection, input features K, output features N)
 SHAPES = [("Qwen3-8B", "q_proj / o_proj", 4096, 4096), ("Qwen3-8B", "k_proj / v_proj", 4096, 1024),
@@ -60,7 +60,7 @@ def real_operands(model_dir: str, eval_path: str, tokens: int, device) -> dict:
     import pyarrow.parquet as pq
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ftbench.data import sft_messages
+    from ftbench.data.datasets import sft_messages
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
@@ -96,7 +96,7 @@ def errors(c: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return (d.norm() / ref.norm()).item(), (d.abs().max() / ref.abs().max()).item()
 
 
-# the quality recipes' forms (ftbench.fp8.frozen_fp8_channels): weights a scale a channel, activations a scale a
+# the quality recipes' forms (ftbench.build.fp8.frozen_fp8_channels): weights a scale a channel, activations a scale a
 # token, gradients in E4M3 or E5M2, exact accumulation
 CHANNEL_FORMS = [("fp8 weights per channel, E4M3 gradients, exact", E4M3),
                  ("fp8 weights per channel, E5M2 gradients, exact", E5M2)]
@@ -112,7 +112,7 @@ def measure(m: int, k: int, n: int, device, given=None) -> list[dict]:
         if scaling is None:
             y, dx = x @ w.t(), dy @ w
         elif scaling == "channel":
-            from ftbench.fp8 import frozen_fp8_channels
+            from ftbench.build.fp8 import frozen_fp8_channels
 
             w8, col_out, w8_t, col_in = frozen_fp8_channels(w)
             y = fp8_gemm(x, E4M3, w8.t(), col_out)

@@ -1,6 +1,6 @@
 """The LM head's loss on the frontier's step, three ways: TRL's fused head (per-token log-probabilities in chunks,
 three bf16 GEMMs: the forward's, the backward's recomputation, the input's gradient; what the FA4 rung runs), and
-ftbench.head's two GEMMs a chunk of tokens with the gradient formed in the forward (knob lm_head), in bf16
+ftbench.build.head's two GEMMs a chunk of tokens with the gradient formed in the forward (knob lm_head), in bf16
 (two-gemm) and in FP8 (fp8). Qwen3-8B's head on one step of the rung: 8,192 positions of 4,096 hidden values, a
 151,936-token vocabulary, 1 % of the labels ignored.
 
@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from ftbench.head import IGNORE, HeadWeights, head_loss
+from ftbench.build.head import IGNORE, HeadWeights, head_loss
 
 N, HIDDEN, VOCAB = 8192, 4096, 151936
 WARMUP, REPEATS = 3, 10
@@ -76,7 +76,7 @@ def main() -> int:
     results = {"trl (3 bf16 GEMMs)": measure(lambda h: trl_loss(h, weight, labels), hidden)}
     for kind in ("two-gemm", "fp8"):
         weights = HeadWeights(weight, kind)
-        results[f"ftbench.head {kind}"] = measure(lambda h, w=weights: head_loss(h, labels, w), hidden)
+        results[f"ftbench.build.head {kind}"] = measure(lambda h, w=weights: head_loss(h, labels, w), hidden)
     ref = results["trl (3 bf16 GEMMs)"]
     status = 0
     for name, r in results.items():

@@ -1,5 +1,5 @@
 """LoRA B's backward on the frontier's step, two ways: PyTorch's two GEMMs over the output gradient (dy B for the
-gradient into the adapter's rank, dy^T h for B's) against ftbench.lora_grads' one Triton kernel that reads dy once
+gradient into the adapter's rank, dy^T h for B's) against ftbench.build.lora_grads' one Triton kernel that reads dy once
 (knob lora_b_one_read). Qwen3-8B's seven projections at two rows of 4,096 tokens (M = 8,192; r = 8; bf16 dy and h,
 fp32 B as PEFT keeps it), and a strided dy (a column slice of a wider gradient, as a fused group's split gives).
 
@@ -14,7 +14,7 @@ across the 5), with the bytes of dy each read over that time (GB/s: what a memor
     python3 bench/lora_grads_check.py --sweep [--only=4096,12288]
                                                (also the kernel's tile and launch settings, each timed the same way,
                                                for the shapes with those column counts: how
-                                               ftbench.lora_grads.config_for was chosen)
+                                               ftbench.build.lora_grads.config_for was chosen)
 
 First, the product through autograd under torch.compile against eager (compiled_autograd_check: what a training
 step needs of it beyond the kernel). Exit status 1 where a compiled gradient differs from eager's by more than 2e-2
@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from ftbench.lora_grads import config_for, reference_lora_b_grads, triton_lora_b_grads
+from ftbench.build.lora_grads import config_for, reference_lora_b_grads, triton_lora_b_grads
 
 M, R, SCALE = 8192, 8, 2.0
 SHAPES = {"q_proj / o_proj / down_proj": 4096, "k_proj / v_proj": 1024, "gate_proj / up_proj": 12288}
@@ -93,12 +93,12 @@ class AliasedForm(torch.autograd.Function):
 
 
 def compiled_autograd_check(g, aliased: bool = False) -> bool:
-    """The product through autograd as a training step runs it: a frozen projection in FP8 (ftbench.fp8's static
+    """The product through autograd as a training step runs it: a frozen projection in FP8 (ftbench.build.fp8's static
     linear, an autograd.Function of its own), LoRA A, `lora_grads.product` under autocast, eager against
     torch.compile (Inductor); the input's and both adapters' gradients must agree. (Under torch 2.11 a first form,
     whose output aliased an intermediate, lost the frozen projection's input gradient when compiled.)"""
-    from ftbench.fp8 import frozen_fp8, static_fp8_linear
-    from ftbench.lora_grads import product
+    from ftbench.build.fp8 import frozen_fp8, static_fp8_linear
+    from ftbench.build.lora_grads import product
 
     m, k, n = 1024, 512, 768
     w8, w_inv, _ = frozen_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.05)
@@ -148,8 +148,8 @@ def copies_check(g) -> None:
     by PyTorch's profiler over 3 replayed steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ftbench.fp8 import frozen_fp8, static_fp8_linear
-    from ftbench.lora_grads import product
+    from ftbench.build.fp8 import frozen_fp8, static_fp8_linear
+    from ftbench.build.lora_grads import product
 
     k, n = 4096, 12288
     w8, w_inv, _ = frozen_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02)

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from ftbench.config import MeasureSettings  # noqa: E402
-from ftbench.harness import Meter, pick_device, synchronize  # noqa: E402
+from ftbench.config.settings import MeasureSettings  # noqa: E402
+from ftbench.harness.meter import Meter, pick_device, synchronize  # noqa: E402
 
 
 def workload(device, width: int, layers: int, tokens: int):

@@ -25,7 +25,7 @@ def study_config() -> dict:
     """config/config.yaml with the GPU study's file over it (Snakemake's --configfile merge), its seeds expanded."""
     from snakemake.utils import update_config
 
-    from ftbench.config import expand_seeds, load_yaml
+    from ftbench.config.settings import expand_seeds, load_yaml
 
     config = load_yaml(ROOT / CONFIGS[0])
     update_config(config, load_yaml(ROOT / CONFIGS[1]))
@@ -36,9 +36,9 @@ def study_config() -> dict:
 def rows(config: dict) -> list[dict]:
     import polars as pl
 
-    from ftbench import quality
-    from ftbench.analysis import read_runs
-    from ftbench.config import study_lineage, study_variants
+    from ftbench.judge import quality
+    from ftbench.judge.analysis import read_runs
+    from ftbench.config.settings import study_lineage, study_variants
 
     folders = sorted(p for p in (ROOT / "measurements").glob("*/quality") if p.is_dir())
     tables = [t for t in (read_runs(f) for f in folders) if len(t)]
@@ -60,7 +60,7 @@ def table(found: list[dict], pool: dict) -> str:
     `pool`: the study's variants as config writes them (what each adds to its base, in words)."""
     if not found:
         return "No quality record is shipped yet."
-    from ftbench.techniques import adds_words
+    from ftbench.config.techniques import adds_words
 
     heads = {}
     for r in found:  # a technique's row: its head run's (the others carry the same verdicts)
@@ -90,7 +90,7 @@ def table(found: list[dict], pool: dict) -> str:
 def render(text: str) -> str:
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    from ftbench.pool import variant_pool
+    from ftbench.config.pool import variant_pool
 
     config = study_config()
     return f"{head}{START}\n{table(rows(config), variant_pool(config, 'quality'))}\n{END}{tail}"

@@ -1,4 +1,4 @@
-"""On a CUDA GPU: does gpt-oss's attention with sinks through the flash kernel (ftbench.attention.SinkAttention, what
+"""On a CUDA GPU: does gpt-oss's attention with sinks through the flash kernel (ftbench.build.attention.SinkAttention, what
 `attention: varlen` runs for gpt-oss) compute what gpt-oss's eager attention computes per sequence, forward and
 backward (q, k, v and the sinks), in bf16 at gpt-oss-120b's head layout (64 query heads, 8 KV heads, head dim 64),
 with and without its 128-token sliding window? And how long does each take, with how much memory, on a packed row?
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from ftbench import attention
+from ftbench.build import attention
 
 cuda = torch.cuda.is_available()
 DEV, DT = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from ftbench import attention
+from ftbench.build import attention
 
 lengths = [int(x) for x in sys.argv[1:]] or [1000, 700, 1300, 1100]
 print("varlen_attn", inspect.signature(attention.varlen_attn), "torch", torch.__version__, torch.cuda.get_device_name())
@@ -32,7 +32,7 @@ def per_sequence():
 
 
 def masked():  # what the `mask` rung runs: SDPA over the whole row with the block-diagonal mask
-    from ftbench.runners.causal_lm import document_mask
+    from ftbench.run.runners.causal_lm import document_mask
 
     mask = document_mask(pos.cuda())
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION):

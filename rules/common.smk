@@ -7,12 +7,12 @@ BASE_DIR = Path(workflow.basedir)
 # folder (workflow/scripts, where a link to the library lies, for conda envs too) comes last on its path, behind an
 # installed copy of the library or one a PYTHONPATH names, so a Snakefile run from another checkout would import that.
 sys.path.insert(0, str(BASE_DIR / "src"))
-from ftbench.source import library_first  # noqa: E402
+from ftbench.harness.source import library_first  # noqa: E402
 
 library_first(BASE_DIR / "src")
 
-from ftbench import config as ftc  # noqa: E402
-from ftbench.gpus import shares_gpu, visible_gpus  # noqa: E402
+from ftbench.config import settings as ftc  # noqa: E402
+from ftbench.harness.gpus import shares_gpu, visible_gpus  # noqa: E402
 
 # `pick`: a name for the fastest variant of a list that this install can run (config/your_model.yaml), said first
 for line in ftc.pick_variants(config):
@@ -35,16 +35,16 @@ GPUS = visible_gpus()  # once: without CUDA_VISIBLE_DEVICES it asks nvidia-smi
 CPU_PARALLEL = bool(config.get("cpu_parallel_jobs") and LOCAL and not GPUS)
 if CPU_PARALLEL:
     os.environ.update(FTBENCH_CPU_THREADS="1", OMP_NUM_THREADS="1")
-# `fork_server`: run locally with no CUDA GPU, each job's child is forked from a warm server (ftbench.forkserver).
+# `fork_server`: run locally with no CUDA GPU, each job's child is forked from a warm server (ftbench.run.forkserver).
 # Not on a GPU host (transformers' Trainer initializes CUDA as it imports, and a forked CUDA context is unusable)
 # nor on a cluster (each job runs where the scheduler puts it)
 if config.get("fork_server") and LOCAL and not GPUS:
     os.environ.update(FTBENCH_FORK_SERVER="1")
 # `tiny_jobs_per_gpu`: run locally on a GPU host, training and profiling jobs at tiny scale (smoke tests of the
 # code paths, not measurements of the GPU) ask for no `gpu` and share each GPU, up to this many at once (one of
-# its slots each, ftbench.gpus); a job at any other scale holds every slot of its GPUs. Records say so.
+# its slots each, ftbench.harness.gpus); a job at any other scale holds every slot of its GPUs. Records say so.
 TINY_SHARE = int(config.get("tiny_jobs_per_gpu", 1)) if LOCAL and GPUS else 1
-# read by ftbench.gpus, here and in the jobs
+# read by ftbench.harness.gpus, here and in the jobs
 os.environ.update(FTBENCH_GPU_SHARE=str(TINY_SHARE))
 
 
@@ -241,7 +241,7 @@ def front_quality_verdicts(wildcards):
 
 
 def coverage_tables():
-    """Every study's published tables for the coverage table (ftbench.config.coverage_tables)."""
+    """Every study's published tables for the coverage table (ftbench.config.settings.coverage_tables)."""
     return ftc.coverage_tables(config)
 
 
@@ -273,7 +273,7 @@ def coverage_runs(wildcards):
     return [f"results/studies/{s}/runs.parquet" for s in STUDIES]
 
 
-# the quality study (ftbench.quality): the one active study with `quality:` settings, if any
+# the quality study (ftbench.judge.quality): the one active study with `quality:` settings, if any
 QUALITY_STUDY = next((s for s, d in STUDIES.items() if d.get("quality")), None)
 
 

@@ -36,8 +36,8 @@ def snakemake(*args, cwd=None, timeout=900):
 
 @pytest.fixture(scope="session")
 def tiny_qwen(tmp_path_factory):
-    from ftbench.architectures import load_architecture
-    from ftbench.models import materialize_model
+    from ftbench.config.architectures import load_architecture
+    from ftbench.build.models import materialize_model
 
     out = tmp_path_factory.mktemp("qwen3-8b-tiny")
     return materialize_model(load_architecture(ROOT / "config/architectures/qwen3-8b.yaml", "tiny"), "random", out, 0)
@@ -45,7 +45,7 @@ def tiny_qwen(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def instruction_data(tmp_path_factory):
-    from ftbench.data import prepare_dataset
+    from ftbench.data.datasets import prepare_dataset
 
     out = tmp_path_factory.mktemp("alpaca")
     ddef = {"kind": "instruction", "source": "synthetic", "num_samples": 24, "eval_samples": 4}

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ftbench import parallel
-from ftbench.config import Variant
+from ftbench.build import parallel
+from ftbench.config.settings import Variant
 
 manifest, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
 parallel.ensure_process_group("cpu")

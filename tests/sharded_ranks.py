@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ftbench import parallel
-from ftbench.config import Variant
+from ftbench.build import parallel
+from ftbench.config.settings import Variant
 
 in_process, checkpoint, out = json.loads(Path(sys.argv[1]).read_text()), json.loads(Path(sys.argv[2]).read_text()), Path(sys.argv[3])
 parallel.ensure_process_group("cpu")

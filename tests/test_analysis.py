@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from ftbench.analysis import aggregate, flatten
-from ftbench.compare import diffusion_vs_published, ladder, lmm_vs_published, unsloth_vs_peft
-from ftbench.harness import new_record
+from ftbench.judge.analysis import aggregate, flatten
+from ftbench.judge.compare import diffusion_vs_published, ladder, lmm_vs_published, unsloth_vs_peft
+from ftbench.harness.meter import new_record
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -65,7 +65,7 @@ def test_runs_from_another_machine_merge_by_study_with_the_gpu_in_the_key(tmp_pa
     for folders in ([new, old], [old, new]):
         df = aggregate([], folders, study="lmm")
         assert df.filter(pl.col("gpu") == "H100 SXM5")["timing.step_time_s"].to_list() == [0.4]
-        from ftbench.coverage import merged_records
+        from ftbench.judge.coverage import merged_records
 
         assert merged_records([], folders).filter(pl.col("gpu") == "H100 SXM5")["timing.step_time_s"].to_list() == [0.4]
 
@@ -170,7 +170,7 @@ def test_decision_guide_counts_compilation_against_the_run_length_and_respects_m
     recs = [record("lmm", "bf16", 1.0, first=2.0, gpu=H100, mem=30),
             record("lmm", "fixed-compile", 0.5, first=102.0, gpu=H100, mem=26),
             record("lmm", "qlora", 1.2, first=2.0, gpu=H100, mem=10)]
-    from ftbench.compare import decision_guide
+    from ftbench.judge.compare import decision_guide
 
     df = pl.DataFrame([flatten(r) for r in recs], infer_schema_length=None)
     note, (_, table, _) = decision_guide(df, {}, memory_gib=(16, 32), run_samples=(100, 1000))
@@ -232,7 +232,7 @@ def test_a_ladder_page_leads_with_full_scale_gpu_results_and_sets_smaller_scales
 def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
     """compare.frontier: each rung at its fastest batch (rung 0, the ladder's top, at 4; token-budget rungs at 1-2),
     x previous over the rungs that ran, the evaluation loss against rung 0's (packing reorders training samples)."""
-    from ftbench.compare import frontier
+    from ftbench.judge.compare import frontier
 
     def run(variant, tps, batch, status="ok", eval_loss=2.0, noise=0.01):
         rec = record("llm", variant, 1.0, gpu=H100, batch=batch, mem=40.0, noise=noise)
@@ -273,7 +273,7 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
     assert {r["variant"]: r["x previous"] for r in table.iter_rows(named=True)}["lora-tb-cg"] == "1.2x"  # 13,200 at 1 against lora-tb at 1, not at its fastest 2
     # issue 71: beside each rung's speed, the quality study's verdict for its technique; the fastest rung that costs
     # quality is never named the fastest configuration: the fastest that keeps quality is
-    from ftbench.compare import quality_by_variant
+    from ftbench.judge.compare import quality_by_variant
     verdicts = [{"variant": "lora-tb-cg", "gpu": "H100 SXM5", "quality": "keeps quality", "delta (nats)": -0.001,
                  "dataset": "docs"},
                 {"variant": "lora-tb-cg", "gpu": "cpu", "quality": "costs quality", "delta (nats)": 0.5, "dataset": "docs"},
@@ -305,7 +305,7 @@ def test_frontier_rungs_at_their_own_batch_with_the_evaluation_loss():
 
 
 def test_scaling_pairs_a_multi_gpu_run_with_its_one_gpu_run_and_the_guide_leaves_it_out():
-    from ftbench.compare import decision_guide, scaling
+    from ftbench.judge.compare import decision_guide, scaling
 
     one = {"model": "m", "dataset": "d", "gpu": "H100 SXM5", "batch_size": 4, "variant": "lora", "status": "ok",
            "reason": None, "scale": "full", "throughput.samples_per_s": 10.0, "timing.noise_cv": 0.01,
@@ -325,7 +325,7 @@ def test_scaling_pairs_a_multi_gpu_run_with_its_one_gpu_run_and_the_guide_leaves
 
 
 def test_gpu_kinds_sets_each_run_beside_itself_on_the_other_gpu_and_names_what_fits_only_there(tmp_path):
-    from ftbench.compare import gpu_kinds
+    from ftbench.judge.compare import gpu_kinds
 
     h100, h200 = tmp_path / "h100", tmp_path / "h200"
     write(h100, record("llm", "lora", 1.0, gpu=H100, batch=4, mem=30, noise=0.01))
@@ -359,7 +359,7 @@ def test_gpu_kinds_sets_each_run_beside_itself_on_the_other_gpu_and_names_what_f
 
 
 def test_study_b_table_fills_a_published_cell_only_from_a_full_scale_gpu_record_and_names_the_stand_in():
-    from ftbench.compare import study_b_table
+    from ftbench.judge.compare import study_b_table
 
     def run(model, variant, batch, scale, status="ok", sph=None, gpu=H100, util=95.0, reason=None):
         rec = record("llm", variant, 2.0, gpu=gpu, batch=batch, scale=scale, model=model, util=util)
@@ -394,7 +394,7 @@ def test_a_profile_joins_its_run_across_merged_folders_and_gives_study_b_its_ver
     """A profile summary measured in one folder describes the same run (key and GPU kind) measured in another:
     the Study B table then reads its verdict from the trace (kernels under 80 % of the profiled steps), with the
     host operator through the longest idle time; a profile on another GPU kind, or not ok, joins nothing."""
-    from ftbench.compare import study_b_table
+    from ftbench.judge.compare import study_b_table
 
     rec = record("llm", "qlora-gc-pf", 15.0, gpu=H100, batch=32, scale="full", model="gpt-oss-120b", util=90.0)
     rec["run"]["dataset"] = "japanese_alpaca"
@@ -429,7 +429,7 @@ def test_a_profile_joins_its_run_across_merged_folders_and_gives_study_b_its_ver
 
 
 def test_idle_cause_names_the_host_operator_only_where_long_gaps_hold_most_idle_time():
-    from ftbench.analysis import idle_cause
+    from ftbench.judge.analysis import idle_cause
 
     s = {"device": "cuda", "per_step": [{"idle_gaps": 3, "idle_gap_ms_total": 100.0}],
          "idle_causes": [{"host_op": "aten::_cudnn_attention_backward", "idle_ms": 60.0}]}
@@ -443,7 +443,7 @@ def test_frontier_compares_each_rungs_loss_step_by_step_with_rung_0s_step_on_the
     rows (equal real tokens at every shared step): mean difference, within noise when no larger than the reference's
     step-to-step scatter; a loss that moved more than that reads 'differs'; other rows (another batch, rung 0's own
     rows, different rows) get nothing."""
-    from ftbench.compare import frontier, same_rows_loss
+    from ftbench.judge.compare import frontier, same_rows_loss
 
     def run(variant, batch, losses, tokens, tps=12000):
         rec = record("llm", variant, 1.0, gpu=H100, batch=batch, mem=40.0, noise=0.01)
@@ -475,7 +475,7 @@ def test_a_records_step_trace_comes_from_its_steps_csv(tmp_path):
     without one)."""
     import json as _json
 
-    from ftbench.records import read_record
+    from ftbench.core.records import read_record
 
     rec = record("llm", "lora-tb", 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01)
     path = tmp_path / "metrics.json"
@@ -488,7 +488,7 @@ def test_a_records_step_trace_comes_from_its_steps_csv(tmp_path):
 
 
 def test_a_long_table_cell_is_cut_before_it_is_escaped_so_no_entity_is_split():
-    from ftbench.analysis import _cell
+    from ftbench.judge.analysis import _cell
 
     text = "x" * 137 + "'s & more text past the cut"  # the cut falls inside what the escapes would lengthen
     html = _cell(text)
@@ -501,7 +501,7 @@ def test_a_long_table_cell_is_cut_before_it_is_escaped_so_no_entity_is_split():
 def test_scaling_reads_real_tokens_where_both_runs_counted_them():
     """Packed rows hold a varying number of samples: the speed-up is taken on real tokens/s with its tokens' noise,
     and the per-rank step against the lone GPU's is given."""
-    from ftbench.compare import scaling
+    from ftbench.judge.compare import scaling
 
     one = {"model": "m", "dataset": "d", "gpu": "H100 SXM5", "batch_size": 2, "variant": "top", "status": "ok",
            "reason": None, "throughput.samples_per_s": 10.0, "timing.noise_cv": 0.12, "throughput.tokens_per_s": 1000.0,
@@ -522,7 +522,7 @@ def test_scaling_reads_real_tokens_where_both_runs_counted_them():
 def test_a_rung_that_changes_the_arithmetic_leads_the_frontier_only_with_its_loss_check():
     """An FP8 rung faster than every bf16 rung: without a loss check on the same rows (or with one that differs) it
     is refused a place on the frontier and never named fastest; with its loss within noise it leads."""
-    from ftbench.compare import frontier
+    from ftbench.judge.compare import frontier
 
     def run(variant, losses, tokens, tps, precision="bf16"):
         rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01)
@@ -557,7 +557,7 @@ def test_a_rung_whose_loss_is_not_finite_or_moved_never_stands_on_the_frontier_w
     """A loss that turns NaN (FA4 through torch 2.11 on an H100, 2026-11-27: NaN from step 2 at 19,749 real tokens/s)
     is named as such and refused; a bf16 rung whose loss moved is refused too; another flash attention implementation
     changes the arithmetic, so it needs its loss check like FP8."""
-    from ftbench.compare import frontier
+    from ftbench.judge.compare import frontier
 
     ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
 
@@ -584,9 +584,9 @@ def test_a_rung_whose_loss_is_not_finite_or_moved_never_stands_on_the_frontier_w
     assert rows["lora-tb-cg"]["on the frontier"] == "no: its loss on the same rows differs (+0.500)"
     assert rows["lora-tb-fa4"]["on the frontier"] == ("no: flash attention through fa4 changes the arithmetic and has "
                                                       "no loss check on the same rows")
-    assert rows["lora-tb-lce"]["on the frontier"] == ("no: the LM head's loss through ftbench.head (two-gemm) changes "
+    assert rows["lora-tb-lce"]["on the frontier"] == ("no: the LM head's loss through ftbench.build.head (two-gemm) changes "
                                                       "the arithmetic and has no loss check on the same rows")
-    assert rows["lora-tb-lce-checked"]["on the frontier"] == ("yes: the LM head's loss through ftbench.head (two-gemm), "
+    assert rows["lora-tb-lce-checked"]["on the frontier"] == ("yes: the LM head's loss through ftbench.build.head (two-gemm), "
                                                               "loss within noise on the same rows")
     assert "<b>lora-tb-lce-checked</b>" in lead  # the fastest rung that stands (the NaN rung's 20,000 does not)
     assert rows["lora-tb-fp8-fa4"]["x top rung, same machine"] == "1.59x (lora-tb-lce-checked, 12,600)"
@@ -597,7 +597,7 @@ def test_a_peer_beside_the_frontier_is_read_against_the_top_rung_of_its_own_mach
     machine (an FP8 rung without its loss check never counts as the top; a faster run of the top rung on another
     machine, which the table shows, does not hide this machine's), its noise carried or not; a peer from a machine
     where no rung stood gets no ratio."""
-    from ftbench.compare import frontier
+    from ftbench.judge.compare import frontier
 
     def run(variant, tps, machine, precision="bf16", noise=0.01, trace=True):
         rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=noise, scale="full")
@@ -633,7 +633,7 @@ def test_a_peer_is_read_against_its_own_leases_top_rung_after_a_later_lease_meas
     frontier, so a peer measured beside the top rung in one lease reads against that lease's top (20,386 in
     h100-2026-11-27-i) even where the next lease measured the top rung again (h100-2026-11-27-j), not against the
     fastest rung its lease still shows."""
-    from ftbench.compare import frontier
+    from ftbench.judge.compare import frontier
 
     ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
 
@@ -677,7 +677,7 @@ def test_the_fastest_line_keeps_a_rung_that_stood_in_one_lease_when_a_later_leas
     """A later lease (a campaign) measured the FP8 top rung again and its loss was not checked (or left the noise):
     that run cannot lead, but the same variant's run that stood in an earlier lease still does, the latest run's
     refusal said beside it (the front page named the rung below it, 2026-11-27)."""
-    from ftbench.compare import frontier, headline
+    from ftbench.judge.compare import frontier, headline
 
     ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
 
@@ -713,7 +713,7 @@ def test_published_peers_stand_beside_the_frontier_with_their_conditions_and_the
     """frontier_peers (config/published/study_b.yaml): each published peer with its conditions and source, its MFU
     on its own FLOPs count, and the fastest full-scale rung here on its GPU that stands on the frontier: an FP8 rung
     whose loss moved is never the one a peer is set beside."""
-    from ftbench.compare import frontier
+    from ftbench.judge.compare import frontier
 
     def run(variant, losses, tps, precision="bf16"):
         rec = record("llm", variant, 1.0, gpu=H100, batch=2, mem=40.0, noise=0.01, scale="full")
@@ -746,7 +746,7 @@ def test_published_peers_stand_beside_the_frontier_with_their_conditions_and_the
 
 
 def test_scaling_never_divides_a_multi_gpu_run_by_a_one_gpu_run_of_other_code():
-    from ftbench.compare import scaling
+    from ftbench.judge.compare import scaling
 
     one = {"model": "m", "dataset": "d", "gpu": "H100 SXM5", "batch_size": 2, "variant": "top", "status": "ok",
            "reason": None, "throughput.samples_per_s": 10.0, "timing.noise_cv": 0.01, "throughput.tokens_per_s": 1000.0,
@@ -765,7 +765,7 @@ def test_a_peer_stands_beside_the_frontier_only_with_its_settings_and_is_read_li
     with; without them it is refused a place in the peer table and gets no ratio in the frontier's table. A peer with
     its settings is read against the fastest rung of the same machine in its own precision (bf16 against bf16) and
     in any (the FP8 top rung), each lead with its noise verdict."""
-    from ftbench.compare import UNSTATED, frontier
+    from ftbench.judge.compare import UNSTATED, frontier
 
     ref = [12.0 - 0.1 * i + (0.05 if i % 2 else -0.05) for i in range(40)]
 
@@ -804,7 +804,7 @@ def test_a_peer_stands_beside_the_frontier_only_with_its_settings_and_is_read_li
             and "1.54x (lora-tb-cg-fp8, 20,000, CV 1.0 %) in any precision, 1.15x (lora-tb-cg-bf16-top, 15,000, "
                 "CV 1.0 %) bf16 against bf16" in note), note
     # the front page's headline: the fastest run standing on the frontier, then the same best-peer sentence
-    from ftbench.compare import headline
+    from ftbench.judge.compare import headline
 
     line = headline(df, None, rungs=["lora-tb", "lora-tb-cg", "lora-tb-cg-fp8"],
                     beside=["unsloth-lora-tb", "lora-tb-liger", "lora-tb-cg-bf16-top"], same_rows="lora-tb")
@@ -825,8 +825,8 @@ def test_a_peers_record_names_the_settings_it_ran_with():
     the rows and the optimizer; Liger Kernel's compile; none for the project's own rungs."""
     from types import SimpleNamespace
 
-    from ftbench.config import Variant
-    from ftbench.runners.causal_lm import peer_record
+    from ftbench.config.settings import Variant
+    from ftbench.run.runners.causal_lm import peer_record
 
     args = SimpleNamespace(optim="adamw_torch_fused")
     rec = {"extra": {"unsloth_flash_impl": {"active": "FA3", "reason": "Hopper, flash_attn_3 importable"}}}
@@ -860,10 +860,10 @@ def test_nemo_automodels_record_names_what_it_built_and_why_its_attention():
 
     import torch
 
-    from ftbench.config import Variant
-    from ftbench.parallel import seed_adapters
-    from ftbench.runners.causal_lm import nemo_peft_name, peer_record
-    from ftbench.variants import adapted_modules
+    from ftbench.config.settings import Variant
+    from ftbench.build.parallel import seed_adapters
+    from ftbench.run.runners.causal_lm import nemo_peft_name, peer_record
+    from ftbench.build.variants import adapted_modules
 
     build = {"nemo_lora": {"target_modules": ["*_proj"], "dim": 8, "alpha": 16, "use_triton": True,
                            "use_memory_efficient_lora": False, "module": "PatchedLinearLoRA"},
@@ -907,8 +907,8 @@ def test_nemo_automodels_record_names_what_it_built_and_why_its_attention():
 def test_nemo_automodel_knobs_its_package_and_its_environment():
     """framework 'nemo' needs NeMo AutoModel's package (run in envs/nemo.yaml, which keeps its transformers pin); it is
     refused with knobs wired for PEFT's modules or with Liger on top of NeMo's own patches."""
-    from ftbench.config import Variant
-    from ftbench.knobs import knob_problems, required_packages
+    from ftbench.config.settings import Variant
+    from ftbench.core.knobs import knob_problems, required_packages
 
     v = Variant("n", framework="nemo", padding_free=True, attention="varlen", token_budget=4096)
     assert knob_problems("causal_lm", v) == [] and required_packages(v) == ["nemo_automodel"]
@@ -916,8 +916,8 @@ def test_nemo_automodel_knobs_its_package_and_its_environment():
         assert any("framework='nemo'" in p for p in knob_problems("causal_lm", Variant("n", framework="nemo", **bad)))
     import torch
 
-    from ftbench.harness import Unsupported
-    from ftbench.variants import check_supported
+    from ftbench.harness.meter import Unsupported
+    from ftbench.build.variants import check_supported
 
     with pytest.raises(Unsupported, match="NeMo AutoModel builds its model on a CUDA device"):
         check_supported(v, torch.device("cpu"))
@@ -927,7 +927,7 @@ def test_a_peer_is_read_from_its_latest_run_on_a_card_not_held_back_beside_a_run
     """A card slowed by something other than its power limit (a throttled card: low clock at low power while busy)
     is named, and a peer's run on it is passed over for the peer's earlier run; so is a run on a machine where none of
     our rungs ran. A card at its power limit clocks down too and is not held back."""
-    from ftbench.compare import held_back, peer_run
+    from ftbench.judge.compare import held_back, peer_run
 
     card = {"gpu_sm_clock_max_mhz": 1980, "gpu_power_limit_w": 700.0, "device_usage.gpu_util_mean_pct": 94.0}
     slow = {**card, "device_usage.sm_clock_mean_mhz": 1261.0, "device_usage.power_mean_w": 470.0}
@@ -955,7 +955,7 @@ def test_scaling_reads_each_multi_gpu_run_against_the_best_one_gpu_on_shipped_re
     """Issue 73, on CPU: beside the same-batch speed-up, each several-GPU row against the fastest one-GPU run of the
     same model and data on the same GPU kind at any batch. gpt-oss-120b's grouped QLoRA over 4 H100s at 8 samples a
     GPU scales ~4x its own batch-8 run, yet is barely faster than one H100 at 32 samples."""
-    from ftbench.compare import scaling
+    from ftbench.judge.compare import scaling
 
     folders = [str(f) for f in sorted((ROOT / "measurements").iterdir()) if f.is_dir()]
     df = aggregate([], folders, study="llm")

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from conftest import ROOT
-from ftbench.architectures import load_architecture
-from ftbench.flops import causal_lm_shape
+from ftbench.config.architectures import load_architecture
+from ftbench.harness.flops import causal_lm_shape
 
 ARCH = ROOT / "config/architectures"
 

@@ -1,4 +1,4 @@
-"""Attention with sinks and sliding windows over a packed row (ftbench.attention.SinkAttention): the sink folded
+"""Attention with sinks and sliding windows over a packed row (ftbench.build.attention.SinkAttention): the sink folded
 in through the kernel's log-sum-exp gives gpt-oss's eager attention, forward and gradients, without a T x T mask."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import ROOT
-from ftbench import attention
-from ftbench.architectures import load_architecture
+from ftbench.build import attention
+from ftbench.config.architectures import load_architecture
 
 
 def _eager(q, k, v, sinks, edges, scale, window):
@@ -62,7 +62,7 @@ def test_gpt_oss_trains_on_a_packed_row_with_varlen_attention_as_each_sequence_a
     `attention: varlen` gives the loss and gradients of each sequence run alone through its eager attention."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ftbench.attention import step_kwargs, use_varlen
+    from ftbench.build.attention import step_kwargs, use_varlen
 
     cfg = dict(load_architecture(ROOT / "config/architectures/gpt-oss-120b.yaml", "tiny")["config"])
     cfg["sliding_window"] = 4  # shorter than the sequences below, so the window matters
@@ -143,10 +143,10 @@ def test_flash_attention_through_another_implementation_is_refused_where_it_cann
     refused with its reason before any job; it needs attention varlen and flash-attn-4 (the campaign holds such a
     target back until it is installed); where it can run, torch's own registry activates it and the record's kernel
     names it."""
-    from ftbench.config import Variant
-    from ftbench.harness import Unsupported
-    from ftbench.knobs import knob_problems, required_packages
-    from ftbench.variants import check_supported
+    from ftbench.config.settings import Variant
+    from ftbench.harness.meter import Unsupported
+    from ftbench.core.knobs import knob_problems, required_packages
+    from ftbench.build.variants import check_supported
 
     v = Variant("fa4", peft="lora", padding_free=True, attention="varlen", flash_impl="fa4")
     assert knob_problems("causal_lm", v) == [] and "flash_attn" in required_packages(v)
@@ -209,7 +209,7 @@ def _fake_flash_attn_4(monkeypatch, seen=None):
 
 
 def test_fa4_varlen_is_causal_attention_per_sequence_with_its_gradients_and_an_operator_torch_can_trace(monkeypatch):
-    """ftbench.attention.fa4_varlen (flash_impl fa4): flash-attn-4's varlen forward and backward as one operator
+    """ftbench.build.attention.fa4_varlen (flash_impl fa4): flash-attn-4's varlen forward and backward as one operator
     with its own autograd. On a packed row of grouped-query heads, with the empty slots of a fixed-shape row, its
     output and gradients are those of causal attention over each sequence alone (SDPA per sequence); torch's operator
     check passes (its fake shapes, its autograd registration), and the layer's attention calls it once activated."""

@@ -1,4 +1,4 @@
-"""Models built in the training process (ftbench.build): the same tensors as a written checkpoint, gpt-oss's split
+"""Models built in the training process (ftbench.build.stages): the same tensors as a written checkpoint, gpt-oss's split
 experts computing what the stock module computes, a 4-bit build's host memory bounded, bad input refused."""
 
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftbench.architectures import load_architecture
-from ftbench.build import SplitExperts, build_model, check_manifest
-from ftbench.models import materialize_model
+from ftbench.config.architectures import load_architecture
+from ftbench.build.stages import SplitExperts, build_model, check_manifest
+from ftbench.build.models import materialize_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCH = ROOT / "config" / "architectures"
@@ -82,8 +82,8 @@ def test_split_experts_compute_what_the_stock_module_computes():
 
 
 def test_gpt_oss_is_built_with_split_4bit_experts_and_only_attention_adapted(tmp_path):
-    from ftbench.config import Variant
-    from ftbench.variants import adapted_modules, apply_lora, quantization_config
+    from ftbench.config.settings import Variant
+    from ftbench.build.variants import adapted_modules, apply_lora, quantization_config
 
     arch = load_architecture(ARCH / "gpt-oss-120b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path, 42)  # auto: gpt-oss is always built in process
@@ -103,11 +103,11 @@ def test_gpt_oss_is_built_with_split_4bit_experts_and_only_attention_adapted(tmp
 _PEAK_PROBE = r"""
 import json, os, resource, sys
 import torch, transformers, peft, bitsandbytes  # imported before the baseline is read
-from ftbench.architectures import load_architecture
-from ftbench.build import build_model
-from ftbench.config import Variant
-from ftbench.models import materialize_model
-from ftbench.variants import quantization_config
+from ftbench.config.architectures import load_architecture
+from ftbench.build.stages import build_model
+from ftbench.config.settings import Variant
+from ftbench.build.models import materialize_model
+from ftbench.build.variants import quantization_config
 
 arch = load_architecture(sys.argv[1], "tiny")
 arch["config"].update(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=8,
@@ -141,10 +141,10 @@ def test_a_4bit_build_never_holds_the_bf16_model_in_host_memory(tmp_path):
 
 def test_evaluation_of_a_4bit_model_on_a_cpu_with_odd_widths(tmp_path):
     """bitsandbytes repacks 4-bit weights for its CPU inference kernel (AVX512-BF16 CPUs) and asserts a multiple of
-    32 rows; layers that cannot be repacked keep the dequantizing path (ftbench.variants.unpackable_for_cpu), so an
+    32 rows; layers that cannot be repacked keep the dequantizing path (ftbench.build.variants.unpackable_for_cpu), so an
     architecture with other widths still evaluates after training."""
-    from ftbench.config import Variant
-    from ftbench.variants import apply_lora, quantization_config
+    from ftbench.config.settings import Variant
+    from ftbench.build.variants import apply_lora, quantization_config
 
     arch = load_architecture(ARCH / "qwen3-8b.yaml", "tiny")
     arch["config"].update(hidden_size=80, head_dim=20)  # q: 80 rows, k and v: 40
@@ -161,8 +161,8 @@ def test_evaluation_of_a_4bit_model_on_a_cpu_with_odd_widths(tmp_path):
 def test_kbit_upcast_false_keeps_the_unquantized_parameters_in_the_compute_dtype(tmp_path):
     """qlora-gc-pf-bf16: PEFT's k-bit preparation casts the embeddings, LM head and norms to fp32; with
     kbit_upcast false they stay bf16 (as in Unsloth's 4-bit models), only LoRA trains, and a step runs."""
-    from ftbench.config import Variant
-    from ftbench.variants import apply_lora, quantization_config
+    from ftbench.config.settings import Variant
+    from ftbench.build.variants import apply_lora, quantization_config
 
     arch = load_architecture(ARCH / "qwen3-8b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path, 42, build="in_process")
@@ -186,8 +186,8 @@ def test_kbit_upcast_false_keeps_the_unquantized_parameters_in_the_compute_dtype
 def test_a_model_too_large_for_the_host_is_refused_before_building(tmp_path, monkeypatch):
     """Counted on the meta device, compared with the memory it would be drawn in: refused with both numbers, at
     materialization (a written checkpoint) and in the training job (a build in process), before a byte is drawn."""
-    import ftbench.build as build
-    from ftbench.models import materialize
+    import ftbench.build.stages as build
+    from ftbench.build.models import materialize
 
     monkeypatch.setattr(build, "available_bytes", lambda device: 4 * 2**30)  # a host with 4 GiB free
     arch = load_architecture(ARCH / "qwen3-8b.yaml", "full")  # 8.2 B parameters: 15.3 GiB in bf16
@@ -218,9 +218,9 @@ def test_a_4bit_checkpoint_written_for_unsloth_holds_the_in_process_models_tenso
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import ftbench.build as build
-    from ftbench.knobs import Variant
-    from ftbench.variants import quantization_config
+    import ftbench.build.stages as build
+    from ftbench.core.knobs import Variant
+    from ftbench.build.variants import quantization_config
 
     arch = load_architecture(ARCH / "qwen3-8b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path / "m", 42, build="in_process")
@@ -260,9 +260,9 @@ def test_grouped_experts_give_the_per_expert_loops_outputs_and_gradients(tmp_pat
     inside the grouped GEMM."""
     import bitsandbytes.functional as bnbf
 
-    from ftbench.build import group_experts
-    from ftbench.config import Variant
-    from ftbench.variants import quantization_config
+    from ftbench.build.stages import group_experts
+    from ftbench.config.settings import Variant
+    from ftbench.build.variants import quantization_config
 
     arch = load_architecture(ARCH / "gpt-oss-120b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path, 42)
@@ -307,7 +307,7 @@ def test_expert_lora_is_the_merged_weights_update_with_gradients_only_where_expe
     """LoRA on every expert's projections (variant knob expert_lora), as two grouped GEMMs a projection, computes
     what the experts compute with W + (alpha / r) B A merged into their weights; A is drawn, B starts at zero (the
     outputs unchanged), and an expert no token reached gets no gradient."""
-    from ftbench.build import adapt_experts, group_experts
+    from ftbench.build.stages import adapt_experts, group_experts
 
     arch = load_architecture(ARCH / "gpt-oss-120b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path, 42)
@@ -344,7 +344,8 @@ def test_expert_lora_is_the_merged_weights_update_with_gradients_only_where_expe
 def test_a_jobs_folder_in_host_memory_goes_with_the_job(tmp_path, monkeypatch):
     """The Unsloth checkpoint's host-memory route: its /dev/shm folder is named after the job's temporary folder,
     and the supervisor's release removes it (a killed child cannot), leaving other jobs' folders alone."""
-    from ftbench import harness, supervise
+    from ftbench.harness import meter as harness
+    from ftbench.run import supervise
 
     shm = tmp_path / "shm"
     shm.mkdir()
@@ -362,8 +363,8 @@ def test_a_jobs_folder_in_host_memory_goes_with_the_job(tmp_path, monkeypatch):
 
 
 def test_unsloths_own_compile_is_a_knob_read_before_unsloth_is_imported(tmp_path, monkeypatch):
-    from ftbench.knobs import Variant, knob_problems
-    from ftbench.runners.causal_lm import import_unsloth
+    from ftbench.core.knobs import Variant, knob_problems
+    from ftbench.run.runners.causal_lm import import_unsloth
 
     assert knob_problems("causal_lm", Variant("x", framework="unsloth", unsloth_compile=False)) == []
     assert "unsloth_compile: false without framework='unsloth'" in knob_problems(
@@ -386,7 +387,7 @@ def test_a_readers_renamed_parameters_get_the_checkpoints_tensors_and_the_rest_a
     from safetensors.torch import save_file
     from torch import nn
 
-    from ftbench.build import restore_renamed
+    from ftbench.build.stages import restore_renamed
 
     torch.manual_seed(0)
     saved = {f"model.layers.{i}.mlp.router.{p}": torch.randn(4, 3) if p == "weight" else torch.randn(4)

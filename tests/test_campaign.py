@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from conftest import ROOT
-from ftbench.records import SCHEMA_VERSION
+from ftbench.core.records import SCHEMA_VERSION
 
 CAMPAIGN = ROOT / "bench" / "campaign.py"
 
@@ -264,7 +264,7 @@ def test_a_campaign_runs_the_files_of_the_commit_it_names_not_the_working_trees(
     digest whatever the working tree became since). Here a commit made for the test (HEAD with a line added to
     config/config.yaml; no ref, no working-tree change) is run: its records name that commit and its files' digest,
     not the working tree's, and the README says which files ran."""
-    from ftbench.source import digest, file_blobs
+    from ftbench.harness.source import digest, file_blobs
 
     ident = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     env = {**os.environ, **ident, "GIT_INDEX_FILE": str(tmp_path / "index")}
@@ -275,11 +275,11 @@ def test_a_campaign_runs_the_files_of_the_commit_it_names_not_the_working_trees(
 
     changed = git("show", "HEAD:config/config.yaml") + "\n# a commit of its own (tests/test_campaign.py)\n"
     # and its library: the packages a record names one more, so that a record shows which library its job imported
-    harness = git("show", "HEAD:src/ftbench/harness.py").replace('PACKAGES = ["torch", ',
+    harness = git("show", "HEAD:src/ftbench/harness/meter.py").replace('PACKAGES = ["torch", ',
                                                                  'PACKAGES = ["code_under_test", "torch", ', 1)
     assert "code_under_test" in harness
     git("read-tree", "HEAD")
-    for path, text in (("config/config.yaml", changed), ("src/ftbench/harness.py", harness)):
+    for path, text in (("config/config.yaml", changed), ("src/ftbench/harness/meter.py", harness)):
         blob = git("hash-object", "-w", "--stdin", text_in=text + "\n")
         git("update-index", "--cacheinfo", f"100644,{blob},{path}")
     sha = git("commit-tree", git("write-tree"), "-p", "HEAD", "-m", "a campaign's code, for a test")
@@ -315,7 +315,7 @@ def test_a_campaign_split_over_two_leases_names_each_machine_and_counts_every_ce
     campaign, not of the last call's `--batches`."""
     from test_analysis import record
 
-    from ftbench.gpus import machine_of
+    from ftbench.harness.gpus import machine_of
 
     campaign = load_campaign()
     out = tmp_path / "camp"
@@ -377,7 +377,7 @@ def test_a_batch_split_over_two_machines_is_named_before_the_call_runs(tmp_path)
     on the first); a batch wholly pending, or wholly done, is not named."""
     from test_analysis import record
 
-    from ftbench.gpus import machine_of
+    from ftbench.harness.gpus import machine_of
 
     campaign = load_campaign()
     out = tmp_path / "camp"
@@ -400,7 +400,7 @@ def test_each_studys_campaign_names_cells_its_own_config_can_run():
     campaign's own files, so one command on one host can run it; Study C's holds its sweep, stages, probes and baseline."""
     import yaml
 
-    from ftbench import config as ftc
+    from ftbench.config import settings as ftc
 
     campaign = load_campaign()
     parts = yaml.safe_load((ROOT / "bench" / "parts.yaml").read_text())
@@ -422,8 +422,8 @@ def test_a_studys_campaign_runs_end_to_end_at_tiny_scale_into_a_folder_the_repor
     """`--tiny`: Study C's campaign (here its baseline and two cells, `--variants`) at tiny scale on this CPU: its
     records and profiles land in the campaign's folder with its README and state, the folder stands for the study it
     measured, and the report's tables read its runs."""
-    from ftbench.analysis import aggregate
-    from ftbench.config import campaign_owners
+    from ftbench.judge.analysis import aggregate
+    from ftbench.config.settings import campaign_owners
 
     out, work = tmp_path / "campaign", tmp_path / "work"
     proc = call("study_c", "--tiny", "--variants", "workers-0,workers-1", "--out", str(out), "--workdir", str(work))

@@ -8,9 +8,9 @@ import copy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ftbench.config import Variant
-from ftbench.knobs import knob_problems
-from ftbench.variants import apply_lora, checkpoint_kwargs
+from ftbench.config.settings import Variant
+from ftbench.core.knobs import knob_problems
+from ftbench.build.variants import apply_lora, checkpoint_kwargs
 
 
 class CountMatmuls(TorchDispatchMode):

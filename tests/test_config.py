@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, snakemake
-from ftbench import config as ftc
+from ftbench.config import settings as ftc
 
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 SCHEMA = yaml.safe_load((ROOT / "config/schema/config.schema.yaml").read_text())
@@ -71,7 +71,7 @@ def test_schema_errors_are_one_short_line_naming_the_key(tmp_path):
 def test_local_dataset_files_are_read_by_format_and_their_columns_checked(tmp_path):
     import polars as pl
 
-    from ftbench.data import prepare_dataset
+    from ftbench.data.datasets import prepare_dataset
 
     rows = {"instruction": [f"say {i}" for i in range(12)], "output": [f"{i}" for i in range(12)]}
     good, wrong = tmp_path / "alpaca.parquet", tmp_path / "wrong.parquet"
@@ -116,7 +116,7 @@ def test_schema_variant_knobs_match_the_dataclass():
     props = SCHEMA["$defs"]["variants"]["additionalProperties"]["properties"]
     fields = {f.name for f in dataclasses.fields(ftc.Variant)} - {"name"}
     assert set(props) - {"base", "adds"} == fields
-    from ftbench.techniques import TECHNIQUES  # the schema's techniques are the library's list, in its order
+    from ftbench.config.techniques import TECHNIQUES  # the schema's techniques are the library's list, in its order
     assert props["adds"]["items"]["enum"] == list(TECHNIQUES)
 
 
@@ -177,7 +177,7 @@ def test_tiny_default_keeps_sequences_short_and_the_study_b_configs_publish_leng
 
 def test_config_check_names_a_yaml_syntax_error_by_file_and_line(tmp_path, capsys):
     """Snakemake's own message for a --configfile with a syntax error names neither file nor line; the
-    pre-flight check (python -m ftbench.config FILE) does, and runs the same checks as a run on a good file."""
+    pre-flight check (python -m ftbench.config.settings FILE) does, and runs the same checks as a run on a good file."""
     bad = tmp_path / "mine.yaml"
     bad.write_text("studies:\n  llm:\n    training: {measure: [1, 2}\n")
     assert ftc.main([str(bad)]) == 1
@@ -271,7 +271,7 @@ def test_a_truncated_architecture_stops_the_pipeline_before_any_job(tmp_path):
 
 
 def test_a_scale_the_architecture_says_it_lacks_is_refused_never_the_full_model(tmp_path):
-    from ftbench.architectures import load_architecture
+    from ftbench.config.architectures import load_architecture
 
     arch = tmp_path / "qwen3-32b.yaml"
     arch.write_text(QWEN32.read_text().replace("  proxy: {num_hidden_layers: 4}\n", "")
@@ -308,7 +308,7 @@ def test_study_a_sweeps_compile_budget_reaches_the_supervisor_and_lets_a_cold_co
 
 
 def test_a_record_says_how_many_batch_shapes_its_windows_saw_and_how_many_were_new():
-    from ftbench.summary import window_shapes
+    from ftbench.harness.summary import window_shapes
 
     steps = [{"phase": "warmup", "shape": "1x2900"}, {"phase": "warmup", "shape": "1x2100"},
              {"phase": "measure", "shape": "1x2900"}, {"phase": "measure", "shape": "1x3400"},
@@ -323,8 +323,8 @@ def test_coordinate_descent_tuning_reaches_inductor_with_the_modes_own_options()
     refused where no layer is compiled by Inductor."""
     import torch
 
-    from ftbench.knobs import Variant, knob_problems
-    from ftbench.variants import compile_kwargs
+    from ftbench.core.knobs import Variant, knob_problems
+    from ftbench.build.variants import compile_kwargs
 
     tuned = Variant("t", compile="reduce-overhead", compile_scope="layers", coordinate_descent_tuning=True)
     assert compile_kwargs(tuned) == {"options": {"triton.cudagraphs": True, "coordinate_descent_tuning": True}}

@@ -8,8 +8,8 @@ import yaml
 from conftest import ROOT
 from test_analysis import H100, record
 
-from ftbench.analysis import flatten
-from ftbench.coverage import coverage_html, coverage_rows, summary
+from ftbench.judge.analysis import flatten
+from ftbench.judge.coverage import coverage_html, coverage_rows, summary
 
 H200 = "NVIDIA H200"
 STUDY_A = yaml.safe_load((ROOT / "config" / "published" / "study_a.yaml").read_text())
@@ -174,7 +174,7 @@ def test_study_d_multi_gpu_claim_is_judged_per_gpu_count_from_twins_of_the_same_
     differs, a twin of other code is no pair, and the 8-GPU cell says no such host is lent."""
     import yaml
 
-    from ftbench.coverage import coverage_rows
+    from ftbench.judge.coverage import coverage_rows
 
     published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
 
@@ -218,7 +218,7 @@ def test_a_ratio_across_two_source_digests_is_not_judged_silently():
     """A Study A cell whose bf16 baseline ran other code (another source digest) is "not comparable: baseline from
     other code" with both named; merged on purpose (merge_across_code) it is judged and says so; the front page
     says whether its records are one commit or a merge."""
-    from ftbench.coverage import coverage_html, provenance_line
+    from ftbench.judge.coverage import coverage_html, provenance_line
 
     rows = [lmm("bf16-gc", 4, step=1.0), lmm("fixed-compile-gc", 4, step=0.46)]
     rows[0]["source_digest"], rows[1]["source_digest"] = "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"
@@ -252,11 +252,11 @@ def test_a_ratio_across_two_machines_of_one_code_is_not_judged_silently(tmp_path
     (campaign.json), else from the lease folder; two GPUs of one campaign call are one machine."""
     import json
 
-    from ftbench.analysis import read_runs
-    from ftbench.coverage import provenance_line
+    from ftbench.judge.analysis import read_runs
+    from ftbench.judge.coverage import provenance_line
     from test_analysis import write
 
-    from ftbench.gpus import machine_of
+    from ftbench.harness.gpus import machine_of
 
     studies = [{"table": "study_a", "published": STUDY_A, "measured_by": MEASURED_BY}]
 
@@ -301,7 +301,7 @@ def test_a_record_names_the_machine_that_ran_it(monkeypatch):
     one host name one machine."""
     import subprocess
 
-    from ftbench import gpus
+    from ftbench.harness import gpus
 
     listed = "GPU-b\nGPU-a\n"
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, stdout=listed))
@@ -315,8 +315,8 @@ def test_the_front_page_leads_with_the_shipped_verdicts_while_the_users_runs_mea
     measurements/ (judged on its own, labelled with its GPUs, commits and dates, and how to replace it), the user's
     runs after it; once the user's own runs measure a cell, theirs lead. A merge of the user's (merge_runs) replaces
     what ships, and a pattern that names nothing shows nothing."""
-    from ftbench import config as ftc
-    from ftbench.coverage import coverage_html, provenance_line
+    from ftbench.config import settings as ftc
+    from ftbench.judge.coverage import coverage_html, provenance_line
 
     studies = [{"table": "study_a", "published": STUDY_A, "measured_by": MEASURED_BY}]
     rows = [lmm("bf16-gc", 4, step=1.0), lmm("fixed-compile-gc", 4, step=0.46)]
@@ -361,8 +361,8 @@ def test_a_study_a_campaign_measured_is_read_from_the_campaign_alone(tmp_path):
     """What ships: Study A's records of a lease beside the campaign (other code, another host) are not read, so no
     ratio divides them with the campaign's; another study's records of that lease still are; the page names the
     campaign with its own provenance (one commit)."""
-    from ftbench.coverage import shipped_records
-    from ftbench.records import RECORD_TEMPLATE
+    from ftbench.judge.coverage import shipped_records
+    from ftbench.core.records import RECORD_TEMPLATE
 
     def write(folder, study, variant, digest, campaign=False):
         rec = json.loads(json.dumps(RECORD_TEMPLATE))
@@ -393,7 +393,7 @@ def test_study_d_speed_claim_is_judged_at_a_gpu_bound_pair_and_the_host_bound_on
     cannot show a kernel library's speed, so it is context, never the verdict; with none GPU-bound: not comparable."""
     import yaml
 
-    from ftbench.coverage import coverage_rows
+    from ftbench.judge.coverage import coverage_rows
 
     published = yaml.safe_load((ROOT / "config" / "published" / "study_b.yaml").read_text())
 
@@ -473,8 +473,8 @@ def test_studies_b_and_d_each_read_from_their_own_campaign_though_both_are_llm_r
     """Issue 63: bench/campaign.py study_b and study_d both write `llm` records; each campaign's folder (its
     campaign.json names it) stands for its own published table, read from it alone, while a lease's records stay in
     the merge for everything else."""
-    from ftbench.coverage import shipped_records
-    from ftbench.records import RECORD_TEMPLATE
+    from ftbench.judge.coverage import shipped_records
+    from ftbench.core.records import RECORD_TEMPLATE
 
     def write(folder, variant, digest, campaign=None):
         rec = json.loads(json.dumps(RECORD_TEMPLATE))

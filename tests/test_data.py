@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from ftbench.data import (BEAN_LABELS, load_dataset_split, prepare_dataset, read_split, sft_messages,
+from ftbench.data.datasets import (BEAN_LABELS, load_dataset_split, prepare_dataset, read_split, sft_messages,
                           synth_instruction, synth_wikipedia)
-from ftbench.tokens import length_stats, text_token_lengths
+from ftbench.data.tokens import length_stats, text_token_lengths
 
 
 def test_synthesis_is_deterministic_given_a_seed():
@@ -77,7 +77,7 @@ def test_a_local_image_folder_is_verified_and_embedded_and_a_corrupt_image_is_na
     import pytest
     from PIL import Image
 
-    from ftbench.data import prepare_dataset
+    from ftbench.data.datasets import prepare_dataset
 
     folder = tmp_path / "pics"
     folder.mkdir()

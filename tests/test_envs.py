@@ -158,22 +158,22 @@ def test_each_env_has_a_lock_file_that_agrees_with_its_pins(env):
     assert len(pins) > len(lock.pip_requirements(ROOT / f"envs/{env}.yaml"))  # the closure, not just the pins
 
 
-# the modules ftbench.supervise._child imports for each kind of job it runs (test_the_child_map_is_supervises_own)
-CHILD = {"materialize": ["ftbench.execute", "ftbench.models"], "generate": ["ftbench.execute", "ftbench.generate"],
-         "train": ["ftbench.execute", "ftbench.ranks", "ftbench.runners.causal_lm", "ftbench.runners.lmm",
-                   "ftbench.runners.diffusion"],
-         "profile": ["ftbench.execute", "ftbench.ranks", "ftbench.profiling", "ftbench.runners.causal_lm",
-                     "ftbench.runners.lmm", "ftbench.runners.diffusion"]}
+# the modules ftbench.run.supervise._child imports for each kind of job it runs (test_the_child_map_is_supervises_own)
+CHILD = {"materialize": ["ftbench.run.execute", "ftbench.build.models"], "generate": ["ftbench.run.execute", "ftbench.run.generate"],
+         "train": ["ftbench.run.execute", "ftbench.harness.ranks", "ftbench.run.runners.causal_lm", "ftbench.run.runners.lmm",
+                   "ftbench.run.runners.diffusion"],
+         "profile": ["ftbench.run.execute", "ftbench.harness.ranks", "ftbench.run.profiling", "ftbench.run.runners.causal_lm",
+                     "ftbench.run.runners.lmm", "ftbench.run.runners.diffusion"]}
 
 
 def test_the_child_map_is_supervises_own():
     import ast
 
-    child = next(n for n in ast.walk(ast.parse((ROOT / "src/ftbench/supervise.py").read_text()))
+    child = next(n for n in ast.walk(ast.parse((ROOT / "src/ftbench/run/supervise.py").read_text()))
                  if isinstance(n, ast.FunctionDef) and n.name == "_child")
     imported = {f"ftbench.{n.module}" for n in ast.walk(child) if isinstance(n, ast.ImportFrom) and n.level == 1}
     assert imported <= {m for mods in CHILD.values() for m in mods}, imported
-    assert {"ftbench.models", "ftbench.generate", "ftbench.execute"} <= imported
+    assert {"ftbench.build.models", "ftbench.run.generate", "ftbench.run.execute"} <= imported
 
 
 def reached_modules(script: Path) -> list[Path]:
@@ -203,7 +203,7 @@ def reached_modules(script: Path) -> list[Path]:
 
     todo = top_imports(script, "")
     kind = re.search(r'supervise\(\s*"(\w+)"', script.read_text())
-    if kind:  # the job runs in a child process (ftbench.supervise._child), which imports its job's modules
+    if kind:  # the job runs in a child process (ftbench.run.supervise._child), which imports its job's modules
         todo += CHILD[kind.group(1)]
     seen: dict[str, Path] = {}
     while todo:
@@ -219,13 +219,13 @@ def reached_modules(script: Path) -> list[Path]:
 
 # function-level imports of a reached module that serve other rules' jobs, never this env's (each with why): the
 # report's pages read profiles and token counts that the profile and token_stats jobs wrote in the train env
-ELSEWHERE = {("report.yaml", "src/ftbench/profiling.py"): {"torch"},  # the profiler itself: the profile job's
-             ("report.yaml", "src/ftbench/data.py"): {"datasets", "pillow"},  # preparing data: prepare_dataset's
-             ("report.yaml", "src/ftbench/tokens.py"): {"transformers"}}  # tokenizing: the token_stats job's
+ELSEWHERE = {("report.yaml", "src/ftbench/run/profiling.py"): {"torch"},  # the profiler itself: the profile job's
+             ("report.yaml", "src/ftbench/data/datasets.py"): {"datasets", "pillow"},  # preparing data: prepare_dataset's
+             ("report.yaml", "src/ftbench/data/tokens.py"): {"transformers"}}  # tokenizing: the token_stats job's
 
 
 # packages a variant needs only on a GPU host, in their own envs (envs/unsloth.yaml, envs/te.yaml); a run without
-# them records `unsupported` (ftbench.variants.check_supported)
+# them records `unsupported` (ftbench.build.variants.check_supported)
 OWN_ENVS = {"unsloth", "transformer-engine"}
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ftbench.flops import mfu, peak_tflops, train_flops
+from ftbench.harness.flops import mfu, peak_tflops, train_flops
 
 
 def test_train_flops_by_hand():
@@ -34,7 +34,7 @@ def test_mfu():
 
 
 def test_model_and_hardware_flops_by_hand_with_padding_and_checkpointing():
-    from ftbench.flops import step_flops
+    from ftbench.harness.flops import step_flops
 
     shape = {"matmul_params_per_token": 1000, "layers": 2, "attention_width": 8}
     trainable = 10

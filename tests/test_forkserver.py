@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ftbench import forkserver
+from ftbench.run import forkserver
 
 PROBE = """
 import json, os, sys, time

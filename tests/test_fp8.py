@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from conftest import ROOT
-from ftbench.architectures import load_architecture
-from ftbench.fp8 import PaddedLinear, fp8_shape_ok, select_linears, swap_linears
-from ftbench.models import materialize_model
+from ftbench.config.architectures import load_architecture
+from ftbench.build.fp8 import PaddedLinear, fp8_shape_ok, select_linears, swap_linears
+from ftbench.build.models import materialize_model
 
 
 def test_the_published_shape_rule():
@@ -64,8 +64,8 @@ def test_fp8_batches_pad_text_to_the_fp8_multiple(tmp_path):
     from PIL import Image
     from transformers import AutoProcessor
 
-    from ftbench.config import TrainSettings, Variant
-    from ftbench.runners.lmm import Collator, pad_multiple
+    from ftbench.config.settings import TrainSettings, Variant
+    from ftbench.run.runners.lmm import Collator, pad_multiple
 
     settings = TrainSettings(bucket_multiple=64)
     assert pad_multiple(Variant("fp8-te", precision="fp8", fp8_backend="te"), settings) == 16
@@ -90,9 +90,9 @@ def test_a_causal_lm_converts_its_decoder_projections_and_lora_wraps_them(tiny_q
     from torchao.float8.float8_linear import Float8Linear
     from transformers import AutoModelForCausalLM
 
-    from ftbench.config import Variant
-    from ftbench.fp8 import DECODER_PATTERN, convert_torchao
-    from ftbench.variants import apply_lora, precision_ran
+    from ftbench.config.settings import Variant
+    from ftbench.build.fp8 import DECODER_PATTERN, convert_torchao
+    from ftbench.build.variants import apply_lora, precision_ran
 
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
     layers = model.config.num_hidden_layers
@@ -138,9 +138,9 @@ def test_the_fp8_conversion_leaves_loras_parameters_and_the_trainable_set_unchan
     from torchao.float8.float8_linear import Float8Linear
     from transformers import AutoModelForCausalLM
 
-    from ftbench.config import Variant
-    from ftbench.fp8 import DECODER_PATTERN, StaticFP8Linear, convert_static, convert_torchao
-    from ftbench.variants import apply_lora
+    from ftbench.config.settings import Variant
+    from ftbench.build.fp8 import DECODER_PATTERN, StaticFP8Linear, convert_static, convert_torchao
+    from ftbench.build.variants import apply_lora
 
     lora = {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
@@ -170,10 +170,10 @@ def test_the_fp8_conversion_leaves_loras_parameters_and_the_trainable_set_unchan
 
 
 def test_the_fp8_knob_on_a_cpu_records_unsupported_with_its_reason():
-    from ftbench.config import Variant
-    from ftbench.harness import Unsupported
-    from ftbench.knobs import knob_problems
-    from ftbench.variants import check_supported
+    from ftbench.config.settings import Variant
+    from ftbench.harness.meter import Unsupported
+    from ftbench.core.knobs import knob_problems
+    from ftbench.build.variants import check_supported
 
     for recipe in ("rowwise", "static"):
         v = Variant("lora-tb-cg-lean-async-fp8", precision="fp8", fp8_backend="torchao", fp8_recipe=recipe)
@@ -193,7 +193,7 @@ def test_a_weight_cast_to_fp8_once_computes_what_torchaos_tensorwise_linear_comp
     from torch._dynamo.backends.common import aot_autograd
     from torchao.float8 import convert_to_float8_training
 
-    from ftbench.fp8 import E4M3, StaticFP8Linear
+    from ftbench.build.fp8 import E4M3, StaticFP8Linear
 
     torch.manual_seed(0)
     plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
@@ -231,8 +231,8 @@ def test_a_weight_cast_to_fp8_once_computes_what_torchaos_tensorwise_linear_comp
 
 
 def test_the_static_fp8_recipe_is_refused_where_it_cannot_hold():
-    from ftbench.config import Variant
-    from ftbench.knobs import knob_problems
+    from ftbench.config.settings import Variant
+    from ftbench.core.knobs import knob_problems
 
     ok = Variant("s", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static")
     assert knob_problems("causal_lm", ok) == []
@@ -266,7 +266,7 @@ def test_rowwise_activation_scaling_casts_each_token_with_its_own_scale():
     away), and a compiled step reduces over rows only, never over a whole tensor."""
     import copy
 
-    from ftbench.fp8 import E4M3, E5M2, StaticFP8Linear, convert_static
+    from ftbench.build.fp8 import E4M3, E5M2, StaticFP8Linear, convert_static
 
     torch.manual_seed(0)
     plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
@@ -308,7 +308,7 @@ def test_fast_accumulation_runs_in_the_gemms_the_knob_names():
     (torchao's default config); all, both; none, neither. The record says which ran."""
     import copy
 
-    from ftbench.fp8 import StaticFP8Linear, convert_static
+    from ftbench.build.fp8 import StaticFP8Linear, convert_static
 
     plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
     for fast, expected in ((None, (False, False)), ("forward", (True, False)), ("all", (True, True))):
@@ -324,8 +324,8 @@ def test_fast_accumulation_runs_in_the_gemms_the_knob_names():
 
 
 def test_the_static_recipes_per_step_knobs_are_refused_where_nothing_acts_on_them():
-    from ftbench.config import Variant
-    from ftbench.knobs import knob_problems
+    from ftbench.config.settings import Variant
+    from ftbench.core.knobs import knob_problems
 
     static = dict(peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static")
     assert knob_problems("causal_lm", Variant("a", **static, fp8_activation_scaling="rowwise",
@@ -348,7 +348,7 @@ def test_weights_cast_once_per_channel_with_e4m3_gradients_or_fp8_in_the_forward
     written out; a channel far smaller than the others keeps its precision, where a tensor's scale flushes it."""
     import copy
 
-    from ftbench.fp8 import E4M3, StaticFP8Linear, convert_static
+    from ftbench.build.fp8 import E4M3, StaticFP8Linear, convert_static
 
     torch.manual_seed(0)
     plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
@@ -387,8 +387,8 @@ def test_weights_cast_once_per_channel_with_e4m3_gradients_or_fp8_in_the_forward
 
 
 def test_the_quality_recipes_knobs_are_refused_where_nothing_acts_on_them():
-    from ftbench.config import Variant
-    from ftbench.knobs import knob_problems
+    from ftbench.config.settings import Variant
+    from ftbench.core.knobs import knob_problems
 
     ok = Variant("x", precision="fp8", fp8_backend="torchao", fp8_recipe="static", fp8_grads="e4m3",
                  fp8_weight_scaling="channel", fp8_activation_scaling="rowwise")

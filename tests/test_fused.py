@@ -1,4 +1,4 @@
-"""Fused projections (ftbench.fused, variant knob fused_projections): q/k/v and gate/up as one GEMM each give the
+"""Fused projections (ftbench.build.fused, variant knob fused_projections): q/k/v and gate/up as one GEMM each give the
 unfused model's outputs and LoRA gradients, and the adapter PEFT saves loads into a plain, unfused PEFT model."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import copy
 
 import torch
 
-from ftbench.config import Variant
-from ftbench.fused import fuse_projections
-from ftbench.variants import apply_lora
+from ftbench.config.settings import Variant
+from ftbench.build.fused import fuse_projections
+from ftbench.build.variants import apply_lora
 
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                "down_proj"]}
@@ -89,7 +89,7 @@ def test_frozen_fp8_weights_fuse_into_one_fp8_gemm_a_group(tiny_qwen):
     unfused rung's."""
     from transformers import AutoModelForCausalLM
 
-    from ftbench.fp8 import DECODER_PATTERN, E4M3, convert_static, tensorwise_fp8
+    from ftbench.build.fp8 import DECODER_PATTERN, E4M3, convert_static, tensorwise_fp8
 
     base = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
     bf16 = copy.deepcopy(base)
@@ -134,7 +134,7 @@ def test_frozen_fp8_weights_fuse_into_one_fp8_gemm_a_group(tiny_qwen):
 
 
 def test_fused_projections_take_fp8_only_cast_once():
-    from ftbench.knobs import knob_problems
+    from ftbench.core.knobs import knob_problems
 
     ok = Variant("f", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static", fused_projections=True)
     assert knob_problems("causal_lm", ok) == []
@@ -189,10 +189,10 @@ def test_fused_adapters_keep_the_static_fp8_projections_and_their_transposes(tin
     from transformers import AutoModelForCausalLM
 
     from conftest import LORA
-    from ftbench.config import Variant
-    from ftbench.fp8 import DECODER_PATTERN, StaticFP8Linear, convert_static
-    from ftbench.knobs import knob_problems
-    from ftbench.variants import apply_lora
+    from ftbench.config.settings import Variant
+    from ftbench.build.fp8 import DECODER_PATTERN, StaticFP8Linear, convert_static
+    from ftbench.core.knobs import knob_problems
+    from ftbench.build.variants import apply_lora
 
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
     convert_static(model, DECODER_PATTERN, transpose_once=True)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ftbench.gpus import gpu_slots
+from ftbench.harness.gpus import gpu_slots
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_no_gpus_no_locks(monkeypatch):
 def test_the_child_sees_only_the_gpu_its_job_holds(two_gpus, tmp_path, monkeypatch):
     """Two supervised children at once (the fault-injection hang keeps the first alive) get different
     CUDA_VISIBLE_DEVICES; each records it in its provenance."""
-    from ftbench import supervise as sup
+    from ftbench.run import supervise as sup
 
     seen = []
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftbench import harness
-from ftbench.config import MeasureSettings
-from ftbench.summary import summarize
-from ftbench.harness import (RECORD_TEMPLATE, DeviceSampler, Meter, Progress, Unsupported, guarded, memory_now, new_record,
+from ftbench.harness import meter as harness
+from ftbench.config.settings import MeasureSettings
+from ftbench.harness.summary import summarize
+from ftbench.harness.meter import (RECORD_TEMPLATE, DeviceSampler, Meter, Progress, Unsupported, guarded, memory_now, new_record,
                              provenance, write_json_atomic)
 
 CPU = torch.device("cpu")
@@ -279,8 +279,8 @@ def test_progress_file_is_written_at_most_every_fifth_of_a_second(tmp_path, monk
 def test_a_compiled_run_compiles_into_an_empty_cache_of_its_own_unless_asked_to_keep_the_hosts(tmp_path, monkeypatch):
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    from ftbench.execute import compile_cache
-    from ftbench.knobs import Variant
+    from ftbench.run.execute import compile_cache
+    from ftbench.core.knobs import Variant
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "host-cache"))
     monkeypatch.setenv("FTBENCH_PROGRESS", str(tmp_path / "job" / "progress.json"))

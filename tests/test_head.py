@@ -1,4 +1,4 @@
-"""The LM head's loss in two GEMMs a chunk (ftbench.head, knob lm_head) and FP8 weights' transposes kept
+"""The LM head's loss in two GEMMs a chunk (ftbench.build.head, knob lm_head) and FP8 weights' transposes kept
 (knob fp8_transpose_once): the same loss and gradients as the model's own, on a CPU."""
 
 import csv
@@ -9,9 +9,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ftbench.config import Variant
-from ftbench.head import IGNORE, HeadWeights, add_head_loss, head_loss
-from ftbench.knobs import knob_problems, required_packages
+from ftbench.config.settings import Variant
+from ftbench.build.head import IGNORE, HeadWeights, add_head_loss, head_loss
+from ftbench.core.knobs import knob_problems, required_packages
 
 
 def _case(dtype=torch.float32, rows=2, tokens=37, hidden=64, vocab=304, seed=0):
@@ -74,7 +74,7 @@ def _tiny_lora(tiny_qwen, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
     from conftest import LORA
-    from ftbench.variants import apply_lora
+    from ftbench.build.variants import apply_lora
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=dtype)
@@ -142,7 +142,7 @@ def test_the_head_knobs_are_refused_where_they_cannot_hold():
 def test_a_kept_transpose_computes_the_same_numbers_bit_for_bit():
     """fp8_transpose_once: the FP8 weight's transpose made once and kept, the backward's operand; outputs and input
     gradients identical to the rung that transposes in every backward, one FP8 byte a weight more."""
-    from ftbench.fp8 import DECODER_PATTERN, StaticFP8Linear, convert_static
+    from ftbench.build.fp8 import DECODER_PATTERN, StaticFP8Linear, convert_static
 
     torch.manual_seed(0)
     plain = nn.Linear(64, 48, bias=False).to(torch.bfloat16)
@@ -175,6 +175,6 @@ def test_the_runner_trains_the_same_steps_through_the_two_gemm_head(tmp_path, ti
         assert rec["status"] == "ok", rec["reason"]
         losses[name] = [float(r["loss"]) for r in csv.DictReader(open(tmp_path / name / "steps.csv"))]
         if knobs:
-            assert rec["extra"]["lm_head"]["kind"] == "two-gemm" and rec["extra"]["loss_path"].startswith("ftbench.head")
+            assert rec["extra"]["lm_head"]["kind"] == "two-gemm" and rec["extra"]["loss_path"].startswith("ftbench.build.head")
     assert len(losses["own"]) == 5
     assert losses["head"] == pytest.approx(losses["own"], rel=1e-4)

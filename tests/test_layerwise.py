@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftbench.architectures import load_architecture
-from ftbench.build import build_model
-from ftbench.config import Variant
-from ftbench.fp8 import StaticFP8Linear, convert_decoder, is_stand_in
-from ftbench.models import materialize_model
-from ftbench.parallel import build_fp8_base, fp8_base_bytes, fp8_base_layerwise, stand_ins
+from ftbench.config.architectures import load_architecture
+from ftbench.build.stages import build_model
+from ftbench.config.settings import Variant
+from ftbench.build.fp8 import StaticFP8Linear, convert_decoder, is_stand_in
+from ftbench.build.models import materialize_model
+from ftbench.build.parallel import build_fp8_base, fp8_base_bytes, fp8_base_layerwise, stand_ins
 
 ARCH = Path(__file__).resolve().parents[1] / "config" / "architectures"
 STATIC = Variant("s", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static")
@@ -68,7 +68,7 @@ def test_the_fp8_base_built_layer_by_layer_equals_casting_the_whole_bf16_model(m
 
 
 def test_lora_trains_on_the_fp8_base_as_on_the_whole_build_and_the_record_reads_fp8(manifests):
-    from ftbench.variants import apply_lora, parameter_counts, precision_ran
+    from ftbench.build.variants import apply_lora, parameter_counts, precision_ran
 
     lora = {"target_modules": "all-linear"}
     ref = apply_lora(whole_then_cast(manifests["in_process"]), STATIC, lora)
@@ -96,7 +96,7 @@ def test_lora_trains_on_the_fp8_base_as_on_the_whole_build_and_the_record_reads_
     assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[1])
     assert all(p.grad is None for n, p in model.named_parameters() if not p.requires_grad)
     # data parallel leaves the stand-ins out of its start-up broadcast (they hold no values)
-    from ftbench.parallel import parallelize
+    from ftbench.build.parallel import parallelize
 
     parallelize(model, "ddp", "cpu")
     ignored = set(model._ddp_params_and_buffers_to_ignore)
@@ -116,8 +116,8 @@ def test_which_variants_build_layer_by_layer_and_what_the_fp8_base_is_expected_t
 
 
 def test_an_fp8_base_too_large_for_the_device_is_refused_before_building(manifests, monkeypatch):
-    from ftbench import build
-    from ftbench.harness import Unsupported
+    from ftbench.build import stages as build
+    from ftbench.harness.meter import Unsupported
 
     monkeypatch.setattr(build, "available_bytes", lambda device: 1000)
     with pytest.raises(Unsupported, match=r"FP8 base: refused before building.*GiB available"):
@@ -129,7 +129,7 @@ def test_the_nf4_base_quantized_as_each_weight_lands_equals_quantizing_the_whole
     weights afterwards gives the same packed codes and scales."""
     import bitsandbytes.functional as bnbf
 
-    from ftbench.variants import quantization_config
+    from ftbench.build.variants import quantization_config
 
     v = Variant("q", precision="nf4")
     nf4, _ = build_model(manifests["in_process"], 42, "cpu", torch.bfloat16, quantization_config(v))
@@ -149,10 +149,10 @@ def test_the_nf4_base_quantized_as_each_weight_lands_equals_quantizing_the_whole
 _PEAK = r"""
 import json, resource, sys
 import torch
-from ftbench.architectures import load_architecture
-from ftbench.config import Variant
-from ftbench.models import materialize_model
-from ftbench.parallel import build_fp8_base
+from ftbench.config.architectures import load_architecture
+from ftbench.config.settings import Variant
+from ftbench.build.models import materialize_model
+from ftbench.build.parallel import build_fp8_base
 arch = load_architecture(sys.argv[1], "tiny")
 arch["config"].update(hidden_size=1024, intermediate_size=4096, num_hidden_layers=14, head_dim=64,
                       num_attention_heads=16, num_key_value_heads=4, vocab_size=4096)

@@ -1,4 +1,4 @@
-"""LoRA B's backward in one read of the output gradient (ftbench.lora_grads, knob lora_b_one_read): the Triton
+"""LoRA B's backward in one read of the output gradient (ftbench.build.lora_grads, knob lora_b_one_read): the Triton
 kernel's arithmetic (run by Triton's interpreter on this CPU), the autograd function's outputs and gradients against
 PyTorch's own, the fused layers through it (o_proj and down_proj included) with the plain model's gradients, under
 torch.compile, and the knob's refusals."""
@@ -15,11 +15,11 @@ import textwrap
 import pytest
 import torch
 
-from ftbench.config import Variant
-from ftbench.fused import fuse_projections
-from ftbench.knobs import knob_problems
-from ftbench.lora_grads import _grid, product, reference_lora_b_grads
-from ftbench.variants import check_supported
+from ftbench.config.settings import Variant
+from ftbench.build.fused import fuse_projections
+from ftbench.core.knobs import knob_problems
+from ftbench.build.lora_grads import _grid, product, reference_lora_b_grads
+from ftbench.build.variants import check_supported
 
 from test_fused import _model
 
@@ -40,7 +40,7 @@ def test_the_grid_covers_every_row_tile_once_and_fills_the_programs():
 
 KERNEL_CHECK = textwrap.dedent("""
     import torch
-    from ftbench.lora_grads import reference_lora_b_grads, triton_lora_b_grads
+    from ftbench.build.lora_grads import reference_lora_b_grads, triton_lora_b_grads
     torch.manual_seed(0)
     cases = [(300, 520, 8, torch.float16, None), (128, 256, 8, torch.float32, None), (1000, 70, 5, torch.float16, None),
              (64, 1024, 16, torch.float32, None), (700, 512, 8, torch.float16, (900, 100))]
@@ -116,7 +116,7 @@ def test_every_lora_product_of_the_fused_layers_runs_the_one_read_backward(tiny_
     ids = torch.randint(5, plain.config.vocab_size, (2, 11))
     out_p = plain(input_ids=ids, labels=ids)
     out_p.loss.backward()
-    import ftbench.lora_grads as lg
+    import ftbench.build.lora_grads as lg
 
     calls = []
     real = lg.reference_lora_b_grads
@@ -173,7 +173,7 @@ def test_the_knob_is_refused_where_nothing_acts_on_it_and_unsupported_on_a_cpu()
                                                                                    lora_b_one_read=True)))
     ok = Variant("c", fused_adapters=True, lora_b_one_read=True)
     assert knob_problems("causal_lm", ok) == []
-    from ftbench.harness import Unsupported
+    from ftbench.harness.meter import Unsupported
 
     with pytest.raises(Unsupported, match="Triton kernel on a CUDA GPU"):
         check_supported(ok, torch.device("cpu"))

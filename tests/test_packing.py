@@ -1,4 +1,4 @@
-"""Rows of a token budget (ftbench.packing, variant knob token_budget): sequences packed whole, one shape per step,
+"""Rows of a token budget (ftbench.data.packing, variant knob token_budget): sequences packed whole, one shape per step,
 real tokens counted without the padding, a fixed number of sequence slots for variable-length attention."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ftbench import attention, packing
-from ftbench.runners.causal_lm import batch_sequences
+from ftbench.build import attention
+from ftbench.data import packing
+from ftbench.run.runners.causal_lm import batch_sequences
 
 PAD = 0
 
@@ -98,8 +99,8 @@ def test_fixed_slots_give_one_bounds_shape_and_the_same_attention():
 
 
 def test_token_budget_needs_padding_free():
-    from ftbench.config import Variant
-    from ftbench.knobs import knob_problems
+    from ftbench.config.settings import Variant
+    from ftbench.core.knobs import knob_problems
 
     assert knob_problems("causal_lm", Variant("x", padding_free=True, attention="varlen", token_budget=4096)) == []
     assert "without padding_free" in knob_problems("causal_lm", Variant("x", token_budget=4096))[0]
@@ -110,9 +111,9 @@ def test_unsloth_trains_the_rows_of_a_token_budget_unpadded_through_its_own_loop
     """framework unsloth takes the frontier's rows (padding-free, a token budget): no row padding (its packed
     attention takes the rows' sequence lengths; a padded tail would be a sequence it is not told of), and not the
     knobs wired for PEFT's loop (TRL's fused head without metrics, host-side boundaries)."""
-    from ftbench.config import TrainSettings, Variant
-    from ftbench.knobs import knob_problems
-    from ftbench.runners.causal_lm import pad_multiple
+    from ftbench.config.settings import TrainSettings, Variant
+    from ftbench.core.knobs import knob_problems
+    from ftbench.run.runners.causal_lm import pad_multiple
 
     rows = dict(framework="unsloth", padding_free=True, token_budget=4096)
     assert knob_problems("causal_lm", Variant("x", **rows)) == []
@@ -129,7 +130,7 @@ def test_the_rows_reach_unsloth_only_with_each_sequences_length():
     collator adds, packed_seq_lengths); TRL's collator alone passes none, a wrong one other lengths: both raise."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from ftbench.packing import lengths_passed, pack_rows
+    from ftbench.data.packing import lengths_passed, pack_rows
 
     rows = pack_rows(_tokenized([30, 20, 12, 9, 5]), 32)
     trl = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)
@@ -154,7 +155,7 @@ def test_the_padded_and_packed_rows_of_one_batch_hold_the_same_real_tokens():
     it (real against computed tokens)."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from ftbench.runners.causal_lm import batch_sequences
+    from ftbench.run.runners.causal_lm import batch_sequences
 
     examples = [{"input_ids": list(range(5, 5 + n)), "completion_mask": [0] * (n // 2) + [1] * (n - n // 2)}
                 for n in (7, 30, 12, 3)]

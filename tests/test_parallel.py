@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftbench import config as ftc
-from ftbench.config import Variant
-from ftbench.knobs import knob_problems
+from ftbench.config import settings as ftc
+from ftbench.config.settings import Variant
+from ftbench.core.knobs import knob_problems
 from test_robustness import one_run_config, supervise_training
 
 
@@ -73,7 +73,7 @@ def test_a_rank_that_dies_after_its_record_keeps_the_measurement(tmp_path, tiny_
     sup = rec["extra"]["supervision"]
     assert sup["exit_code"] != 0 and "after writing its record" in rec["extra"]["teardown"]
     assert sup["log_tail"]
-    from ftbench.analysis import display_table, flatten
+    from ftbench.judge.analysis import display_table, flatten
     import polars as pl
 
     table = display_table(pl.DataFrame([flatten(rec)]))
@@ -128,7 +128,7 @@ def test_the_supervisor_finds_and_kills_processes_in_sessions_of_their_own():
     import sys
     import time
 
-    from ftbench.supervise import _family, _kill_left
+    from ftbench.run.supervise import _family, _kill_left
 
     code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], "
             "start_new_session=True); time.sleep(300)")
@@ -204,7 +204,7 @@ def test_one_bucket_data_parallel_reaches_the_trainer_and_rank_0_profiles_the_jo
 
     from test_robustness import ROOT
 
-    from ftbench.supervise import supervise
+    from ftbench.run.supervise import supervise
 
     knobs = {**DDP2, "ddp_bucket_mb": 512, "compile": "default", "compile_scope": "layers"}
     rec, log = ranked_run(tmp_path, tiny_qwen, instruction_data, "lora-ddp2-flat", knobs)
@@ -234,7 +234,7 @@ def test_balanced_ranks_deal_each_steps_rows_evenly_and_keep_the_steps_rows():
     excess attention work shrinks."""
     import random
 
-    from ftbench.parallel import BalancedRanks
+    from ftbench.build.parallel import BalancedRanks
 
     rnd = random.Random(0)
     costs = [sum(rnd.choice([64, 512, 2048]) ** 2 for _ in range(rnd.randint(1, 6))) for _ in range(209)]
@@ -270,7 +270,7 @@ def test_the_fused_head_loss_over_several_ranks_is_scaled_as_trl_scales_it():
     the one-GPU run's on the same rows, and the logged loss reads as a mean over this rank's tokens."""
     from types import SimpleNamespace
 
-    from ftbench.runners.causal_lm import fused_head_loss
+    from ftbench.run.runners.causal_lm import fused_head_loss
 
     log_probs = torch.tensor([[-1.0, -2.0, 0.0], [-3.0, 0.0, 0.0]])
     model = lambda **kw: SimpleNamespace(log_probs=log_probs, label_mask=log_probs != 0)  # noqa: E731
@@ -301,7 +301,7 @@ def test_two_launchers_rendezvous_into_one_job(tmp_path, tiny_qwen, instruction_
 
 
 def test_the_launch_plan_for_nodes_on_this_host_and_in_a_slurm_allocation(tmp_path, monkeypatch):
-    from ftbench import supervise
+    from ftbench.run import supervise
 
     job = tmp_path / "job.json"
     plain = supervise.launch_plan(4, 1, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"], job, {}, "r")
@@ -327,7 +327,7 @@ def test_records_of_injected_faults_are_left_out_of_runs_merged_from_elsewhere(t
     merged, only the measurements are read (the faults' records say `extra.fault_injected`)."""
     import shutil
 
-    from ftbench.analysis import read_runs
+    from ftbench.judge.analysis import read_runs
 
     lease = Path(__file__).resolve().parents[1] / "measurements/h100x4-2026-11-27-b"
     shutil.copytree(lease / "llm", tmp_path / "llm")
@@ -341,7 +341,7 @@ def test_the_rank_named_is_the_one_killed_not_the_one_torchrun_stopped():
     """torchrun's summary on four H100s (measurements/h100x4-2026-11-27-b/job-logs/bs4.log): rank 0, stopped by torchrun's
     own SIGTERM, among the failures; rank 1, killed by SIGKILL, the root cause. And on gloo ranks the survivor may
     exit with its own error first and be the summary's root cause: the killed rank is still the one named."""
-    from ftbench.supervise import first_failed_rank
+    from ftbench.run.supervise import first_failed_rank
 
     log = (Path(__file__).resolve().parents[1] / "measurements/h100x4-2026-11-27-b/job-logs/bs4.log").read_text()
     assert first_failed_rank(log) == (1, "killed by SIGKILL")

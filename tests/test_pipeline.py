@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from conftest import ROOT, snakemake
-from ftbench.config import expand_matrix
-from ftbench.profiling import SCHEDULE
-from ftbench.techniques import resolve_all
+from ftbench.config.settings import expand_matrix
+from ftbench.run.profiling import SCHEDULE
+from ftbench.config.techniques import resolve_all
 
 CONFIG = ROOT / "config/config.yaml"
 pytestmark = pytest.mark.e2e
@@ -141,7 +141,7 @@ def test_memory_logs_and_records_of_study_b(pipeline):
 
 def test_gpt_oss_on_packed_rows_with_its_sinks_trains_what_the_padded_eager_run_trains(pipeline):
     """gpt-oss (built in process, 4-bit, split experts) with `attention: varlen` (its sinks and sliding windows
-    through ftbench.attention.SinkAttention) against padded rows through transformers' eager attention: the same
+    through ftbench.build.attention.SinkAttention) against padded rows through transformers' eager attention: the same
     evaluation loss on the same sequences."""
     wd, _ = pipeline
     runs = wd / "results/runs/llm/gpt-oss-120b/tiny/japanese_alpaca"
@@ -422,8 +422,8 @@ def test_every_variant_a_page_shows_has_its_techniques_in_words_on_that_page(pip
     variant, one GPU, measured by) is on the same page with its techniques in words: in a legend (or a table of
     its own with that column), never "not in this config and no record of it"; a ladder's rung says what it adds to
     the rung it stands on."""
-    from ftbench.analysis import NOT_A_VARIANT, VARIANT_COLUMNS
-    from ftbench.config import all_variants
+    from ftbench.judge.analysis import NOT_A_VARIANT, VARIANT_COLUMNS
+    from ftbench.config.settings import all_variants
 
     wd, _ = pipeline
     pages = sorted((wd / "results").rglob("*.html"))

@@ -2,9 +2,9 @@
 
 import pytest
 
-from ftbench.analysis import kernel_time
-from ftbench.kernels import attention_backend, is_fp8_work
-from ftbench.profiling import summarize_trace
+from ftbench.judge.analysis import kernel_time
+from ftbench.harness.kernels import attention_backend, is_fp8_work
+from ftbench.run.profiling import summarize_trace
 
 
 def test_busy_idle_and_gaps_from_a_known_trace():
@@ -106,8 +106,8 @@ def test_a_config_can_profile_fewer_steps():
     """`training.profile_active_steps` (bench/study_b_full.yaml: 1) shortens the profiler's active window; the
     default keeps SCHEDULE's."""
     from conftest import ROOT
-    from ftbench.config import RunSpec, load_yaml, train_settings
-    from ftbench.profiling import SCHEDULE, schedule
+    from ftbench.config.settings import RunSpec, load_yaml, train_settings
+    from ftbench.run.profiling import SCHEDULE, schedule
 
     assert schedule(None) == SCHEDULE and schedule(1) == {**SCHEDULE, "active": 1}
     cfg = load_yaml(ROOT / "config/config.yaml")
@@ -121,7 +121,7 @@ def test_a_config_can_profile_fewer_steps():
 def test_top_operators_sum_kernel_time_on_a_gpu_and_self_time_on_a_host():
     """With kernels in the trace: kernels by summed device time, shares of all device time. Without: host operators
     by self time, nested ones subtracted from their caller thread by thread."""
-    from ftbench.profiling import top_operators
+    from ftbench.run.profiling import top_operators
 
     gpu = [{"name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": 500},
            {"name": "gemm", "cat": "kernel", "ts": 10, "dur": 300},
@@ -150,7 +150,7 @@ def test_a_profile_is_summarized_from_the_profilers_results_in_memory(tmp_path):
 
     import torch
 
-    from ftbench.profiling import make_profiler, trace_events
+    from ftbench.run.profiling import make_profiler, trace_events
 
     summary = tmp_path / "summary.trace.json"
     prof = make_profiler(torch.device("cpu"), str(tmp_path / "trace.json.gz"), str(summary),
@@ -175,7 +175,7 @@ def test_sync_watch_counts_sync_warnings_by_site_over_the_watched_steps(monkeypa
     import types
     import warnings
 
-    from ftbench.profiling import SYNC_DEBUG_ENV, SYNC_WARNING, SyncWatch
+    from ftbench.run.profiling import SYNC_DEBUG_ENV, SYNC_WARNING, SyncWatch
 
     cpu, cuda = types.SimpleNamespace(type="cpu"), types.SimpleNamespace(type="cuda")
     monkeypatch.setenv(SYNC_DEBUG_ENV, "1")

@@ -7,9 +7,9 @@ import polars as pl
 import pytest
 import torch
 
-from ftbench import quality, quality_page
-from ftbench.data import held_out_module, python_docs, python_docs_split
-from ftbench.models import materialize_gguf
+from ftbench.judge import quality, quality_page
+from ftbench.data.datasets import held_out_module, python_docs, python_docs_split
+from ftbench.build.models import materialize_gguf
 from conftest import ROOT
 
 ROOT_CONFIG = ROOT / "config/config.yaml"
@@ -273,7 +273,7 @@ def test_a_variant_of_the_baselines_knobs_under_another_seed_is_one_of_its_seeds
                                  {**KNOBS, "lora-s3": {"peft": "lora", "seed": 3}})
     assert fams["lora"] == fams["lora-s1"] == fams["lora-s3"] == ("baseline",)
     assert fams["packed"] == fams["packed-s1"] != ("baseline",)
-    from ftbench.techniques import lineage
+    from ftbench.config.techniques import lineage
     pool = {"a": {}, "b": {"base": "a"}, "c": {"base": "b", "adds": []}}
     assert lineage("c", pool) == ["c", "b", "a"] and lineage("a", pool) == ["a"]
 
@@ -295,7 +295,7 @@ def char_tokenizer():
 def test_the_held_out_split_scores_the_answer_not_the_prompt_or_the_template():
     """An instruction is scored on its answer and the end of its turn; a plain text on its own words (body and
     title), never the chat template's role markers between them; the token ids are the trainer's own tokenization."""
-    from ftbench.heldout import scored_labels
+    from ftbench.data.heldout import scored_labels
 
     tok = char_tokenizer()
     chat = [{"role": "user", "content": "Write it."}, {"role": "assistant", "content": "Done."}]
@@ -315,11 +315,11 @@ def test_an_fp8_trained_adapter_is_scored_on_the_bf16_base(tiny_qwen):
 
     from transformers import AutoModelForCausalLM
 
-    from ftbench.config import Variant
-    from ftbench.fp8 import DECODER_PATTERN, convert_static
-    from ftbench.heldout import ServedTwin
-    from ftbench.runners.served import served_variant
-    from ftbench.variants import apply_lora
+    from ftbench.config.settings import Variant
+    from ftbench.build.fp8 import DECODER_PATTERN, convert_static
+    from ftbench.data.heldout import ServedTwin
+    from ftbench.run.runners.served import served_variant
+    from ftbench.build.variants import apply_lora
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.bfloat16)
@@ -352,7 +352,7 @@ def test_an_fp8_trained_adapter_is_scored_on_the_bf16_base(tiny_qwen):
 def test_the_quality_seeds_run_every_technique_that_changes_the_numbers():
     """quality.seeds [1, 2]: lora and a compiled rung run as NAME, NAME-s1, NAME-s2; a rung adding only pinned memory
     to one in the same matrix runs once (judged by its bit-identity), one whose base is absent runs every seed."""
-    from ftbench.config import expand_seeds
+    from ftbench.config.settings import expand_seeds
 
     config = {"seed": 42, "variants": {"lora": {"peft": "lora"}, "comp": {"base": "lora", "compile": "default"},
                                        "comp-pinned": {"base": "comp", "adds": ["pinned"]},
@@ -384,7 +384,7 @@ def test_a_longer_arm_reads_tokens_to_quality_past_the_baselines_tokens():
 
 
 def test_a_longer_arm_trains_more_steps_on_the_same_schedule_shape():
-    from ftbench.config import RunSpec, load_yaml, train_settings
+    from ftbench.config.settings import RunSpec, load_yaml, train_settings
 
     config = load_yaml(ROOT_CONFIG)
     config["studies"]["quality"]["variants"]["lora-long"] = {"base": "lora", "adds": ["longer-1.5x"]}

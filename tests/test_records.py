@@ -7,8 +7,8 @@ import jsonschema
 import pytest
 
 from conftest import ROOT
-from ftbench.analysis import aggregate, read_runs
-from ftbench.records import RECORD_TEMPLATE, RecordError, read_record
+from ftbench.judge.analysis import aggregate, read_runs
+from ftbench.core.records import RECORD_TEMPLATE, RecordError, read_record
 
 SCHEMA = json.loads((ROOT / "config/schema/metrics.schema.json").read_text())
 H100 = ROOT / "measurements/h100-2026-11-22"
@@ -89,7 +89,7 @@ def test_tokens_noise_comes_from_the_windows_real_tokens_and_is_derived_for_olde
     """Rows of a token budget hold 2 to 9 sequences of ~4,096 tokens, so windows' samples/s vary where their
     tokens/s do not: a tokens/s figure gets the CV of the windows' tokens/s. Records written before windows
     counted tokens get it from the steps they logged (H100, 2026-11-25: lora-tb, 3 windows of 54-55 steps)."""
-    from ftbench.records import tokens_cv, windows_from_steps
+    from ftbench.core.records import tokens_cv, windows_from_steps
 
     run = ROOT / "measurements/h100-2026-11-25-b/llm/qwen3-8b/full/wikipedia_ja/lora-tb/bs1"
     rec = read_record(run / "metrics.json")

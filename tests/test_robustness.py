@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, snakemake
-from ftbench import config as ftc
-from ftbench.supervise import supervise
+from ftbench.config import settings as ftc
+from ftbench.run.supervise import supervise
 
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 SPEC = ftc.RunSpec("llm", "qwen3-8b", "tiny", "japanese_alpaca", "lora", 2)
@@ -72,8 +72,8 @@ def test_a_hung_run_past_its_time_limit_is_a_timeout_record(tmp_path, tiny_qwen,
 
 
 def test_a_killed_runs_step_times_are_told_around_the_steps_left_out(tmp_path, monkeypatch):
-    from ftbench.harness import Progress
-    from ftbench.supervise import _host_steps
+    from ftbench.harness.meter import Progress
+    from ftbench.run.supervise import _host_steps
 
     monkeypatch.setenv("FTBENCH_PROGRESS", str(tmp_path / "progress.json"))
     progress = Progress()
@@ -101,7 +101,7 @@ def test_a_run_over_its_host_memory_budget_is_killed_and_recorded(tmp_path, tiny
 def test_a_variants_expandable_segments_reach_its_training_process_and_its_record(tmp_path, tiny_qwen,
                                                                                   instruction_data, launcher,
                                                                                   monkeypatch):
-    from ftbench.config import run_alloc_conf
+    from ftbench.config.settings import run_alloc_conf
 
     monkeypatch.setenv("FTBENCH_FORK_SERVER", "1" if launcher == "fork server" else "0")
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")  # the user's own setting is kept
@@ -220,7 +220,7 @@ def test_a_killed_generate_job_leaves_answers_that_say_so(tmp_path, tiny_qwen):
 
 def test_a_bad_gguf_source_is_refused_before_any_job_in_one_line(tmp_path):
     """Issue 79: each careless GGUF source is a config error naming the key and the fault, before any job."""
-    from ftbench.config import ConfigError, check_gguf_source
+    from ftbench.config.settings import ConfigError, check_gguf_source
 
     text = tmp_path / "model.gguf"
     text.write_text("not a model")
@@ -241,7 +241,7 @@ def test_a_parquet_dataset_short_of_rows_is_refused_naming_the_file(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ftbench.config import ConfigError, check_dataset_source
+    from ftbench.config.settings import ConfigError, check_dataset_source
 
     path = tmp_path / "data.parquet"
     pq.write_table(pa.table({"instruction": pa.array([], pa.string()), "output": pa.array([], pa.string())}), path)
@@ -252,7 +252,7 @@ def test_a_parquet_dataset_short_of_rows_is_refused_naming_the_file(tmp_path):
 def test_a_gguf_file_that_does_not_load_is_named_in_the_manifest_its_records_read(tmp_path):
     """A GGUF file cut short, or one that is not GGUF, ends its materialize job with a manifest whose reason names the
     file and the fault (the training jobs on it record that reason, and the matrix goes on)."""
-    from ftbench.models import gguf_fault, materialize
+    from ftbench.build.models import gguf_fault, materialize
 
     good = tmp_path / "good.gguf"
     write_tiny_gguf_file(good)
@@ -284,7 +284,7 @@ def write_tiny_gguf_file(path, undequantizable: bool = False):
 def test_a_merged_folder_with_a_record_of_an_unknown_schema_is_refused_before_any_job(tmp_path):
     import json
 
-    from ftbench.config import ConfigError, merge_sources
+    from ftbench.config.settings import ConfigError, merge_sources
 
     folder = tmp_path / "lease" / "runs" / "x"
     folder.mkdir(parents=True)
@@ -299,8 +299,8 @@ def test_a_merged_folder_with_a_record_of_an_unknown_schema_is_refused_before_an
 def test_a_python_docs_dataset_asking_for_more_rows_than_this_python_has_is_refused(tmp_path, monkeypatch):
     """The standard library's docstrings are counted once per Python (cached): more held-out rows than its held-out
     modules hold is a config error naming the key and both numbers, before any job."""
-    from ftbench.config import ConfigError, check_dataset_source
-    from ftbench.stdlib_text import python_docs_counts
+    from ftbench.config.settings import ConfigError, check_dataset_source
+    from ftbench.core.stdlib_text import python_docs_counts
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     have = python_docs_counts("wikipedia")

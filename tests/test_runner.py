@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import LORA
-from ftbench.config import MeasureSettings, RunSpec, TrainSettings, Variant
-from ftbench.execute import RunContext, execute
+from ftbench.config.settings import MeasureSettings, RunSpec, TrainSettings, Variant
+from ftbench.run.execute import RunContext, execute
 
 
 def run(tmp_path, manifest, data, variant, batch_size=2, max_steps=5, **host):
@@ -97,7 +97,7 @@ def test_the_trainer_compiles_the_whole_model_only_for_model_scope():
     passes neither (its blocks are compiled in place), or the trainer would compile the whole model on top."""
     from transformers import TrainingArguments
 
-    from ftbench.runners.causal_lm import trainer_compile_args
+    from ftbench.run.runners.causal_lm import trainer_compile_args
 
     layers = trainer_compile_args(Variant("l", compile="default", compile_scope="layers"))
     assert layers == {} and not TrainingArguments(output_dir=".", use_cpu=True, **layers).torch_compile
@@ -129,7 +129,7 @@ def test_a_broken_model_is_an_error_record_not_a_crash(tmp_path, tiny_qwen, inst
 def test_padding_free_batches_count_each_packed_sequence():
     import torch
 
-    from ftbench.runners.causal_lm import batch_sequences
+    from ftbench.run.runners.causal_lm import batch_sequences
 
     ids = torch.zeros(1, 9, dtype=torch.long)
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
@@ -160,9 +160,9 @@ def test_a_padding_free_row_padded_to_a_multiple_counts_only_its_samples(tmp_pat
 def test_causal_lm_shape_policy_and_attention_backend_knobs():
     import torch
 
-    from ftbench.harness import Unsupported
-    from ftbench.runners.causal_lm import pad_multiple
-    from ftbench.variants import attention_backend, check_supported
+    from ftbench.harness.meter import Unsupported
+    from ftbench.run.runners.causal_lm import pad_multiple
+    from ftbench.build.variants import attention_backend, check_supported
 
     s = TrainSettings(bucket_multiple=64, fixed_length=2048)
     assert pad_multiple(Variant("lora"), s) is None  # dynamic padding
@@ -184,9 +184,9 @@ def test_causal_lm_shape_policy_and_attention_backend_knobs():
 @pytest.mark.parametrize("precision, weights, gemm", [("bf16", "bf16", "bf16"), ("fp32", "fp32", "fp32")])
 def test_diffusion_trains_in_the_precision_it_records(tmp_path, precision, weights, gemm):
     """A bf16 diffusion variant trains in bf16 (weights and autocast), never silently in fp32."""
-    from ftbench.architectures import load_architecture
-    from ftbench.data import prepare_dataset
-    from ftbench.models import materialize_model
+    from ftbench.config.architectures import load_architecture
+    from ftbench.data.datasets import prepare_dataset
+    from ftbench.build.models import materialize_model
 
     from conftest import ROOT
 
@@ -214,7 +214,7 @@ def test_padding_free_batches_compute_the_same_loss_as_padded_ones(tiny_qwen):
     from transformers import AutoModelForCausalLM
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    from ftbench.runners.causal_lm import document_mask
+    from ftbench.run.runners.causal_lm import document_mask
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.float32, attn_implementation="sdpa")
@@ -269,10 +269,10 @@ def test_regional_compile_shares_one_graph_across_layers(tmp_path):
     from transformers import LlavaNextForConditionalGeneration
 
     from conftest import ROOT
-    from ftbench.architectures import load_architecture
-    from ftbench.harness import compiled_graphs
-    from ftbench.models import materialize_model
-    from ftbench.variants import compile_model, repeated_blocks
+    from ftbench.config.architectures import load_architecture
+    from ftbench.harness.meter import compiled_graphs
+    from ftbench.build.models import materialize_model
+    from ftbench.build.variants import compile_model, repeated_blocks
 
     manifest = materialize_model(load_architecture(ROOT / "config/architectures/llava-v1.6-mistral-7b.yaml", "tiny"),
                                  "random", tmp_path, 0)
@@ -290,7 +290,7 @@ def test_regional_compile_shares_one_graph_across_layers(tmp_path):
     assert compiled_graphs() - before == 1  # one graph for all decoder layers
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
     # the modes whose graphs run as CUDA graphs (a loop marks each step's start for them): Inductor's, not a backend's
-    from ftbench.variants import cuda_graphs
+    from ftbench.build.variants import cuda_graphs
 
     assert [cuda_graphs(Variant("x", compile=m)) for m in (None, "default", "reduce-overhead", "max-autotune")] == [
         False, False, True, True]
@@ -318,7 +318,7 @@ def test_causal_lm_compiles_its_decoder_layers_regionally(tmp_path, tiny_qwen, i
 def test_cpu_parallel_jobs_compute_on_the_threads_the_snakefile_sets(monkeypatch):
     import torch
 
-    from ftbench.execute import host_sharing as cpu_threads
+    from ftbench.run.execute import host_sharing as cpu_threads
 
     before = torch.get_num_threads()
     try:
@@ -351,8 +351,8 @@ def test_varlen_attention_computes_the_masked_loss_without_a_mask(tiny_qwen):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ftbench.attention import NAME, sequence_bounds, step_kwargs, use_varlen
-    from ftbench.runners.causal_lm import document_mask
+    from ftbench.build.attention import NAME, sequence_bounds, step_kwargs, use_varlen
+    from ftbench.run.runners.causal_lm import document_mask
 
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.float32, attn_implementation="sdpa")
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # grouped-query attention covered
@@ -381,7 +381,7 @@ def test_varlen_attention_passes_what_the_flash_kernel_expects(monkeypatch):
     same signature): packed layout, causal window, grouped-query heads, scale, the constant length bound."""
     import torch
 
-    from ftbench import attention
+    from ftbench.build import attention
 
     calls = []
 
@@ -414,9 +414,9 @@ def test_lmm_causal_attention_drops_the_padding_mask_with_the_same_loss(tmp_path
     from transformers import AutoProcessor, LlavaNextForConditionalGeneration
 
     from conftest import ROOT
-    from ftbench.architectures import load_architecture
-    from ftbench.models import materialize_model
-    from ftbench.runners.lmm import Collator, model_inputs
+    from ftbench.config.architectures import load_architecture
+    from ftbench.build.models import materialize_model
+    from ftbench.run.runners.lmm import Collator, model_inputs
 
     manifest = materialize_model(load_architecture(ROOT / "config/architectures/llava-v1.6-mistral-7b.yaml", "tiny"),
                                  "random", tmp_path, 0)
@@ -439,7 +439,7 @@ def test_lmm_causal_attention_drops_the_padding_mask_with_the_same_loss(tmp_path
 
 
 def test_attention_knob_is_honoured_only_where_its_runner_acts_on_it():
-    from ftbench.knobs import knob_problems
+    from ftbench.core.knobs import knob_problems
 
     assert knob_problems("causal_lm", Variant("x", padding_free=True, attention="varlen")) == []
     assert "without padding_free" in knob_problems("causal_lm", Variant("x", attention="varlen"))[0]
@@ -459,7 +459,7 @@ def test_attention_knob_is_honoured_only_where_its_runner_acts_on_it():
 def test_the_garbage_collectors_pauses_are_timed_per_step_and_freezing_leaves_nothing_frozen():
     import gc
 
-    from ftbench.harness import Meter
+    from ftbench.harness.meter import Meter
 
     meter = Meter(torch.device("cpu"), MeasureSettings(warmup_steps=1, steps=2, repeats=1), gc_freeze=True)
     garbage = [[i] for i in range(10**5)]  # objects alive before training starts: frozen by start()
@@ -483,8 +483,8 @@ def test_the_garbage_collectors_pauses_are_timed_per_step_and_freezing_leaves_no
 def test_gpt_oss_trains_with_grouped_experts_no_step_sync_and_a_frozen_gc(tmp_path, instruction_data):
     """qlora-gc-pf-grouped-async as a CPU can run it (pinned memory needs a CUDA GPU): the grouped experts, the
     loader's host-side varlen bounds, no per-step metrics, fused AdamW's arithmetic, the model's objects frozen."""
-    from ftbench.architectures import load_architecture
-    from ftbench.models import materialize_model
+    from ftbench.config.architectures import load_architecture
+    from ftbench.build.models import materialize_model
 
     arch = load_architecture(Path(__file__).parents[1] / "config/architectures/gpt-oss-120b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path / "model", 42)
@@ -540,8 +540,8 @@ def test_unsloth_adapts_a_mixture_of_experts_attention_only_unless_the_variant_a
     them; a dense model keeps all seven."""
     from types import SimpleNamespace
 
-    from ftbench.knobs import knob_problems
-    from ftbench.runners.causal_lm import unsloth_targets
+    from ftbench.core.knobs import knob_problems
+    from ftbench.run.runners.causal_lm import unsloth_targets
 
     seven = {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
     moe, dense = SimpleNamespace(num_local_experts=128), SimpleNamespace(hidden_size=8)

@@ -1,4 +1,4 @@
-"""FSDP2 built the torchtitan way (ftbench.parallel), on two gloo ranks of a CPU: the sharded build of a tiny model,
+"""FSDP2 built the torchtitan way (ftbench.build.parallel), on two gloo ranks of a CPU: the sharded build of a tiny model,
 gathered, holds exactly the one-process build's weights (in process and from a checkpoint); each rank holds only its
 rows; an adapter trained and saved from the two ranks loads in PEFT on one process and equals the gathered LoRA; QLoRA
 under FSDP2 (4-bit weights quantized whole, their bf16-viewed bytes sharded) computes what one process computes."""
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftbench.architectures import load_architecture
-from ftbench.build import build_model
-from ftbench.config import Variant
-from ftbench.models import materialize_model
-from ftbench.variants import apply_lora, load_pretrained, quantization_config
+from ftbench.config.architectures import load_architecture
+from ftbench.build.stages import build_model
+from ftbench.config.settings import Variant
+from ftbench.build.models import materialize_model
+from ftbench.build.variants import apply_lora, load_pretrained, quantization_config
 
 ROOT = Path(__file__).resolve().parents[1]
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
@@ -49,7 +49,7 @@ def sharded(tmp_path_factory):
 def one_process(manifest):
     from transformers import AutoModelForCausalLM
 
-    from ftbench.parallel import seed_adapters
+    from ftbench.build.parallel import seed_adapters
 
     if manifest["build"] == "in_process":
         model, _ = build_model(manifest, 42, "cpu")
@@ -104,7 +104,7 @@ def test_an_adapter_saved_from_two_ranks_loads_in_peft_and_equals_the_gathered_l
 
 
 def test_fsdp2_is_checked_before_any_job():
-    from ftbench.knobs import knob_problems
+    from ftbench.core.knobs import knob_problems
 
     assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="fsdp2")) == []
     assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp", precision="fp8", fp8_backend="torchao")) == []
@@ -139,7 +139,7 @@ def test_qlora_under_fsdp2_equals_the_one_process_4bit_build_bit_for_bit(tmp_pat
     model."""
     from peft import PeftModel
 
-    from ftbench.parallel import _no_cpu_repack, adapters_as_trl_casts, seed_adapters
+    from ftbench.build.parallel import _no_cpu_repack, adapters_as_trl_casts, seed_adapters
 
     arch = load_architecture(ROOT / "config/architectures/qwen3-8b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path / "p", 42, build="in_process")

@@ -49,7 +49,7 @@ def test_the_tiny_default_trains_through_slurm(tmp_path, monkeypatch):
 
 _LAUNCH = """
 import json, sys
-from ftbench.supervise import supervise
+from ftbench.run.supervise import supervise
 a = json.load(open(sys.argv[1]))
 rec = supervise("train", a["params"], a["paths"], a["log"])
 print("record:", rec["status"], rec["reason"])
@@ -66,7 +66,7 @@ def test_a_job_of_two_launchers_starts_them_with_srun_and_meets_at_slurms_first_
     import subprocess
     import sys
 
-    from ftbench import config as ftc
+    from ftbench.config import settings as ftc
     from test_robustness import one_run_config
 
     cfg = one_run_config(measure={"warmup_steps": 2, "steps": 3, "min_seconds": 0.5, "repeats": 2})

@@ -1,11 +1,11 @@
-"""Records name the code that ran (ftbench.source): a digest of the shaping files computed from the files, and
+"""Records name the code that ran (ftbench.harness.source): a digest of the shaping files computed from the files, and
 whether they are the commit's."""
 
 import shutil
 import subprocess
 
 from conftest import ROOT
-from ftbench.source import SHAPING, code_identity, short_code
+from ftbench.harness.source import SHAPING, code_identity, short_code
 
 
 def _copy(tmp_path):
@@ -41,8 +41,8 @@ def test_the_digest_follows_the_source_files_not_the_results(tmp_path):
     changed = code_identity(repo)
     assert changed["source_digest"] != clean["source_digest"]
     assert changed["commit_source_digest"] == clean["commit_source_digest"] and changed["git_commit"] == clean["git_commit"]
-    assert changed["source_matches_commit"] is False and changed["source_changed_files"] == ["src/ftbench/harness.py"]
-    assert "1 file(s) differ: src/ftbench/harness.py" in changed["source_note"]
+    assert changed["source_matches_commit"] is False and changed["source_changed_files"] == ["src/ftbench/harness/meter.py"]
+    assert "1 file(s) differ: src/ftbench/harness/meter.py" in changed["source_note"]
     assert short_code(changed).endswith(f"+ 1 changed (files {changed['source_digest']})")
 
 

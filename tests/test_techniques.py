@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from conftest import ROOT
-from ftbench import config as ftc
-from ftbench.knobs import DEFAULTS, Variant
-from ftbench.techniques import TECHNIQUES, adds_words, legend, resolve, resolve_all, words
+from ftbench.config import settings as ftc
+from ftbench.core.knobs import DEFAULTS, Variant
+from ftbench.config.techniques import TECHNIQUES, adds_words, legend, resolve, resolve_all, words
 
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
 SCHEMA = yaml.safe_load((ROOT / "config/schema/config.schema.yaml").read_text())
@@ -79,17 +79,17 @@ def test_a_legend_says_a_variant_no_longer_in_config_from_its_record():
 
 
 def test_the_docs_page_of_techniques_is_generated_from_the_list_and_current():
-    from ftbench.techniques import techniques_page
+    from ftbench.config.techniques import techniques_page
 
     assert (ROOT / "docs/techniques.md").read_text() == techniques_page(DEFAULT["variants"]), (
-        "docs/techniques.md is stale: python -m ftbench.techniques > docs/techniques.md")
+        "docs/techniques.md is stale: python -m ftbench.config.techniques > docs/techniques.md")
 
 
 def test_display_names_are_short_words_that_tell_every_variant_of_a_page_apart():
     """Issue 80: a variant's name in words, made from its techniques' short words: what it is, then up to three
     techniques (a peer first, then what a rung adds to the rung it stands on), then how many more; GPUs and other
     valued knobs said; on one page no two variants read alike."""
-    from ftbench.techniques import display_name, display_names, peer
+    from ftbench.config.techniques import display_name, display_names, peer
 
     assert all(t.short for t in TECHNIQUES.values())  # every technique has its short words
     assert display_name({"peft": "lora"}) == "LoRA, bf16"

@@ -1,4 +1,4 @@
-"""A verdict per published cell (ftbench.verdicts, through the coverage table): the published value is read from
+"""A verdict per published cell (ftbench.judge.verdicts, through the coverage table): the published value is read from
 config/published/, a record inside it, outside it and within its noise gets holds / differs / holds; a timeout and
 a stand-in never hold; a cell that differs names the run's own evidence; the front page's counts are the table's."""
 
@@ -11,9 +11,9 @@ from conftest import ROOT
 from test_analysis import H100, record
 from test_coverage import lmm
 
-from ftbench.analysis import flatten
-from ftbench.coverage import coverage_html, coverage_rows, summary
-from ftbench.verdicts import VERDICTS, evidence, judge, published_range, step_balance
+from ftbench.judge.analysis import flatten
+from ftbench.judge.coverage import coverage_html, coverage_rows, summary
+from ftbench.judge.verdicts import VERDICTS, evidence, judge, published_range, step_balance
 
 STUDY_A = yaml.safe_load((ROOT / "config" / "published" / "study_a.yaml").read_text())
 STUDY_C = yaml.safe_load((ROOT / "config" / "published" / "study_c.yaml").read_text())

@@ -2,7 +2,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.analysis import aggregate, display_table, to_html  # noqa: E402
+from ftbench.judge.analysis import aggregate, display_table, to_html  # noqa: E402
 
 df, replaced = aggregate(snakemake.input.metrics, snakemake.input.extra, study=snakemake.wildcards.study,
                          profiles=snakemake.input.profiles, with_replaced=True)

@@ -4,8 +4,8 @@ sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 import polars as pl  # noqa: E402
 
-from ftbench.compare import comparison_page, read_quality  # noqa: E402
-from ftbench.config import load_yaml  # noqa: E402
+from ftbench.judge.compare import comparison_page, read_quality  # noqa: E402
+from ftbench.config.settings import load_yaml  # noqa: E402
 
 published = load_yaml(snakemake.input.published[0]) if snakemake.input.published else {}
 html = comparison_page(pl.read_parquet(snakemake.input.runs), f"{snakemake.params.title}: comparisons",

@@ -6,11 +6,11 @@ from pathlib import Path  # noqa: E402
 
 import polars as pl  # noqa: E402
 
-from ftbench.analysis import aggregate, html_page, read_runs  # noqa: E402
-from ftbench.compare import headline, read_quality  # noqa: E402
-from ftbench.config import load_yaml  # noqa: E402
-from ftbench.coverage import coverage_html, coverage_rows, front_html, merged_records, provenance_line  # noqa: E402
-from ftbench.coverage import shipped_records  # noqa: E402
+from ftbench.judge.analysis import aggregate, html_page, read_runs  # noqa: E402
+from ftbench.judge.compare import headline, read_quality  # noqa: E402
+from ftbench.config.settings import load_yaml  # noqa: E402
+from ftbench.judge.coverage import coverage_html, coverage_rows, front_html, merged_records, provenance_line  # noqa: E402
+from ftbench.judge.coverage import shipped_records  # noqa: E402
 
 published = {Path(p).name: load_yaml(p) for p in snakemake.input.published}  # the rule's inputs, by file name
 tables = [{**t, "published": published[Path(t["published"]).name]} for t in snakemake.params.tables]

@@ -4,8 +4,8 @@ sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 import polars as pl  # noqa: E402
 
-from ftbench.analysis import peak_memory  # noqa: E402
-from ftbench.figures import metric_vs_batch, save_svg  # noqa: E402
+from ftbench.judge.analysis import peak_memory  # noqa: E402
+from ftbench.judge.figures import metric_vs_batch, save_svg  # noqa: E402
 
 df = pl.read_parquet(snakemake.input.runs)
 # device memory where a GPU ran, the host's peak RSS on a CPU (each machine has its own row of panels)

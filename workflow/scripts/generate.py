@@ -2,8 +2,8 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.config import variant_knobs  # noqa: E402
-from ftbench.supervise import supervise  # noqa: E402
+from ftbench.config.settings import variant_knobs  # noqa: E402
+from ftbench.run.supervise import supervise  # noqa: E402
 
 # generation runs in a child process: a crash or a hang past its time limit leaves answers that say so
 w = snakemake.wildcards

@@ -2,7 +2,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.supervise import supervise  # noqa: E402
+from ftbench.run.supervise import supervise  # noqa: E402
 
 # materialization runs in a child process: a crash leaves a manifest that says so (its training jobs then
 # record an error naming it) and the matrix goes on

@@ -3,7 +3,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.data import prepare_dataset  # noqa: E402
+from ftbench.data.datasets import prepare_dataset  # noqa: E402
 
 summary = prepare_dataset(dict(snakemake.params.dataset, name=snakemake.wildcards.dataset), snakemake.params.seed, snakemake.output.train,
                           snakemake.output.eval)

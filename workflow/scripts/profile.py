@@ -2,7 +2,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.supervise import supervise  # noqa: E402
+from ftbench.run.supervise import supervise  # noqa: E402
 
 i, o = snakemake.input, snakemake.output
 summary = supervise("profile", snakemake.params.run,

@@ -7,9 +7,9 @@ from pathlib import Path  # noqa: E402
 
 import polars as pl  # noqa: E402
 
-from ftbench import quality, quality_page  # noqa: E402
-from ftbench.analysis import aggregate, html_page, read_runs  # noqa: E402
-from ftbench.techniques import display_names, peer  # noqa: E402
+from ftbench.judge import quality, quality_page  # noqa: E402
+from ftbench.judge.analysis import aggregate, html_page, read_runs  # noqa: E402
+from ftbench.config.techniques import display_names, peer  # noqa: E402
 
 p = snakemake.params
 shipped = [read_runs(f) for f in snakemake.input.shipped]  # each measurements/ folder read once

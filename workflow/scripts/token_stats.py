@@ -4,8 +4,8 @@ import traceback
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.execute import read_manifest  # noqa: E402
-from ftbench.tokens import token_stats  # noqa: E402
+from ftbench.run.execute import read_manifest  # noqa: E402
+from ftbench.data.tokens import token_stats  # noqa: E402
 
 manifest = read_manifest(snakemake.input.model)
 ident = dict(dataset=snakemake.wildcards.dataset, model=snakemake.wildcards.model, scale=manifest["scale"],

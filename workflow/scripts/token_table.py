@@ -2,9 +2,9 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.analysis import token_table_html  # noqa: E402
-from ftbench.figures import save_svg, token_histogram  # noqa: E402
-from ftbench.tokens import load_stats, token_rows  # noqa: E402
+from ftbench.judge.analysis import token_table_html  # noqa: E402
+from ftbench.judge.figures import save_svg, token_histogram  # noqa: E402
+from ftbench.data.tokens import load_stats, token_rows  # noqa: E402
 
 stats = load_stats(snakemake.input)
 with open(snakemake.output.html, "w") as f:

@@ -2,7 +2,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from ftbench.supervise import supervise  # noqa: E402
+from ftbench.run.supervise import supervise  # noqa: E402
 
 # the training runs in a child process: a crash, a hang past the time limit or a host-memory blow-up is a record
 i, o = snakemake.input, snakemake.output

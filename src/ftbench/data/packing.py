@@ -1,0 +1,71 @@
+"""Rows of a token budget (variant knob `token_budget`, causal LM, padding-free): every step has one shape.
+
+A padding-free batch is one row whose length is whatever its sequences add up to, so each step has a new shape
+(nothing can be captured in a CUDA graph, and compiled code sees a new size every step). Here the tokenized
+sequences, each already truncated to `max_seq_length`, are packed whole into rows of at most `budget` tokens by
+TRL's best-fit-decreasing packer (`trl.data_utils.pack_dataset`, strategy "bfd"): a sequence that would straddle
+a row is never split; it goes to the row with the least room that still holds it, or starts a new one. A batch of
+B rows is then one row of B x budget tokens: the collator pads its tail with pad tokens (position 0, no labels),
+which are computed but not counted as samples or real tokens (ftbench.run.runners.causal_lm.batch_sequences), and
+variable-length attention passes a fixed number of sequence slots (ftbench.build.attention.sequence_bounds).
+Packing reorders the sequences (longest first within the packer's bins), so a packed rung's first steps hold other
+samples than rung 0's; its loss is compared on the evaluation set, which every rung sees whole.
+Unsloth (framework unsloth) trains the same rows unpadded through its own packed attention: its SFTTrainer wraps the
+padding-free collator to pass each sequence's length from the rows' `seq_lengths` (`lengths_passed` checks it did).
+"""
+
+from __future__ import annotations
+
+MIN_SEQUENCE = 64  # slots per row: room for sequences this short on average before a row needs more slots
+
+
+def pack_rows(ds, budget: int):
+    """The dataset packed into rows of at most `budget` tokens, sequences whole (`seq_lengths` per row); only its
+    per-token columns travel (input_ids, labels, masks: lists of scalars), not the chat messages they came from."""
+    import datasets
+    from trl.data_utils import pack_dataset
+
+    per_token = [c for c, f in ds.features.items()
+                 if isinstance(f, (datasets.List, datasets.Sequence)) and isinstance(f.feature, datasets.Value)]
+    ds = ds.select_columns(per_token)
+    longest = max((len(x) for x in ds["input_ids"]), default=0)
+    if longest > budget:
+        raise ValueError(f"token_budget {budget} is shorter than a sequence ({longest} tokens): sequences are packed "
+                         "whole, so the budget must hold the longest (training.max_seq_length truncates them)")
+    return pack_dataset(ds, budget, strategy="bfd")
+
+
+def attention_cost(seq_lengths) -> int:
+    """A packed row's attention work, up to a constant: each sequence attends within itself (causal, variable
+    length), so its cost grows with its length squared. Rows of one budget differ in this alone (their GEMMs see
+    the same number of tokens)."""
+    return sum(int(n) ** 2 for n in seq_lengths)
+
+
+def row_tokens(batch_size: int, budget: int) -> int:
+    """The tokens of every step's row: B rows of `budget` tokens."""
+    return batch_size * budget
+
+
+def bound_slots(batch_size: int, budget: int, max_length: int) -> int:
+    """The sequence slots of a step's row: its real sequences (MIN_SEQUENCE tokens each on average, or fewer
+    slots than that where rows are short) plus its padding, in pieces of at most `max_length` tokens."""
+    tokens = row_tokens(batch_size, budget)
+    return tokens // MIN_SEQUENCE + -(-tokens // max_length) + 1
+
+
+def lengths_passed(collator, rows, batch_size: int) -> dict:
+    """The sequence lengths a collator passes on for the first batch of packed rows (`packed_seq_lengths`: what
+    Unsloth's padding-free collator adds, and its attention keeps the sequences of a row apart by), checked against
+    the rows' own (`seq_lengths`). Raises where it passes none or others: the attention would run across the
+    sequences of a row, or the trainer turned padding-free off and pads rows it does not know are packed."""
+    batch = [rows[i] for i in range(min(batch_size, len(rows)))]
+    passed = collator(batch).get("packed_seq_lengths")
+    want = [int(n) for row in batch for n in row["seq_lengths"]]
+    if passed is None:
+        raise RuntimeError("the collator passes no sequence lengths (packed_seq_lengths) with the packed rows: "
+                           "Unsloth did not take them as padding-free rows")
+    if [int(n) for n in passed] != want:
+        raise RuntimeError(f"the collator passes sequence lengths {[int(n) for n in passed][:8]}... for rows of "
+                           f"{want[:8]}...")
+    return {"rows": len(batch), "sequences": len(want), "tokens": sum(want)}
