@@ -248,7 +248,9 @@ def coverage_tables():
 def study_pages():
     """Each published table's study letter -> its study's comparison page in the report (active studies only)."""
     return {
-        t["table"].removeprefix("study_").upper(): f"results/studies/{t['study']}/comparison.html"
+        t["table"]
+        .removeprefix("study_")
+        .upper(): f"results/studies/{t['study']}/comparison.html"
         for t in coverage_tables()
         if t["study"] in STUDIES
     }
