@@ -20,6 +20,18 @@ python3 -m pip download -q --no-deps "${plat[@]}" --platform any -d "$work/pb/wh
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/pb/wheels" flash-attn-4==4.0.0b36 \
   nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
   torch-c-dlpack-ext==0.1.5
+# the wheels must hold what the runs import: FlashAttention-4 imports the CuTe DSL (cutlass.cute), whose Python
+# package one of the cutlass-dsl wheels must carry (the 2026-12-07 lease's did not: every FA4 run failed with
+# "No module named 'cutlass.cute'")
+python3 - "$work/pb/wheels" <<'PY'
+import sys, zipfile
+from pathlib import Path
+need = {"cutlass/cute/__init__.py": "the CuTe DSL (FlashAttention-4)", "flash_attn/cute/__init__.py": "FlashAttention-4",
+        "bitsandbytes/__init__.py": "bitsandbytes", "torchao/__init__.py": "torchao", "trl/__init__.py": "TRL"}
+names = [n for w in Path(sys.argv[1]).glob("*.whl") for n in zipfile.ZipFile(w).namelist()]
+missing = [f"{what} ({path})" for path, what in need.items() if not any(n.endswith(path) for n in names)]
+sys.exit(f"the payload lacks {', '.join(missing)}" if missing else 0)
+PY
 rm -rf "$root/.pay"
 (cd "$work/pb" && tar -cf - wheels | split -b 40m -d - part.)
 for f in "$work"/pb/part.*; do n=${f##*.}; mkdir -p "$root/.pay/p$n"; mv "$f" "$root/.pay/p$n/"; done

@@ -341,7 +341,10 @@ def test_the_front_page_answers_three_questions_at_a_glance(pipeline):
         assert heading and heading.group(1).endswith("/comparison.html"), study
     grids = front.split("Do the published findings hold?")[1].split("What is fastest")[0]
     assert grids.count("<svg") == 4
-    assert "Speed against quality" in front and "<details>" in front  # provenance folded
+    assert "<details>" in front  # provenance folded
+    # the figure where some technique has a speed at Qwen3-8B's shapes (the shipped records: not in this working
+    # directory), else a sentence saying so
+    assert "Speed against quality" in front or "No technique has both a speed at Qwen3-8B" in front
     assert "quality-verdicts" not in front and "id='shipped_coverage'" not in front  # the tables: a click away
     assert "lora-tb-cg-lean-async-pinned" not in re.sub(r"<svg.*?</svg>", "", front, flags=re.S)  # names in words
     # the categories of the sidebar: none differs from another only by case

@@ -418,3 +418,20 @@ def test_speed_against_quality_names_the_fastest_that_keeps_quality_as_served_an
     assert "fastest overall: LoRA: FP8 dynamic at 22,000 (costs quality)" in line
     chart = quality_page.svg(quality_page.speed_quality_chart(frame))
     assert "<svg" in chart and "LoRA: keeps it" in chart and "Speed against quality" in chart
+
+
+def test_the_served_twin_asks_its_fused_head_for_what_trls_trainer_reads():
+    """SFTTrainer adds its fused LM head with log-probabilities, entropy and top-1 and reads them in compute_loss; the
+    served twin's head must compute the same fields, or a run that keeps TRL's metrics fails where the twin is scored
+    (every QLoRA run on the H200, 2026-12-07: 'NoneType' object has no attribute 'detach')."""
+    import ast
+    import inspect
+    import re
+
+    from trl.trainer import sft_trainer
+
+    from ftbench.runners.served import TRL_FUSED_OUTPUTS
+
+    source = inspect.getsource(sft_trainer.SFTTrainer.__init__)
+    asked = re.search(r"add_fused_lm_head\(.*?outputs=(\([^)]*\))", source, re.S)
+    assert asked and ast.literal_eval(asked.group(1)) == TRL_FUSED_OUTPUTS

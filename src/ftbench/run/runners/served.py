@@ -14,6 +14,10 @@ SERVED_KEEP = ("peft", "fused_projections", "fused_adapters", "attention", "flas
                "token_budget", "sdpa_backend", "experts", "expert_lora")
 
 
+# what TRL's SFTTrainer (1.15) computes in the fused LM head it adds to the model it trains
+TRL_FUSED_OUTPUTS = ("log_probs", "entropy", "is_top1")
+
+
 def served_variant(v):
     """The variant a technique's adapters are served on: its structure on the bf16 base (SERVED_KEEP)."""
     from ftbench.core.knobs import Variant
@@ -37,6 +41,9 @@ def served_twin(ctx, device, model):
         if head.fused_head_available():  # the loss path the trainer scores with (TRL's fused head)
             from trl.trainer.utils import add_fused_lm_head
 
-            add_fused_lm_head(twin.get_base_model())
+            # the fields SFTTrainer asks of its own head: its compute_loss reads the entropy and top-1 of every call
+            # (a twin with the default log-probabilities alone failed each QLoRA run, whose trainer keeps its
+            # metrics: 'NoneType' object has no attribute 'detach', H200, 2026-12-07)
+            add_fused_lm_head(twin.get_base_model(), outputs=TRL_FUSED_OUTPUTS)
         return twin.eval()
     return heldout.ServedTwin(build)
