@@ -430,7 +430,7 @@ def test_the_served_twin_asks_its_fused_head_for_what_trls_trainer_reads():
 
     from trl.trainer import sft_trainer
 
-    from ftbench.runners.served import TRL_FUSED_OUTPUTS
+    from ftbench.run.runners.served import TRL_FUSED_OUTPUTS
 
     source = inspect.getsource(sft_trainer.SFTTrainer.__init__)
     asked = re.search(r"add_fused_lm_head\(.*?outputs=(\([^)]*\))", source, re.S)
