@@ -106,3 +106,12 @@ def test_every_speed_figure_in_prose_is_a_shipped_records():
         figures = [int(x.replace(",", "")) for x in re.findall(pattern, (ROOT / path).read_text())]
         assert figures, path
         assert not [x for x in figures if x not in measured], (path, [x for x in figures if x not in measured])
+
+
+def test_every_report_caption_opens_with_the_question_its_page_answers():
+    """Issue 80: each page's caption says which question it answers, first."""
+    for caption in sorted((ROOT / "report").glob("*.rst")):
+        if caption.name == "workflow.rst":  # the front page: its three questions are its headings
+            continue
+        first = caption.read_text().split("?")[0]
+        assert "?" in caption.read_text() and "\n\n" not in first and len(first) < 120, caption.name
