@@ -410,6 +410,9 @@ def test_speed_against_quality_names_the_fastest_that_keeps_quality_as_served_an
     assert set(frame["variant"]) == {"lora", "keep", "fp8"}  # a point a technique (its seeds are one)
     by = {r["variant"]: r for r in frame.iter_rows(named=True)}
     assert by["keep"]["peer"] == "Unsloth" and by["fp8"]["peer"] == "ftbench"
+    # judged on another GPU kind too, as trained only: still one point a technique, the one judged as served
+    twice = quality_page.speed_quality_frame(out + [{**r, "gpu": "other", "delta (nats)": None} for r in out], names)
+    assert len(twice) == len(frame) and set(twice["gpu"]) == set(frame["gpu"])
     # the frontier of those that keep quality: the faster one that keeps it, and the baseline (better, slower)
     assert by["keep"]["frontier"] and by["lora"]["frontier"] and not by["fp8"]["frontier"]
     line = quality_page.speed_quality_line(frame)
@@ -435,3 +438,13 @@ def test_the_served_twin_asks_its_fused_head_for_what_trls_trainer_reads():
     source = inspect.getsource(sft_trainer.SFTTrainer.__init__)
     asked = re.search(r"add_fused_lm_head\(.*?outputs=(\([^)]*\))", source, re.S)
     assert asked and ast.literal_eval(asked.group(1)) == TRL_FUSED_OUTPUTS
+
+
+def test_a_report_reads_every_seed_the_records_carry_not_only_its_configs():
+    """The shipped records hold five seeds a technique (config/quality_gpu.yaml); the default config runs three:
+    its report judges a family by all five (NAME-sK of a variant it knows: NAME's knobs under seed K)."""
+    variants = {"lora": {"peft": "lora"}, "lora-s1": {"peft": "lora", "seed": 1}}
+    out = quality.recorded_seeds(["lora", "lora-s1", "lora-s3", "other-s2", "lora-sx"], variants)
+    assert out["lora-s3"] == {"peft": "lora", "seed": 3} and "other-s2" not in out and "lora-sx" not in out
+    assert quality.knob_key("lora-s3", out) == quality.knob_key("lora", out)  # one family
+    assert variants == {"lora": {"peft": "lora"}, "lora-s1": {"peft": "lora", "seed": 1}}  # the caller's untouched

@@ -15,7 +15,8 @@ p = snakemake.params
 shipped = [read_runs(f) for f in snakemake.input.shipped]  # each measurements/ folder read once
 df = aggregate(snakemake.input.metrics, shipped, study=p.study)  # this study's records, ours and shipped
 speed = pl.concat([s for s in shipped if len(s)], how="diagonal_relaxed") if any(len(s) for s in shipped) else None
-rows = quality.quality_rows(df, p.settings["baseline"], p.settings.get("seeds") or [], p.variants, speed, p.lineage,
+variants = quality.recorded_seeds(df["variant"].unique().to_list() if len(df) else [], p.variants)
+rows = quality.quality_rows(df, p.settings["baseline"], p.settings.get("seeds") or [], variants, speed, p.lineage,
                             p.settings, p.seed)
 claims = quality.claims_rows(rows, p.settings.get("claims") or [], p.variants)
 frame = quality_page.curves_frame(df)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 
 import polars as pl
@@ -172,6 +173,18 @@ def seed_families(names, baseline: str, seeds: list, variants: dict | None) -> d
         return knob_key(name, variants) or ("alone", name)
     own = knob_key(baseline, variants)
     return {n: ("baseline",) if n in (baseline, *seeds) or key(n) == own else key(n) for n in names}
+
+
+def recorded_seeds(names, variants: dict | None) -> dict:
+    """`variants` with each seed the records carry beyond config's: a run `NAME-sK` of a variant NAME config knows,
+    as NAME's knobs under seed K (as `expand_seeds` names them), so a report reads every shipped seed of a family,
+    not only those its own config runs."""
+    out = dict(variants or {})
+    for name in names:
+        found = re.fullmatch(r"(.+)-s(\d+)", name)
+        if found and found.group(1) in out and name not in out:
+            out[name] = {**out[found.group(1)], "seed": int(found.group(2))}
+    return out
 
 
 def knob_key(name: str, variants: dict | None):
