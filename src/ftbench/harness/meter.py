@@ -32,7 +32,7 @@ from ftbench.core.records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_recor
 GIB = 1024**3
 PROGRESS_EVERY_S = 0.2  # the supervisor's view of the last step reached (ftbench.run.supervise) is at most this old
 PACKAGES = ["torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "torchao", "diffusers",
-            "datasets", "unsloth", "transformer_engine", "snakemake", "liger_kernel"]
+            "datasets", "unsloth", "transformer_engine", "snakemake", "liger_kernel", "flash_attn_4", "nvidia_cutlass_dsl"]
 
 
 class Unsupported(Exception):
