@@ -69,11 +69,13 @@ def table(found: list[dict], pool: dict) -> str:
     out = []
     for (gpu, dataset, scored), techniques in heads.items():
         margin = next((r["margin (nats)"] for r in techniques.values() if r["margin (nats)"] is not None), None)
-        out += [f"**{gpu}, {dataset}** (scored on {scored}; margin {fmt(margin, '.4f')} nats):", "",
+        against = next(iter(techniques.values()))["judged against"]
+        out += [f"**{gpu}, {dataset}** (scored on {scored}; against {against}; margin {fmt(margin, '.4f')} nats):", "",
                 "| variant | stands on + adds | seeds paired | served: verdict | mean [90 % interval] | as trained: verdict "
                 "| mean [90 % interval] |", "|---|---|---:|---|---|---|---|"]
         for name, r in techniques.items():
-            words = "the baseline" if r["seed of the baseline"] else adds_words(name, pool) if name in pool else ""
+            words = ("the baseline" if r["judged against"] == name else "the stand-in for the baseline") \
+                if r["seed of the baseline"] else adds_words(name, pool) if name in pool else ""
             served = f"{fmt(r['delta (nats)'])} [{fmt(r['interval low'])}, {fmt(r['interval high'])}]" \
                 if r["interval low"] is not None and r["paired seeds"] > 1 else fmt(r["delta (nats)"])
             trained = f"{fmt(r['delta as trained'])} [{fmt(r['as trained low'])}, {fmt(r['as trained high'])}]" \

@@ -448,3 +448,28 @@ def test_a_report_reads_every_seed_the_records_carry_not_only_its_configs():
     assert out["lora-s3"] == {"peft": "lora", "seed": 3} and "other-s2" not in out and "lora-sx" not in out
     assert quality.knob_key("lora-s3", out) == quality.knob_key("lora", out)  # one family
     assert variants == {"lora": {"peft": "lora"}, "lora-s1": {"peft": "lora", "seed": 1}}  # the caller's untouched
+
+
+def test_a_gpu_kind_without_the_baseline_is_judged_against_its_stand_in_and_only_for_its_rows():
+    """On a GPU kind where the baseline did not run, config's `stand_in` (a rung of packed rows that ran beside the
+    techniques under the same seeds) takes its place: a technique of its rows is judged against it, and says so; one
+    of other rows (padded QLoRA) is not judged, since the layout alone moves the loss; without a stand-in the kind is
+    not judged at all."""
+    packed = {"peft": "lora", "padding_free": True, "token_budget": 4096}
+    rows, knobs = family("rung", BASE_END, packed)
+    for f in (family("fp8", shifted([0.010, 0.011, 0.009, 0.010, 0.010]), {**packed, "precision": "fp8"},
+                     served=shifted([0.001, 0.0015, 0.0005, 0.001, 0.001])),
+              family("qlora", shifted([0.02] * 5), {"peft": "lora", "precision": "nf4"})):
+        rows, knobs = rows + f[0], {**knobs, **f[1]}
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    assert quality.quality_rows(df, "lora", [], knobs) == []
+    out = {r["variant"]: r for r in quality.quality_rows(df, "lora", [], knobs, settings={"stand_in": "rung"})}
+    assert out["fp8"]["quality"] == "keeps quality" and out["fp8"]["quality (as trained)"] == "costs quality"
+    assert out["fp8"]["judged against"] == "rung (the baseline, lora, did not run here)"
+    assert out["rung"]["seed of the baseline"] and out["rung-s4"]["seed of the baseline"]
+    assert out["qlora"]["quality"] == out["qlora"]["quality (as trained)"] == "quality not measured"
+    assert "lays out its rows otherwise" in out["qlora"]["why"] and out["qlora"]["tokens to quality"] is None
+    # where the baseline ran, it is what every technique is judged against
+    both = verdicts(family("fp8", shifted([0.010] * 5), {"peft": "lora", "precision": "fp8"}),
+                    settings={"stand_in": "rung"})
+    assert both["fp8"]["judged against"] == "lora"

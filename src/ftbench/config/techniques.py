@@ -353,7 +353,10 @@ def adds_words(name: str, pool: dict) -> str:
     if not entry.get("base"):
         return words(name, pool)
     own = {k: v for k, v in entry.items() if k not in ("base", "adds")}
-    said = [TECHNIQUES[t].title for t in entry.get("adds") or []] + knob_words(own, defaults={})
+    undone = [f"without {t.title}" for t in TECHNIQUES.values()  # a knob set back to its default: a technique undone
+              if t.knobs and all(k in own and own[k] is None for k in t.knobs)]
+    said = [TECHNIQUES[t].title for t in entry.get("adds") or []] + undone + \
+        knob_words({k: v for k, v in own.items() if v is not None}, defaults={})
     return " + ".join([entry["base"], *said]) if said else f"{entry['base']}, renamed"
 
 

@@ -292,9 +292,10 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
         df = df.with_columns(pl.lit(None, dtype=pl.String).alias("loss.held_out"))
     for key, group in latest_scoring(df).group_by(list(GROUP), maintain_order=True):
         rows = group.to_dicts()
-        if baseline not in {r["variant"] for r in rows}:
+        ref = reference_of({r["variant"] for r in rows}, baseline, settings)
+        if ref is None:
             continue
-        family = seed_families([r["variant"] for r in rows], baseline, names_seeds, variants)
+        family = seed_families([r["variant"] for r in rows], ref, names_seeds if ref == baseline else [], variants)
         runs = {r["variant"]: {"row": r, "pts": points(r) if r["status"] == "ok" else None,
                                "key": knob_key(r["variant"], variants),
                                "seed": seed_of(r["variant"], variants, default_seed, baseline, names_seeds),
@@ -304,10 +305,16 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
         for name, x in runs.items():
             fams.setdefault(x["family"], {})[x["seed"]] = name
         readings = read_group(runs, fams, lineage, settings, variants)
+        if ref != baseline:
+            unlike_reference(readings, fams, ref, baseline, variants)
         longer = longer_arms(runs, fams)
         read_longer = {}  # a family's longer-arm reading, once for all its seeds' rows
         for name, x in runs.items():
-            row = quality_row(key, name, x, runs, fams, readings, fast, baseline, variants)
+            row = quality_row(key, name, x, runs, fams, readings, fast, ref, variants)
+            row["judged against"] = ref if ref == baseline else f"{ref} (the baseline, {baseline}, did not run here)"
+            if readings[x["family"]].get("unjudged"):
+                row.update({"tokens to quality": None, "tokens to quality (x baseline)": None,
+                            "time to quality (x baseline, projection)": None})
             if x["family"] in longer.values():  # a longer arm: read for tokens to quality, never at the same tokens
                 row.update({"quality": LONGER, "quality (as trained)": LONGER,
                             "why": "a longer arm (more steps, the schedule stretched): read for tokens to quality"})
@@ -317,6 +324,35 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
             row["longer arm: tokens to quality (x baseline)"] = read_longer[x["family"]]
             out.append(row)
     return out
+
+
+ROW_KNOBS = ("padding_free", "token_budget")  # how a batch's rows are laid out: padded, or packed and how
+
+
+def reference_of(names: set, baseline: str, settings: dict) -> str | None:
+    """What a group's runs are judged against: the baseline where it ran there, else config's `quality.stand_in`
+    where that ran (a GPU kind whose lease ran the techniques beside a bf16 rung but not the baseline), else None
+    (the group is not judged)."""
+    if baseline in names:
+        return baseline
+    stand_in = settings.get("stand_in")
+    return stand_in if stand_in in names else None
+
+
+def unlike_reference(readings: dict, fams: dict, ref: str, baseline: str, variants: dict | None) -> None:
+    """Against a stand-in, only the families laid out in rows as it is (padded, or packed to the same budget) are
+    judged: another layout moves the held-out loss by itself (packed rows against padded ones), so the others are not
+    measured, and say why."""
+    knobs = variants or {}
+    for fkey, fam in fams.items():
+        name = next(iter(fam.values()))
+        if fkey == ("baseline",) or all(knobs.get(name, {}).get(k) == knobs.get(ref, {}).get(k) for k in ROW_KNOBS):
+            continue
+        why = (f"not judged: the baseline ({baseline}) did not run on this GPU kind, and its stand-in {ref} lays "
+               f"out its rows otherwise ({', '.join(ROW_KNOBS)})")
+        for view in VIEWS:
+            readings[fkey][view] = {"verdict": NOT_MEASURED, "pairs": 0, "why": why}
+        readings[fkey]["unjudged"] = True
 
 
 def longer_arms(runs: dict, fams: dict) -> dict:
