@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from ftbench.harness import meter as harness
+from ftbench.harness import trackers
 from ftbench.config.settings import MeasureSettings
 from ftbench.harness.summary import summarize
-from ftbench.harness.meter import (RECORD_TEMPLATE, DeviceSampler, Meter, Progress, Unsupported, guarded, memory_now, new_record,
-                             provenance, write_json_atomic)
+from ftbench.harness.meter import (RECORD_TEMPLATE, Meter, Unsupported, guarded, new_record, provenance,
+                                   write_json_atomic)
+from ftbench.harness.trackers import DeviceSampler, Progress, memory_now
 
 CPU = torch.device("cpu")
 
@@ -59,7 +61,7 @@ def test_ranks_size_each_window_from_the_last_one_not_only_from_a_slow_warm_up()
     kept are agreed from the steps before them and hold `min_seconds`."""
     meter = Meter(CPU, MeasureSettings(warmup_steps=3, steps=2, min_seconds=0.1, repeats=3))
     asked = []
-    meter.agree = lambda n: asked.append(n) or n  # one rank: the maximum over ranks is its own number
+    meter.rule.agree = lambda n: asked.append(n) or n  # one rank: the maximum over ranks is its own number
     measured_run(meter, [0.04] * 3 + [0.01] * 200)
     steps = [w["steps"] for w in meter.windows]
     assert meter.done and len(steps) == 3 and all(n >= 8 for n in steps)  # from the measured 0.01-s steps
@@ -67,7 +69,7 @@ def test_ranks_size_each_window_from_the_last_one_not_only_from_a_slow_warm_up()
     # agreed: the first window's steps from warm-up (0.1 s / 0.04 s), "too short" (1), its successor's steps, then
     # for each kept window "too short" (0) and, but after the last, the next window's steps
     assert asked[0] < 5 and asked[1] == 1 and asked[2] >= 8 and asked[3] == 0
-    assert meter.calibrated == 1
+    assert meter.rule.calibrated == 1
     calibration = [r for r in meter.rows if r["phase"] == "warmup"]
     assert len(calibration) == 3 + asked[0] and all(r["repeat"] is None for r in calibration)
     assert [r["repeat"] for r in meter.measured][:1] == [0]  # the first window kept is repeat 0
@@ -77,7 +79,7 @@ def test_ranks_size_each_window_from_the_last_one_not_only_from_a_slow_warm_up()
     # one rank: windows end by time, never re-measured
     meter = Meter(CPU, MeasureSettings(warmup_steps=3, steps=2, min_seconds=0.1, repeats=2))
     measured_run(meter, [0.04] * 3 + [0.01] * 200)
-    assert meter.calibrated == 0 and len(meter.windows) == 2
+    assert meter.rule.calibrated == 0 and len(meter.windows) == 2
 
 
 def test_windows_stop_once_their_noise_is_at_most_the_cv_target():
@@ -103,9 +105,9 @@ def test_windows_stop_once_their_noise_is_at_most_the_cv_target():
     assert len(meter.windows) == 5
     # several ranks: this rank's noise is low, another's is not (the collective returns the maximum)
     meter = Meter(CPU, MeasureSettings(warmup_steps=1, steps=4, repeats=3, cv_target=0.2))
-    meter.agree = lambda n: max(n, 1)  # window steps pass through; on stopping, the other rank votes to go on
+    meter.rule.agree = lambda n: max(n, 1)  # window steps pass through; on stopping, the other rank votes to go on
     measured_run(meter, [0.02] + [0.01] * 40)
-    assert len(meter.windows) == 3 and meter.stopped_early is None
+    assert len(meter.windows) == 3 and meter.rule.stopped_early is None
 
 
 def test_a_slow_step_is_an_outlier_with_its_reason_and_dominates_throughput():
@@ -207,7 +209,9 @@ def test_records_are_written_atomically(tmp_path, monkeypatch):
     def broken_dumps(*a, **k):
         raise RuntimeError("killed mid-write")
 
-    monkeypatch.setattr(harness.json, "dumps", broken_dumps)
+    from ftbench.core import records
+
+    monkeypatch.setattr(records.json, "dumps", broken_dumps)
     with pytest.raises(RuntimeError):
         write_json_atomic(path, {"a": 2})
     assert json.loads(path.read_text()) == {"a": 1}  # the old record whole, never half of a new one
@@ -268,6 +272,7 @@ def test_progress_file_is_written_at_most_every_fifth_of_a_second(tmp_path, monk
             return clock[0]
 
     monkeypatch.setattr(harness, "time", Clock())
+    monkeypatch.setattr(trackers, "time", Clock())  # the progress file's clock
     meter = Meter(CPU, MeasureSettings(warmup_steps=0, steps=10**6, repeats=1))
     meter.start()
     for _ in range(100):

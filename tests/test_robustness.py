@@ -72,7 +72,7 @@ def test_a_hung_run_past_its_time_limit_is_a_timeout_record(tmp_path, tiny_qwen,
 
 
 def test_a_killed_runs_step_times_are_told_around_the_steps_left_out(tmp_path, monkeypatch):
-    from ftbench.harness.meter import Progress
+    from ftbench.harness.trackers import Progress
     from ftbench.run.supervise import _host_steps
 
     monkeypatch.setenv("FTBENCH_PROGRESS", str(tmp_path / "progress.json"))

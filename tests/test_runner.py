@@ -270,7 +270,7 @@ def test_regional_compile_shares_one_graph_across_layers(tmp_path):
 
     from conftest import ROOT
     from ftbench.config.architectures import load_architecture
-    from ftbench.harness.meter import compiled_graphs
+    from ftbench.harness.trackers import compiled_graphs
     from ftbench.build.models import materialize_model
     from ftbench.build.variants import compile_model, repeated_blocks
 

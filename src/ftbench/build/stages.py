@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ftbench.harness.meter import Unsupported, host_peak_rss_gib
+from ftbench.harness.meter import Unsupported
+from ftbench.harness.trackers import host_peak_rss_gib
 
 GIB = 2**30
 GENERATOR = "torch.Generator per parameter on the build device, seeded with sha256('<seed>/<parameter name>')"

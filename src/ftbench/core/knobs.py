@@ -131,7 +131,7 @@ class Variant:
     # convolutions run in on tensor cores (NCHW tensors are converted around every convolution)
     channels_last: bool = False
     # the objects alive once the model, data and trainer are built moved to Python's permanent GC generation
-    # (gc.freeze): full collections stop walking the model's ~10^5-10^6 objects (ftbench.harness.meter.GcClock)
+    # (gc.freeze): full collections stop walking the model's ~10^5-10^6 objects (ftbench.harness.trackers.GcClock)
     gc_freeze: bool = False
     time_limit_s: float | None = None  # the job's time budget, over the study's (ftbench.run.supervise)
     # the CUDA caching allocator's expandable segments (PYTORCH_ALLOC_CONF=expandable_segments:True in the training

@@ -1,20 +1,13 @@
-"""The one measurement harness every runner shares: trackers, the run record, provenance, status."""
+"""The one measurement every runner goes through (Meter: load, warm-up, measured windows, evaluation), with the run's
+record, provenance and status; its trackers are ftbench.harness.trackers, its window rule ftbench.harness.windows."""
 
 from __future__ import annotations
 
-import collections
 import csv
 import datetime
-import gc
 import importlib.metadata
-import json
-import math
 import os
 import platform
-import resource
-import signal
-import statistics
-import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -24,13 +17,13 @@ import torch
 
 from ftbench.config.settings import MeasureSettings, alloc_conf
 from ftbench.harness.gpus import HOST_MEMORY, cpu_name, host_cpu, this_machine
-from ftbench.harness.ranks import rank
 from ftbench.harness.source import code_identity
+from ftbench.harness.trackers import (GIB, DeviceSampler, GcClock, Progress, _nvml, _nvml_handle, compiled_graphs,
+                                      memory_log_row, memory_now)
+from ftbench.harness.windows import WindowRule, window_summary
 from ftbench.core.records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_record_from_template,  # noqa: F401  (the record's
                       write_json_atomic)  # shape and its writer live with its readers, torch-free)
 
-GIB = 1024**3
-PROGRESS_EVERY_S = 0.2  # the supervisor's view of the last step reached (ftbench.run.supervise) is at most this old
 PACKAGES = ["torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "torchao", "diffusers",
             "datasets", "unsloth", "transformer_engine", "snakemake", "liger_kernel", "flash_attn_4", "nvidia_cutlass_dsl"]
 
@@ -56,31 +49,6 @@ def pick_device() -> torch.device:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _nvml_handle(device: torch.device):
-    if device.type != "cuda":
-        return None
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            if str(pynvml.nvmlDeviceGetUUID(h)).replace("GPU-", "") == uuid.replace("GPU-", ""):
-                return h
-        return pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-    except Exception:  # no NVML (CPU machine, driver without it): the NVML figures stay None
-        return None
-
-
-def _nvml(fn, *args):
-    """One NVML query, None where the driver or the GPU does not support it."""
-    try:
-        return fn(*args)
-    except Exception:
-        return None
 
 
 def device_info(device: torch.device) -> dict:
@@ -145,204 +113,11 @@ def provenance(device: torch.device, base_dir, config_hash: str, weights_source:
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-class DeviceSampler:
-    """NVML in a background thread: utilisation, power, SM clock, device-wide used memory and this process's
-    own used memory, every `interval_s`; the total-energy counter is read at window boundaries (`energy_mj`)."""
-
-    def __init__(self, device: torch.device, interval_s: float = 0.1):
-        self.handle = _nvml_handle(device)
-        self.interval_s = interval_s
-        self.samples: list[tuple] = []  # time, util %, power W, SM clock MHz, used bytes
-        self.process_peak_bytes: int | None = None
-        self._stop = threading.Event()
-        self._thread = None
-
-    def __enter__(self):
-        if self.handle is not None:
-            self._thread = threading.Thread(target=self._loop, daemon=True)
-            self._thread.start()
-        return self
-
-    def _loop(self):
-        import pynvml
-
-        pid = os.getpid()
-        while not self._stop.is_set():
-            try:
-                self.samples.append((time.perf_counter(), pynvml.nvmlDeviceGetUtilizationRates(self.handle).gpu,
-                                     pynvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,
-                                     pynvml.nvmlDeviceGetClockInfo(self.handle, pynvml.NVML_CLOCK_SM),
-                                     pynvml.nvmlDeviceGetMemoryInfo(self.handle).used))
-                for proc in _nvml(pynvml.nvmlDeviceGetComputeRunningProcesses, self.handle) or []:
-                    if proc.pid == pid and proc.usedGpuMemory is not None:
-                        self.process_peak_bytes = max(self.process_peak_bytes or 0, proc.usedGpuMemory)
-            except Exception:
-                pass
-            self._stop.wait(self.interval_s)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def energy_mj(self) -> int | None:
-        """NVML's total-energy counter (mJ since the driver loaded); None without NVML or on GPUs without it."""
-        if self.handle is None:
-            return None
-        import pynvml
-
-        return _nvml(pynvml.nvmlDeviceGetTotalEnergyConsumption, self.handle)
-
-    def summary(self, spans: list[tuple[float, float]]) -> dict:
-        """Means over the samples that fall inside the measured windows (perf_counter spans)."""
-        win = [s for s in self.samples if any(t0 <= s[0] <= t1 for t0, t1 in spans)]
-        out = {"gpu_util_mean_pct": None, "power_mean_w": None, "sm_clock_mean_mhz": None, "samples": len(win)}
-        if win:
-            out.update(gpu_util_mean_pct=statistics.fmean(s[1] for s in win),
-                       power_mean_w=statistics.fmean(s[2] for s in win),
-                       sm_clock_mean_mhz=statistics.fmean(s[3] for s in win))
-        return out
-
-    def peak_used_gib(self) -> float | None:
-        return max(s[4] for s in self.samples) / GIB if self.samples else None
-
-
-def host_peak_rss_gib() -> float:
-    """This process's peak resident host memory so far (GiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
-
-
-def memory_now(device: torch.device) -> dict:
-    """Allocated, reserved and peak-allocated device memory (GiB); host RSS peak on any machine."""
-    out = {"host_peak_rss_gib": host_peak_rss_gib()}
-    if device.type == "cuda":
-        out.update(allocated_gib=torch.cuda.memory_allocated(device) / GIB,
-                   reserved_gib=torch.cuda.memory_reserved(device) / GIB,
-                   peak_allocated_gib=torch.cuda.max_memory_allocated(device) / GIB,
-                   peak_reserved_gib=torch.cuda.max_memory_reserved(device) / GIB)
-    else:
-        out.update(allocated_gib=None, reserved_gib=None, peak_allocated_gib=None, peak_reserved_gib=None)
-    return out
-
-
 def _scalar(v):
     """A recorded value as a plain number: tensors are read here, after the window's one synchronisation."""
     if isinstance(v, torch.Tensor):
         return v.item()
     return v
-
-
-class Progress:
-    """What a run has reached, for its supervisor (ftbench.run.supervise reads the file named by FTBENCH_PROGRESS when
-    the process dies): the last step, the compiled graphs and when each step ended on the host's clock (seconds
-    from the first step's start; the device's own step times are read only when a window closes, so a run killed
-    mid-window keeps these), rewritten at most every PROGRESS_EVERY_S and whenever TorchDynamo finishes a compile;
-    and fault injection for tests (`inject`: die by SIGKILL, or hang, at a step, on one rank (`fault_rank`) or all, as a
-    crashing run would, the file brought up to date first; or raise at a step, on one rank (`raise_rank`) or all, as a
-    run that fails would). Each rank writes its own file (ftbench.run.supervise.rank_progress reads them all)."""
-
-    KEEP_ENDS = 200  # the step ends kept in the file: the first ones (warm-up, first compile) and the last ones
-
-    def __init__(self, inject: dict | None = None):
-        path = os.environ.get("FTBENCH_PROGRESS")  # rank r > 0: the supervisor's path + ".rank<r>" (its child sets it)
-        self.file = open(path, "w") if path else None
-        self.phase_name, self.last = None, (None, None)  # the phase outside steps; the step and graphs last written
-        self.inject = dict(inject or {})
-        self._at = float("-inf")
-        self._on_compiled = None
-        # [step, s] pairs: the first KEEP_ENDS / 2, then the latest KEEP_ENDS / 2 (a long run's memory stays bounded)
-        self.first_ends: list[list] = []
-        self.last_ends: collections.deque = collections.deque(maxlen=self.KEEP_ENDS // 2)
-
-    def watch_compiles(self, step, before: int = 0):
-        """While compiling (a run killed in its first step's compile says how far it got): `step()` the step;
-        `before`: the process's graphs before this run."""
-        if self.file is not None:
-            self._on_compiled = lambda *_: self.write(step(), compiled_graphs() - before)
-            _compile_end_callbacks("register", self._on_compiled)
-
-    def unwatch(self):
-        if self._on_compiled is not None:
-            _compile_end_callbacks("remove", self._on_compiled)
-            self._on_compiled = None
-
-    def write(self, step: int, graphs: int | None):
-        ends = self.first_ends + list(self.last_ends)
-        self.file.seek(0)  # ends as [step, seconds] pairs: which steps they are stays plain when the middle is left out
-        self.file.write(json.dumps({"step": step or None, "compiled_graphs": graphs, "host_step_ends_s": ends,
-                                    "phase": self.phase_name}))
-        self.file.truncate()
-        self.file.flush()
-        self.last = (step, graphs)
-
-    def phase(self, name: str | None) -> None:
-        """A phase outside the steps begins or ends (evaluation, the end of training): the file is rewritten, so a
-        supervisor watching for a stall sees the run moving (ftbench.run.supervise)."""
-        self.phase_name = name
-        if self.file is not None:
-            self.write(*self.last)
-
-    def stepped(self, step: int, graphs: int | None, end_s: float | None = None):
-        """After each step (`end_s`: when it ended, from the first step's start): the file, if due, then any
-        fault injected at this step."""
-        if end_s is not None:
-            full = len(self.first_ends) >= self.KEEP_ENDS // 2
-            (self.last_ends if full else self.first_ends).append([step, round(end_s, 3)])
-        now = time.perf_counter()
-        if self.file is not None and now - self._at >= PROGRESS_EVERY_S:
-            self.write(step, graphs)
-            self._at = now
-        if step == self.inject.get("raise_at_step") and rank() == self.inject.get("raise_rank", rank()):
-            if self.file is not None:
-                self.write(step, graphs)
-            raise RuntimeError(f"injected failure at step {step}")
-        if step in (self.inject.get("kill_at_step"), self.inject.get("hang_at_step")) and rank() == self.inject.get(
-                "fault_rank", rank()):
-            if self.file is not None:
-                self.write(step, graphs)
-            if self.inject.get("kill_at_step") == step:
-                os.kill(os.getpid(), signal.SIGKILL)
-            time.sleep(10**6)
-
-
-class GcClock:
-    """Python's garbage collector, timed (gc.callbacks): each collection's pause, summed by the Meter per step. A
-    full collection (generation 2) walks every tracked object: gpt-oss-120b's 9,216 expert layers with their 4-bit
-    states are ~10^6 objects, a few hundred ms of the training thread in which it launches nothing. `freeze`
-    (variant knob gc_freeze) moves the objects alive after load to the permanent generation (gc.freeze, as
-    Megatron-LM's and NeMo's manual GC do to the same end), never walked again; `__exit__` unfreezes them."""
-
-    def __init__(self):
-        self.pause_s, self.full, self.largest_s = 0.0, 0, 0.0
-        self.frozen_objects = None
-        self._t0 = None
-
-    def _callback(self, phase, info):
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        elif self._t0 is not None:
-            pause, self._t0 = time.perf_counter() - self._t0, None
-            self.pause_s += pause
-            self.largest_s = max(self.largest_s, pause)
-            self.full += info.get("generation") == 2
-
-    def __enter__(self):
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc):
-        if self._callback in gc.callbacks:
-            gc.callbacks.remove(self._callback)
-        if self.frozen_objects is not None:
-            gc.unfreeze()
-
-    def freeze(self) -> None:
-        gc.collect()
-        gc.freeze()
-        self.frozen_objects = gc.get_freeze_count()
-
-    def reading(self) -> tuple[float, int]:
-        return self.pause_s, self.full
 
 
 class Meter:
@@ -374,11 +149,7 @@ class Meter:
         self._steps = 0
         self.progress = Progress(inject)
         self._trained = None  # compile time and graph count when training finished
-        # several ranks: a function that returns the maximum of an int over the ranks (one collective). The
-        # window length in steps is agreed with it once, at the end of warm-up, so that every rank closes its
-        # windows and stops at the same step (a rank that stopped alone would leave the others waiting)
-        self.agree = None
-        self._window_steps = None
+        self.rule = WindowRule(measure)  # when a window closes and measuring stops (several ranks: `rule.agree`)
 
     def __enter__(self):
         self.sampler.__enter__()
@@ -454,15 +225,7 @@ class Meter:
         if self.profiler is not None:
             self.profiler.step()
         self.progress.stepped(self._steps, row.get("compiled_graphs"), self._pending[-1]["host"] - self._origin_host)
-        m = self.measure
-        if self._phase == "warmup":
-            if self._in_window >= m.warmup_steps:
-                self._close()
-        elif self.agree is not None:  # several ranks: windows by steps only (agreed after warm-up)
-            if self._in_window >= (self._window_steps or m.steps):
-                self._close()
-        elif (self._in_window >= m.steps and time.perf_counter() - self._host_start >= m.min_seconds) \
-                or self._in_window >= m.window_cap:
+        if self.rule.closes(self._phase == "warmup", self._in_window, time.perf_counter() - self._host_start):
             self._close()
         if self._steps % self.memory_log_every == 0 or self.done:  # allocator statistics: no synchronisation
             self.memory_log.append(memory_log_row(self._steps, self.device, **(log_fields or {})))
@@ -473,7 +236,7 @@ class Meter:
         host_end = time.perf_counter()
         energy_end = self.sampler.energy_mj() if self._phase != "warmup" else None
         prev_mark, prev_host, prev_cpu = self._boundary, self._host_start, self._cpu_start
-        calibrating = self._too_short(host_end, truncated)
+        calibrating = self.rule.too_short(self._phase == "warmup", host_end - self._host_start, truncated)
         warm = self._phase == "warmup" or calibrating
         for p in self._pending:
             row = p["row"]
@@ -493,61 +256,12 @@ class Meter:
         closed = len(self._pending)
         self._pending = []
         nxt = self._phase if calibrating else 0 if self._phase == "warmup" else self._phase + 1
-        if not calibrating and (nxt >= self.measure.repeats or self._noise_low_enough()):
+        if not calibrating and (nxt >= self.measure.repeats
+                                or self.rule.noise_low_enough(self._phase == "warmup", self.windows)):
             self.done = True
-        elif self.agree is not None:  # every rank closes the same windows, so every rank agrees here
-            self._agree_window(self.rows[-closed:] if self._phase != "warmup" and closed else self.rows[1:])
+        elif self.rule.agree is not None:  # every rank closes the same windows, so every rank agrees here
+            self.rule.agree_window(self.rows[-closed:] if self._phase != "warmup" and closed else self.rows[1:])
         self._open(prev_mark, host_end, nxt, prev_cpu)
-
-    calibrated = 0  # several ranks: measured windows found shorter than min_seconds and counted as warm-up instead
-    MAX_CALIBRATIONS = 3
-
-    def _too_short(self, host_end: float, truncated: bool) -> bool:
-        """Several ranks close windows by agreed step counts, sized from the steps before them: after warm-up steps
-        slower than a measured step (compiling, capturing CUDA graphs) a window can end before `min_seconds`
-        (8 steps in 3.3 s of a 20-s minimum on 2 H100s, 2026-11-27), and with `cv_target` such a window was half
-        the measurement. A window shorter than `min_seconds` on any rank (one collective: the maximum) is warm-up
-        instead, and the next is agreed from its steps; at most MAX_CALIBRATIONS times a run."""
-        m = self.measure
-        if (self.agree is None or self._phase == "warmup" or truncated or not m.min_seconds
-                or self.calibrated >= self.MAX_CALIBRATIONS):
-            return False
-        short = self.agree(1 if host_end - self._host_start < m.min_seconds else 0) > 0
-        self.calibrated += short
-        return short
-
-    stopped_early = None  # with cv_target: {"cv_target", "cv", "windows"} where the windows' noise ended them
-
-    def _noise_low_enough(self) -> bool:
-        """With `cv_target`, after `min_repeats` (at least two) measured windows: whether the coefficient of
-        variation of their throughputs (real tokens/s where the steps count tokens, else samples/s) is at most the
-        target. Several ranks decide together (one collective: any rank above the target keeps every rank going),
-        so that all stop at the same step."""
-        m = self.measure
-        if not m.cv_target or self._phase == "warmup" or len(self.windows) < max(2, m.min_repeats):
-            return False
-        rates = [w["tokens"] / w["device_s"] if w["tokens"] and w["device_s"] else w["samples_per_s"]
-                 for w in self.windows]
-        spread = cv(rates)
-        low = spread is not None and spread <= m.cv_target
-        if self.agree is not None:
-            low = self.agree(0 if low else 1) == 0
-        if low:
-            self.stopped_early = {"cv_target": m.cv_target, "cv": spread, "windows": len(self.windows)}
-        return low
-
-    def _agree_window(self, rows: list[dict]) -> None:
-        """Several ranks: the steps the next window takes, the same on every rank: the window's minimum steps, or
-        more where the median step of `rows` says `min_seconds` needs more; the maximum over ranks. Agreed after
-        warm-up (its first step left out) and again after each window from that window's steps: warm-up steps
-        that meet new shapes can be several times a measured step (Qwen3-8B japanese_alpaca over 2 H100s: 2.3 s
-        against 0.5 s), which sized every window at a quarter of `min_seconds` when agreed once."""
-        m = self.measure
-        times = [r["step_time_s"] for r in rows or self.rows]
-        need = m.steps
-        if m.min_seconds and times and statistics.median(times) > 0:
-            need = max(need, math.ceil(m.min_seconds / statistics.median(times)))
-        self._window_steps = min(self.agree(need), m.window_cap)
 
     def finish(self):
         """Close what is open when training ended early (data or step budget exhausted: truncated)."""
@@ -578,18 +292,6 @@ class Meter:
         write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "host_cpu_s", "t_end_s", "samples",
                                     "tokens", "padded_tokens", "loss", "flops_model", "flops_hardware",
                                     "data_wait_s", "gc_pause_s", "gc_full", "compiled_graphs", "shape"])
-
-
-def window_summary(rows: list[dict], repeat: int, host_span: tuple[float, float], energy_j: float | None,
-                   truncated: bool) -> dict:
-    """A measured window from its steps' rows: steps, device and host time, median step, samples and tokens."""
-    times = [r["step_time_s"] for r in rows]
-    samples = sum(r["samples"] for r in rows)
-    return {"repeat": repeat, "steps": len(rows), "device_s": sum(times), "host_s": host_span[1] - host_span[0],
-            "host_span": host_span, "median_step_s": statistics.median(times), "samples": samples,
-            "samples_per_s": samples / sum(times) if sum(times) else None,
-            "tokens": None if any(r.get("tokens") is None for r in rows) else sum(r["tokens"] for r in rows),
-            "energy_j": energy_j, "truncated": truncated}
 
 
 def write_csv(path, rows: list[dict], fields: list[str] | None = None):
@@ -637,41 +339,3 @@ def write_record(path, record: dict):
     write_json_atomic(path, record)
 
 
-def memory_log_row(step: int, device: torch.device, **extra) -> dict:
-    """One line of the published memory log: allocated, reserved and peak at a step (host RSS too)."""
-    mem = memory_now(device)
-    return {"step": step, **extra, "allocated_gib": mem["allocated_gib"], "reserved_gib": mem["reserved_gib"],
-            "peak_allocated_gib": mem["peak_allocated_gib"], "host_peak_rss_gib": mem["host_peak_rss_gib"]}
-
-
-def compiled_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
-
-
-def _compile_end_callbacks(action: str, fn) -> None:
-    """Register (or remove) `fn` to run each time TorchDynamo finishes compiling (a torch without the hook: no-op)."""
-    try:
-        from torch._dynamo.callback import callback_handler
-    except ImportError:
-        return
-    getattr(callback_handler, f"{action}_end_callback")(fn)
-
-
-class TimedBatches:
-    """Batches from a loader, epoch after epoch; each fetch is timed (the host's wait for data) and marked
-    `ftbench.data.datasets` for the profiler."""
-
-    def __init__(self, loader):
-        self.loader, self._it = loader, iter(loader)
-
-    def next(self) -> tuple[dict, float]:
-        t0 = time.perf_counter()
-        with torch.profiler.record_function("ftbench.data"):
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                self._it = iter(self.loader)
-                batch = next(self._it)
-        return batch, time.perf_counter() - t0

@@ -9,7 +9,7 @@ import statistics
 import torch
 
 from ftbench.harness.flops import mfu
-from ftbench.harness.meter import GIB, compiled_graphs, memory_now
+from ftbench.harness.trackers import GIB, compiled_graphs, memory_now
 from ftbench.core.records import cv, tokens_cv
 
 
@@ -20,13 +20,13 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
     record["measure"].update(timer="cuda_events" if meter.cuda else "host_clock", warmup_steps=m.warmup_steps,
                              min_steps=m.steps, min_seconds=m.min_seconds, repeats=m.repeats,
                              truncated=any(w["truncated"] for w in windows) or (
-                                 len(windows) < m.repeats and not meter.stopped_early),
+                                 len(windows) < m.repeats and not meter.rule.stopped_early),
                              windows=[{k: v for k, v in w.items() if k != "host_span"} for w in windows])
-    if meter.calibrated:  # several ranks: windows that ended before min_seconds, counted as warm-up
-        record["extra"]["measure_calibration"] = {"windows_as_warmup": meter.calibrated,
+    if meter.rule.calibrated:  # several ranks: windows that ended before min_seconds, counted as warm-up
+        record["extra"]["measure_calibration"] = {"windows_as_warmup": meter.rule.calibrated,
                                                   "why": "shorter than min_seconds on a rank"}
-    if meter.stopped_early:  # fewer windows than `repeats`: their noise was already at most the target
-        record["extra"]["measure_stop"] = meter.stopped_early
+    if meter.rule.stopped_early:  # fewer windows than `repeats`: their noise was already at most the target
+        record["extra"]["measure_stop"] = meter.rule.stopped_early
     t = record["timing"]
     t.update({k: v for k, v in meter.timing.items() if k in t})
     if meter.rows:

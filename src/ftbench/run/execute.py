@@ -111,7 +111,7 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
                   memory_log_every=ctx.settings.memory_log_every, count_graphs=v.compile is not None,
                   inject=ctx.settings.inject, gc_freeze=v.gc_freeze)
     if ranks.world_size() > 1:  # launched by the supervisor with torchrun (variant knob gpus > 1)
-        meter.agree = ranks.agree_max(device)
+        meter.rule.agree = ranks.agree_max(device)
     with guarded(record, device):
         if ctx.manifest.get("status") == "unsupported":  # refused before building (too large for this host)
             raise Unsupported(f"the model was not materialized: {ctx.manifest.get('reason')}")
@@ -129,7 +129,7 @@ def execute(ctx: RunContext, metrics_path, steps_path, memory_path) -> dict:
         with compile_cache(v, record), meter, (ctx.profiler or nullcontext()), attention_backend(v):
             runner.train(ctx, record, device, meter)
     if record["status"] != "ok":  # a failed rank agrees nothing more with its peers (ftbench.harness.ranks)
-        meter.agree = None
+        meter.rule.agree = None
     with suppress(Exception):  # a failed run may leave steps open: close them if the device still allows it
         meter.finish()
     if ctx.adapter_dir is not None:

@@ -94,7 +94,7 @@ def _kill_left(seen: dict[int, str]) -> list[int]:
 
 def rank_progress(path: Path) -> dict[int, dict]:
     """Each rank's last report ({rank: its progress file's content, with `age_s`}): rank 0 writes `path`, rank r
-    `path`.rank<r> (ftbench.harness.meter.Progress)."""
+    `path`.rank<r> (ftbench.harness.trackers.Progress)."""
     out = {}
     for f in [path, *path.parent.glob(path.name + ".rank*")]:
         try:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ftbench.harness.meter import TimedBatches
+from ftbench.harness.trackers import TimedBatches
 from ftbench.build.variants import DTYPE_NAMES, compile_kwargs, compute_dtype, cuda_graphs, parameter_counts, precision_ran
 
 

@@ -16,7 +16,7 @@ import torch
 from ftbench.build import fp8
 from ftbench.data.datasets import BEAN_LABELS, read_split
 from ftbench.harness.flops import causal_lm_shape, step_flops
-from ftbench.harness.meter import TimedBatches
+from ftbench.harness.trackers import TimedBatches
 from ftbench.data.tokens import FIXED_IMAGE_SIZE
 from ftbench.build.variants import (DTYPE_NAMES, adapted_modules, apply_lora, compile_model, compute_dtype, load_pretrained,
                         parameter_counts, precision_ran)
