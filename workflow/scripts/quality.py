@@ -19,7 +19,7 @@ variants = quality.recorded_seeds(df["variant"].unique().to_list() if len(df) el
 rows = quality.quality_rows(df, p.settings["baseline"], p.settings.get("seeds") or [], variants, speed, p.lineage,
                             p.settings, p.seed)
 claims = quality.claims_rows(rows, p.settings.get("claims") or [], p.variants)
-frame = quality_page.curves_frame(df)
+frame = quality_page.curves_frame(quality.latest_scoring(df))  # one scoring a GPU and dataset
 chart = quality_page.svg(quality_page.curves_chart(frame)) if len(frame) else "<p>No held-out curve was measured.</p>"
 answers = [json.loads(Path(a).read_text()) for a in snakemake.input.answers]
 errors = [json.loads(Path(e).read_text()) for e in snakemake.input.fp8_errors]

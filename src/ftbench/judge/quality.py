@@ -242,6 +242,8 @@ def scored_of(row: dict) -> str:
 def latest_scoring(df: pl.DataFrame) -> pl.DataFrame:
     """Each (model, dataset, GPU)'s runs of one scoring: where some scored the text alone, those; runs of the older
     scoring (every token, template included) are not mixed with them, nor judged beside them."""
+    if "loss.held_out" not in df.columns:
+        df = df.with_columns(pl.lit(None, dtype=pl.String).alias("loss.held_out"))
     df = df.with_columns(pl.Series("scored", [scored_of(r) for r in df.iter_rows(named=True)], dtype=pl.String))
     newest = {}
     for r in df.iter_rows(named=True):
@@ -288,8 +290,6 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
     fast = speed_at_shapes(speed)
     names_seeds = [x for x in seeds if isinstance(x, str)]
     out = []
-    if "loss.held_out" not in df.columns:
-        df = df.with_columns(pl.lit(None, dtype=pl.String).alias("loss.held_out"))
     for key, group in latest_scoring(df).group_by(list(GROUP), maintain_order=True):
         rows = group.to_dicts()
         ref = reference_of({r["variant"] for r in rows}, baseline, settings)

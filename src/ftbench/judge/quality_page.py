@@ -235,11 +235,13 @@ PAGE = "results/quality/quality.html"
 
 
 def learned(rows: list[dict]) -> list[str]:
-    """The baseline's held-out loss before and after, a line a GPU and dataset."""
+    """The baseline's held-out loss before and after, a line a GPU and dataset where the baseline itself ran (not where
+    a stand-in took its place: ftbench.judge.quality.reference_of)."""
     from ftbench.judge.analysis import _escape
 
     parts = []
-    base = [r for r in rows if r["seed of the baseline"] and r["held-out loss before"] is not None]
+    base = [r for r in rows if r["seed of the baseline"] and r["held-out loss before"] is not None
+            and r.get("judged against", r["technique"]) == r["technique"]]
     for gpu, dataset in dict.fromkeys((r["gpu"], r["dataset"]) for r in base):
         mine = [r for r in base if (r["gpu"], r["dataset"]) == (gpu, dataset)]
         before = statistics.fmean(r["held-out loss before"] for r in mine)
