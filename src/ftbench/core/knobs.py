@@ -158,17 +158,14 @@ class Variant:
     # the run's seed (LoRA's initial A, the data order, dropout), over config's `seed`: the same fine-tune under
     # other seeds, for the quality study's noise (ftbench.judge.quality)
     seed: int | None = None
-    # the run's optimizer steps (its measured warm-up and steps) times this, the learning rate's schedule stretched
-    # over them (the same shape, to 0 at the end): the quality study's longer arm, where tokens to quality is read
-    # for a technique that has not reached the baseline's loss within the baseline's tokens (ftbench.judge.quality)
+    # the run's optimizer steps times this, the learning rate's schedule stretched over them (the same shape): the
+    # quality study's longer arm, where tokens to quality is read past the baseline's tokens (ftbench.judge.quality)
     steps_scale: float | None = None
 
     @classmethod
     def from_config(cls, name: str, knobs: dict) -> "Variant":
-        known = {f.name for f in dataclasses.fields(cls)} - {"name"}
-        unknown = sorted(set(knobs) - known)
-        if unknown:
-            raise ConfigError(f"variants.{name}: unknown knob(s) {unknown}; known: {sorted(known)}")
+        if unknown := sorted(set(knobs) - set(DEFAULTS)):  # every field but the name
+            raise ConfigError(f"variants.{name}: unknown knob(s) {unknown}; known: {sorted(DEFAULTS)}")
         return cls(name=name, **knobs)
 
 
@@ -257,6 +254,12 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
                 problems.append(f"{knob}={value!r} (the {family} runner does not act on {knob})")
         elif honoured[knob] is not ANY and value not in honoured[knob]:
             problems.append(f"{knob}={value!r} (the {family} runner honours {sorted(honoured[knob], key=str)})")
+    return problems + parallel_problems(variant) + model_problems(variant) + fp8_problems(variant, honoured)
+
+
+def parallel_problems(variant: Variant) -> list[str]:
+    """Knobs of several GPUs that contradict each other or the rest."""
+    problems = []
     if variant.gpus > 1 and variant.parallel is None:
         problems.append(f"gpus={variant.gpus} without parallel (ddp or fsdp2)")
     if variant.parallel is not None and variant.gpus < 2:
@@ -272,6 +275,19 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append("balance_ranks without parallel and token_budget (it deals packed rows to the ranks)")
     if variant.ddp_graph_split and (variant.parallel != "ddp" or not variant.compile):
         problems.append("ddp_graph_split without parallel='ddp' and compile (it splits compiled graphs under DDP)")
+    if variant.framework == "nemo" and (variant.peft != "lora" or variant.precision != "bf16" or variant.parallel
+                                        or variant.liger or variant.fused_projections or variant.sync_free):
+        problems.append("framework='nemo' needs LoRA in bf16 on one GPU, without liger (NeMo AutoModel applies its "
+                        "own kernel patches), fused_projections or sync_free (wired for PEFT's modules)")
+    if variant.parallel == "fsdp2" and (variant.fused_projections or variant.experts != "loop" or variant.expert_lora):
+        problems.append("parallel='fsdp2' with fused_projections, experts or expert_lora (they rewrite the model "
+                        "after it is built; the sharded build is not rewritten)")
+    return problems
+
+
+def model_problems(variant: Variant) -> list[str]:
+    """Knobs of the model's build, attention and framework that contradict each other."""
+    problems = []
     if variant.expert_lora and variant.experts != "grouped" and variant.framework != "unsloth":
         problems.append("expert_lora without experts='grouped' (PEFT's expert LoRA runs in the grouped path)")
     if variant.attention == "varlen" and not variant.padding_free:
@@ -301,6 +317,30 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
         problems.append(f"compile_backend={variant.compile_backend!r} without compile")
     if variant.nf4_compute != DEFAULTS["nf4_compute"] and variant.precision != "nf4":
         problems.append(f"nf4_compute={variant.nf4_compute!r} with precision={variant.precision!r} (nf4 only)")
+    if variant.flash_impl and variant.attention != "varlen":
+        problems.append(f"flash_impl={variant.flash_impl!r} without attention='varlen' (it replaces the flash kernels "
+                        "the variable-length attention runs)")
+    if variant.fused_adapters and (variant.fused_projections or variant.peft != "lora" or variant.framework != "hf"
+                                   or variant.parallel == "fsdp2"):
+        problems.append("fused_adapters needs PEFT LoRA, framework hf, no FSDP2, and not fused_projections (which "
+                        "fuses the LoRA A matrices already, with the frozen weights)")
+    if variant.coordinate_descent_tuning and (not variant.compile or variant.compile_scope != "layers"
+                                              or variant.compile_backend != "inductor"):
+        problems.append("coordinate_descent_tuning without Inductor compiling each layer (compile_scope 'layers': a "
+                        "whole-model compile goes through the Trainer, which takes a mode, not Inductor's options)")
+    if variant.lora_b_one_read and (variant.peft != "lora" or not (variant.fused_adapters
+                                                                   or variant.fused_projections)):
+        problems.append("lora_b_one_read without LoRA through fused_adapters or fused_projections (it is the backward "
+                        "of the fused layers' LoRA products)")
+    if variant.lora_epilogue and not (variant.fused_adapters or variant.fused_projections):
+        problems.append("lora_epilogue without fused_adapters or fused_projections (it adds LoRA's product in the "
+                        "fused groups' LoRA B GEMMs)")
+    return problems
+
+
+def fp8_problems(variant: Variant, honoured: dict) -> list[str]:
+    """FP8's knobs (and the LM head's) that contradict each other or the rest."""
+    problems = []
     if variant.fp8_recipe != DEFAULTS["fp8_recipe"] and variant.precision != "fp8":
         problems.append(f"fp8_recipe={variant.fp8_recipe!r} with precision={variant.precision!r} (fp8 only)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:
@@ -313,13 +353,6 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
     if variant.fp8_recipe == "static" and (variant.fp8_backend != "torchao" or variant.parallel == "fsdp2"):
         problems.append("fp8_recipe='static' needs fp8_backend='torchao' and no FSDP2 (each GPU holds the FP8 copy of "
                         "the weights it casts once; FSDP2 shards the weights after)")
-    if variant.flash_impl and variant.attention != "varlen":
-        problems.append(f"flash_impl={variant.flash_impl!r} without attention='varlen' (it replaces the flash kernels "
-                        "the variable-length attention runs)")
-    if variant.fused_adapters and (variant.fused_projections or variant.peft != "lora" or variant.framework != "hf"
-                                   or variant.parallel == "fsdp2"):
-        problems.append("fused_adapters needs PEFT LoRA, framework hf, no FSDP2, and not fused_projections (which "
-                        "fuses the LoRA A matrices already, with the frozen weights)")
     if variant.fp8_transpose_once and (variant.fp8_recipe != "static" or variant.fused_projections):
         problems.append("fp8_transpose_once without fp8_recipe='static', or with fused_projections (it keeps the "
                         "transpose of each weight cast once; a fused group casts its weights again)")
@@ -335,17 +368,6 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
     if variant.fp8_weight_scaling == "channel" and variant.fp8_activation_scaling != "rowwise":
         problems.append("fp8_weight_scaling='channel' without fp8_activation_scaling='rowwise' (a GEMM with a scale "
                         "an output channel takes its activations' scales a row: the scaled GEMM's outer scales)")
-    if variant.coordinate_descent_tuning and (not variant.compile or variant.compile_scope != "layers"
-                                              or variant.compile_backend != "inductor"):
-        problems.append("coordinate_descent_tuning without Inductor compiling each layer (compile_scope 'layers': a "
-                        "whole-model compile goes through the Trainer, which takes a mode, not Inductor's options)")
-    if variant.lora_b_one_read and (variant.peft != "lora" or not (variant.fused_adapters
-                                                                   or variant.fused_projections)):
-        problems.append("lora_b_one_read without LoRA through fused_adapters or fused_projections (it is the backward "
-                        "of the fused layers' LoRA products)")
-    if variant.lora_epilogue and not (variant.fused_adapters or variant.fused_projections):
-        problems.append("lora_epilogue without fused_adapters or fused_projections (it adds LoRA's product in the "
-                        "fused groups' LoRA B GEMMs)")
     if variant.lm_head and (variant.peft != "lora" or variant.framework != "hf" or variant.trainer_metrics
                             or variant.liger or variant.parallel == "fsdp2"
                             or (variant.compile and variant.compile_scope == "model")):
@@ -354,11 +376,4 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
                         "head outside a compiled graph (no compile_scope 'model')")
     if variant.lm_head == "fp8" and variant.precision != "fp8":
         problems.append("lm_head='fp8' without precision='fp8' (its GEMMs are FP8; the record says what ran)")
-    if variant.framework == "nemo" and (variant.peft != "lora" or variant.precision != "bf16" or variant.parallel
-                                        or variant.liger or variant.fused_projections or variant.sync_free):
-        problems.append("framework='nemo' needs LoRA in bf16 on one GPU, without liger (NeMo AutoModel applies its "
-                        "own kernel patches), fused_projections or sync_free (wired for PEFT's modules)")
-    if variant.parallel == "fsdp2" and (variant.fused_projections or variant.experts != "loop" or variant.expert_lora):
-        problems.append("parallel='fsdp2' with fused_projections, experts or expert_lora (they rewrite the model "
-                        "after it is built; the sharded build is not rewritten)")
     return problems

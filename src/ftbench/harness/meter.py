@@ -18,12 +18,15 @@ import torch
 from ftbench.config.settings import MeasureSettings, alloc_conf
 from ftbench.harness.gpus import HOST_MEMORY, cpu_name, host_cpu, this_machine
 from ftbench.harness.source import code_identity
-from ftbench.harness.trackers import (GIB, DeviceSampler, GcClock, Progress, _nvml, _nvml_handle, compiled_graphs,
-                                      memory_log_row, memory_now)
+from ftbench.harness.trackers import (GIB, DeviceSampler, GcClock, PhaseTimes, Progress, StepClock, _nvml,  # noqa: F401
+                                      _nvml_handle, compiled_graphs, memory_log_row, memory_now, synchronize)
 from ftbench.harness.windows import WindowRule, window_summary
 from ftbench.core.records import (RECORD_TEMPLATE, SCHEMA_VERSION, cv, new_record_from_template,  # noqa: F401  (the record's
                       write_json_atomic)  # shape and its writer live with its readers, torch-free)
 
+STEP_COLUMNS = ["step", "phase", "repeat", "step_time_s", "host_step_s", "host_cpu_s", "t_end_s", "samples", "tokens",
+                "padded_tokens", "loss", "flops_model", "flops_hardware", "data_wait_s", "gc_pause_s", "gc_full",
+                "compiled_graphs", "shape"]  # steps.csv
 PACKAGES = ["torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "torchao", "diffusers",
             "datasets", "unsloth", "transformer_engine", "snakemake", "liger_kernel", "flash_attn_4", "nvidia_cutlass_dsl"]
 
@@ -44,11 +47,6 @@ def pick_device() -> torch.device:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def device_info(device: torch.device) -> dict:
@@ -139,15 +137,13 @@ class Meter:
         # graphs this process compiled before the run (tests run several in one process): the run counts its own
         self.graphs_before = compiled_graphs() if count_graphs else 0
         self.sampler = DeviceSampler(device)
-        self.rows: list[dict] = []  # one per step, filled when its window closes
-        self.windows: list[dict] = []
-        self.memory_log: list[dict] = []
-        self.timing: dict = {}
-        self.done = False
-        self._pending: list[dict] = []
-        self._phase = None  # "warmup" | repeat index
-        self._steps = 0
         self.progress = Progress(inject)
+        self.rows, self.windows, self.memory_log = [], [], []  # rows: one a step, filled when its window closes
+        self.clock = StepClock(self.cuda)
+        self.phases = PhaseTimes(device, self.progress)  # load and evaluation, outside the windows
+        self.timing = self.phases.timing
+        self.done, self._pending, self._steps = False, [], 0
+        self._phase = None  # "warmup" | repeat index
         self._trained = None  # compile time and graph count when training finished
         self.rule = WindowRule(measure)  # when a window closes and measuring stops (several ranks: `rule.agree`)
 
@@ -163,32 +159,11 @@ class Meter:
         self.gc.__exit__(*exc)
         self.sampler.__exit__(*exc)
 
-    def _mark(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def _elapsed_s(self, a, b) -> float:
-        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
-
-    @contextmanager
-    def timed(self, key: str):
-        """Time a phase outside the measured windows (load, evaluation), synchronised at both ends."""
-        self.progress.phase(key)
-        synchronize(self.device)
-        t0 = time.perf_counter()
-        yield
-        synchronize(self.device)
-        self.timing[key] = time.perf_counter() - t0
-        self.progress.phase(f"{key} done")
-
     def load(self):
-        return self.timed("model_load_s")
+        return self.phases.timed("model_load_s")
 
     def eval(self):
-        return self.timed("eval_s")
+        return self.phases.timed("eval_s")
 
     def start(self):
         """Open the run's first segment (warm-up, or the first window when there is none)."""
@@ -199,7 +174,7 @@ class Meter:
         self._gc_last = self.gc.reading()
         synchronize(self.device)
         self._origin_host = time.perf_counter()
-        self._open(self._mark(), self._origin_host, "warmup" if self.measure.warmup_steps else 0)
+        self._open(self.clock.mark(), self._origin_host, "warmup" if self.measure.warmup_steps else 0)
 
     def _open(self, mark, host: float, phase, cpu: float | None = None):
         self._boundary, self._host_start, self._phase = mark, host, phase
@@ -218,7 +193,7 @@ class Meter:
         self._gc_last = gc_now
         if self.count_graphs:
             row["compiled_graphs"] = compiled_graphs() - self.graphs_before
-        self._pending.append({"mark": self._mark(), "host": time.perf_counter(), "cpu": time.thread_time(),
+        self._pending.append({"mark": self.clock.mark(), "host": time.perf_counter(), "cpu": time.thread_time(),
                               "row": row, "lazy": lazy})
         self._steps += 1
         self._in_window += 1
@@ -241,7 +216,7 @@ class Meter:
         for p in self._pending:
             row = p["row"]
             row.update(phase="warmup" if warm else "measure", repeat=None if warm else self._phase,
-                       step_time_s=self._elapsed_s(prev_mark, p["mark"]), host_step_s=p["host"] - prev_host,
+                       step_time_s=self.clock.elapsed_s(prev_mark, p["mark"]), host_step_s=p["host"] - prev_host,
                        host_cpu_s=p["cpu"] - prev_cpu, t_end_s=p["host"] - self._origin_host)
             for k, v in list(row.items()):
                 row[k] = _scalar(v)
@@ -289,9 +264,7 @@ class Meter:
         return self._trained
 
     def write_steps(self, path):
-        write_csv(path, self.rows, ["step", "phase", "repeat", "step_time_s", "host_step_s", "host_cpu_s", "t_end_s", "samples",
-                                    "tokens", "padded_tokens", "loss", "flops_model", "flops_hardware",
-                                    "data_wait_s", "gc_pause_s", "gc_full", "compiled_graphs", "shape"])
+        write_csv(path, self.rows, STEP_COLUMNS)
 
 
 def write_csv(path, rows: list[dict], fields: list[str] | None = None):

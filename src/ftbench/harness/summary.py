@@ -13,6 +13,18 @@ from ftbench.harness.trackers import GIB, compiled_graphs, memory_now
 from ftbench.core.records import cv, tokens_cv
 
 
+def _memory(meter, record: dict) -> None:
+    """The run's peaks: the allocator's, the host's resident set, the device's (NVML) and the process's own."""
+    mem = memory_now(meter.device)
+    for key in ("peak_allocated_gib", "peak_reserved_gib", "host_peak_rss_gib"):
+        record["memory"][key] = mem[key]
+    record["memory"]["device_peak_used_gib"] = meter.sampler.peak_used_gib()
+    if meter.device.type == "cuda":  # the caching allocator at its limit frees its cache and retries: slow steps
+        record["memory"]["alloc_retries"] = torch.cuda.memory_stats(meter.device).get("num_alloc_retries")
+    if meter.sampler.process_peak_bytes is not None:
+        record["memory"]["process_peak_used_gib"] = meter.sampler.process_peak_bytes / GIB
+
+
 def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: str | None) -> None:
     """Fill the record's measure, timing, outliers, throughput, memory, usage, energy, FLOPs and compile from a
     finished Meter's steps and windows."""
@@ -32,14 +44,7 @@ def summarize(meter, record: dict, peak_tflops: float | None, peak_precision: st
     if meter.rows:
         t["first_step_s"] = meter.rows[0]["step_time_s"]
         t["train_s"] = meter.rows[-1]["t_end_s"]
-    mem = memory_now(meter.device)
-    for key in ("peak_allocated_gib", "peak_reserved_gib", "host_peak_rss_gib"):
-        record["memory"][key] = mem[key]
-    record["memory"]["device_peak_used_gib"] = meter.sampler.peak_used_gib()
-    if meter.device.type == "cuda":  # the caching allocator at its limit frees its cache and retries: slow steps
-        record["memory"]["alloc_retries"] = torch.cuda.memory_stats(meter.device).get("num_alloc_retries")
-    if meter.sampler.process_peak_bytes is not None:
-        record["memory"]["process_peak_used_gib"] = meter.sampler.process_peak_bytes / GIB
+    _memory(meter, record)
     _compile(meter, record)
     losses = [r["loss"] for r in meter.rows if r.get("loss") is not None]
     if losses:  # the first steps see the same samples in every variant of a study (same seed and batch)

@@ -13,6 +13,7 @@ import signal
 import statistics
 import threading
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -278,3 +279,44 @@ class TimedBatches:
                 self._it = iter(self.loader)
                 batch = next(self._it)
         return batch, time.perf_counter() - t0
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepClock:
+    """A step's end as the device sees it: a CUDA event recorded on the current stream (no synchronisation), or a
+    host clock reading on a CPU; the seconds between two such marks are read once the window's events completed."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def elapsed_s(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+
+class PhaseTimes:
+    """The seconds of each phase outside the measured windows (model load, evaluation), synchronised at both ends,
+    each phase's start and end said to the supervisor through `progress`."""
+
+    def __init__(self, device: torch.device, progress: Progress):
+        self.device, self.progress, self.timing = device, progress, {}
+
+    @contextmanager
+    def timed(self, key: str):
+        self.progress.phase(key)
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        yield
+        synchronize(self.device)
+        self.timing[key] = time.perf_counter() - t0
+        self.progress.phase(f"{key} done")
