@@ -38,6 +38,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from measure_check import PARTS, fill  # noqa: E402
+from campaign_readme import host_facts, kept_path, pending, readme  # noqa: E402
+from campaign_estimate import (JOB_OVERHEAD_S, PROFILE_S, START_S, batch_of, estimate, longest_first,  # noqa: E402,F401
+                               only_batches, split_batches, split_by_batch)
 
 KEPT = ("metrics.json", "steps.csv", "memory.csv", "summary.json")
 COLLECT_EVERY_S = 20.0  # how often a running call copies its jobs' finished records into its folder
@@ -200,26 +203,6 @@ def waiting(camp: dict, targets: list[str], code: Path = ROOT) -> dict[str, str]
     return held
 
 
-def longest_first(targets: list[str], gpus: int, sources: list[Path], prefer: str | None) -> list[str]:
-    """The `gpus` longest of the targets by their jobs' own times in earlier leases (none where no lease ran any):
-    the first wave, so that the shorter jobs fill the GPUs around them."""
-    timed = [(s, t) for t in targets if (s := job_seconds(t, sources, prefer)[0]) is not None]
-    return [t for _, t in sorted(timed, reverse=True)[:max(gpus, 1)]]
-
-
-def kept_path(target: str, out: Path) -> Path:
-    """Where a target's file lives in the campaign's folder (results/runs/X -> OUT/X, results/profiles/X ->
-    OUT/profiles/X)."""
-    rel = Path(target).relative_to("results")
-    return out / (rel.relative_to("runs") if rel.parts[0] == "runs" else rel)
-
-
-def pending(targets: list[str], out: Path) -> list[str]:
-    """The targets the campaign's folder holds no file for yet: what a call (on this machine or a fresh one that
-    carried the folder) still has to run."""
-    return [t for t in targets if not kept_path(t, out).exists()]
-
-
 def collect(targets: list[str], out: Path, workdir: Path = ROOT) -> list[Path]:
     """Copy what the targets left (records and their logs, profile summaries) into OUT, under the path they have
     below results/runs or results/profiles (profiles/...): the layout merge_runs reads."""
@@ -307,113 +290,6 @@ def noisy(camp: dict, out: Path, bound: float) -> dict[str, float]:
     return found
 
 
-PROFILE_S = 90.0  # a profile job's own time, where no record says (README: ~1.5 min)
-START_S = 150.0  # a lent machine's start and its carries before the first job (2026-11-27: 140 s to TE ready)
-JOB_OVERHEAD_S = 15.0  # Snakemake's start of a job, beyond the training process's own wall time
-
-
-def job_seconds(target: str, sources: list[Path], prefer: str | None) -> tuple[float | None, str]:
-    """How long `target`'s job ran before: the training process's wall time (`extra.supervision.elapsed_s`) of the
-    same run (study, model, scale, dataset, variant, batch) in a measurements folder, on a GPU whose name holds
-    `prefer` where one ran there, else on any; (None, "no record") where none did. Profiles: PROFILE_S."""
-    if "/profiles/" in f"/{target}":
-        return PROFILE_S, "profile (assumed)"
-    rel = Path(target).relative_to("results/runs")
-    found = []
-    for src in sources:
-        f = src / rel
-        if f.exists():
-            rec = json.loads(f.read_text())
-            elapsed = ((rec.get("extra") or {}).get("supervision") or {}).get("elapsed_s")
-            if elapsed and rec.get("status") in ("ok", "oom"):  # (a timeout says only that it ran longer)
-                gpu = ((rec.get("provenance") or {}).get("device") or {}).get("name") or "?"
-                found.append((prefer is not None and prefer.lower() in gpu.lower(), str(rec["provenance"].get(
-                    "timestamp", "")), elapsed, f"{src.name} ({gpu})"))
-    if not found:
-        return None, "no record"
-    _, _, elapsed, where = max(found)  # the preferred GPU first, then the latest
-    return elapsed + JOB_OVERHEAD_S, where
-
-
-def estimate(targets: list[str], gpus: int, limit_s: float, sources: list[Path], prefer: str | None = None,
-             unknown_s: float | None = None) -> dict:
-    """The campaign's cost before a lease, from the jobs' own times in earlier leases: GPU-seconds, the shortest
-    wall time on `gpus` GPUs (longest job first, each to the GPU with the least work), and the calls of `limit_s`
-    it needs (a job cut at a call's end is lost, so a call holds only whole jobs: first fit, longest first). A target
-    with no earlier record counts the median of those found (or `unknown_s`); the data and model jobs before the
-    first training job are not counted."""
-    jobs = {t: job_seconds(t, sources, prefer) for t in targets}
-    known = sorted(s for s, _ in jobs.values() if s is not None)
-    fill = unknown_s if unknown_s is not None else (known[len(known) // 2] if known else 0.0)
-    times = {t: (s if s is not None else fill) for t, (s, _) in jobs.items()}
-    order = sorted(times, key=lambda t: -times[t])
-    load = [0.0] * max(gpus, 1)
-    for t in order:
-        load[load.index(min(load))] += times[t]
-    calls: list[list[float]] = []  # each call: the work on each GPU
-    too_long = [t for t in order if times[t] > limit_s]
-    for t in order:
-        if times[t] > limit_s:
-            continue
-        for call in calls:
-            free = min(range(len(call)), key=lambda g: call[g])
-            if call[free] + times[t] <= limit_s:
-                call[free] += times[t]
-                break
-        else:
-            calls.append([times[t]] + [0.0] * (max(gpus, 1) - 1))
-    return {"jobs": len(targets), "gpu_s": sum(times.values()), "wall_s": max(load), "calls": len(calls),
-            "limit_s": limit_s, "gpus": gpus, "assumed": sorted(t for t, (s, _) in jobs.items() if s is None),
-            "assumed_s": fill, "too_long": too_long, "sources": {t: w for t, (_, w) in jobs.items()}}
-
-
-def batch_of(target: str) -> int | None:
-    """The batch size in a target's path (its bsN folder)."""
-    part = next((p for p in Path(target).parts if p.startswith("bs") and p[2:].isdigit()), None)
-    return int(part[2:]) if part else None
-
-
-def split_batches(targets: list[str], out: Path, calls: list[dict], machine: str | None) -> dict[int, list[str]]:
-    """The batches this call would finish on `machine` while the folder holds records of the same batch from another
-    machine (a campaign resumed on a fresh lease): batch -> those machines. A cell run here against a baseline kept
-    from there is not comparable on the front page; run such a batch whole on one machine."""
-    from ftbench.harness.gpus import calls_machines, machine_named
-
-    named = calls_machines(calls)
-    todo = {batch_of(t) for t in pending(targets, out) if t.endswith("metrics.json")}
-    found: dict[int, set] = {}
-    for t in targets:
-        f = kept_path(t, out)
-        if batch_of(t) in todo and t.endswith("metrics.json") and f.exists():
-            prov = json.loads(f.read_text()).get("provenance") or {}
-            m = machine_named(prov.get("machine"), (prov.get("device") or {}).get("uuid"), named)
-            if m and m != machine:
-                found.setdefault(batch_of(t), set()).add(m)
-    return {b: sorted(ms) for b, ms in sorted(found.items(), key=lambda x: (x[0] is None, x[0]))}
-
-
-def split_by_batch(targets: list[str], gpus: int, lease_s: float, sources: list[Path], prefer: str | None = None,
-                   start_s: float = START_S) -> list[dict]:
-    """A campaign too long for one lease, cut into consecutive groups of whole batch sizes (each cell beside its
-    baseline on one machine) whose estimated wall time on `gpus` GPUs, plus a machine's start and carries
-    (`start_s`), fits `lease_s`: [{"batches": "1,2,4", "jobs": n, "wall_s": s, "fits": bool}, ...]. A batch that
-    alone does not fit is a group of its own, marked."""
-    by_batch: dict[int | None, list[str]] = {}
-    for t in targets:
-        by_batch.setdefault(batch_of(t), []).append(t)
-    def cost(batches: list) -> dict:
-        return estimate([t for b in batches for t in by_batch[b]], gpus, float("inf"), sources, prefer)
-
-    groups: list[tuple[list, dict]] = []  # (batches, their estimate)
-    for b in sorted(by_batch, key=lambda b: (b is None, b)):
-        if groups and (est := cost(trial := groups[-1][0] + [b]))["wall_s"] + start_s <= lease_s:
-            groups[-1] = (trial, est)
-        else:
-            groups.append(([b], cost([b])))
-    return [{"batches": ",".join(str(b) for b in g if b is not None), "jobs": est["jobs"], "wall_s": est["wall_s"],
-             "fits": est["wall_s"] + start_s <= lease_s} for g, est in groups]
-
-
 def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, budget_s: float, bound: float,
                  rounds: int, code: Path = ROOT) -> None:
     """Repeats for the cells whose noise cannot carry a verdict: each round reruns them with twice the repeats of
@@ -450,161 +326,8 @@ def repeat_noisy(camp: dict, state: dict, out: Path, workdir: Path, gpus: int, b
                           "the budget ended" if spent else "the rounds ended")
 
 
-def only_batches(targets: list[str], batches: str) -> list[str]:
-    """The targets at the batch sizes listed ("1,2,4,8": their paths' bsN folder)."""
-    keep = {f"/bs{b.strip()}/" for b in batches.split(",") if b.strip()}
-    return [t for t in targets if any(k in t for k in keep)]
-
-
-def host_facts() -> dict:
-    """This host: name, CPUs and their model, memory, and each GPU's name, UUID and driver (nvidia-smi; none on a CPU
-    machine)."""
-    from ftbench.harness.gpus import host_cpu
-
-    facts = {"hostname": platform.node(), "cpus": os.cpu_count(), "cpu_model": host_cpu()["cpu_model"],
-             "python": platform.python_version()}
-    try:
-        with open("/proc/meminfo") as f:
-            facts["memory_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,driver_version,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
-        facts["gpus"] = [dict(zip(("index", "name", "uuid", "driver", "memory"), (x.strip() for x in line.split(","))))
-                         for line in out.splitlines() if line.strip()]
-    except (OSError, subprocess.SubprocessError):
-        facts["gpus"] = []
-    return facts
-
-
-def host_line(host: dict) -> str:
-    """"vm, 64 CPUs (its model), 503.8 GiB of memory; 4 GPUs: 0 NVIDIA H200 (GPU-..., 143771 MiB); ...; driver D"."""
-    gpus = host.get("gpus") or []
-    return (f"{host.get('hostname')}, {host.get('cpus')} CPUs" + (f" ({host['cpu_model']})" if host.get("cpu_model")
-                                                                  else "")
-            + f", {host.get('memory_gib')} GiB of memory; {len(gpus)} GPUs: "
-            + ("; ".join(f"{g['index']} {g['name']} ({g['uuid']}, {g['memory']})" for g in gpus) or "none (a CPU "
-                                                                                                   "machine)")
-            + (f"; driver {gpus[0]['driver']}" if gpus else ""))
-
-
-def machines_lines(state: dict, records: list) -> list[str]:
-    """The README's machine lines: one host, or each machine of a campaign split over leases (`machine_of` its
-    calls' host and GPUs) with its calls, batches and records, and the batches whose records ran on more than one
-    machine (a ratio across them is not comparable on the front page: ftbench.judge.coverage)."""
-    from ftbench.harness.gpus import calls_machines, machine_named, machine_of
-
-    calls = state["calls"]
-    per_call = [machine_of(c.get("hostname"), c.get("gpu_uuids")) for c in calls]
-    order = list(dict.fromkeys(per_call))
-    facts = state.get("machines") or {}
-    if len(order) <= 1:
-        return [f"- **Host:** {host_line(state['host'])}."]
-    named = calls_machines(calls)
-    ran = {}  # machine -> batch -> records
-    for _, r in records:
-        prov = r.get("provenance") or {}
-        m = machine_named(prov.get("machine"), (prov.get("device") or {}).get("uuid"), named)
-        batch = (r.get("run") or {}).get("batch_size")
-        ran.setdefault(m, {})[batch] = ran.get(m, {}).get(batch, 0) + 1
-    lines = [f"- **Machines:** {len(order)} (the campaign's calls ran on {len(order)} leases; a ratio divides runs of "
-             "one machine):"]
-    for i, m in enumerate(order, 1):
-        mine = [c for c, at in zip(calls, per_call) if at == m]
-        batches = sorted(ran.get(m, {}), key=lambda b: (b is None, b))
-        where = (host_line(facts[m]) if m in facts
-                 else f"{mine[0].get('hostname')}, GPUs {', '.join(mine[0].get('gpu_uuids') or [])}")
-        lines.append(f"  {i}. `{m}`: {where}"
-                     + f"; {len(mine)} call(s), {mine[0]['start']} to {mine[-1].get('end') or mine[-1]['start']}; "
-                     f"{sum(ran.get(m, {}).values())} records, at batch {', '.join(str(b) for b in batches) or '-'}.")
-    both = sorted(b for b in {b for m in ran for b in ran[m]} if sum(b in ran[m] for m in ran) > 1)
-    if both:
-        lines.append(f"- **Batches measured on more than one machine:** {', '.join(map(str, both))}: a cell there "
-                     "whose baseline ran on the other machine is not comparable on the front page.")
-    return lines
-
-
-def readme(camp: dict, state: dict, out: Path) -> str:
-    """The campaign's README, from its state and the records it holds."""
-    from ftbench.harness.gpus import machine_of
-    from ftbench.core.records import read_record
-
-    records = []
-    for f in sorted(out.rglob("metrics.json")):
-        try:
-            records.append((f, read_record(f)))
-        except Exception as e:  # noqa: BLE001  (an unreadable record is named, not skipped silently)
-            records.append((f, {"status": "unreadable", "reason": str(e), "run": {}, "provenance": {}, "extra": {}}))
-    calls, host = state["calls"], state["host"]
-    start, end = calls[0]["start"], calls[-1].get("end") or calls[-1]["start"]
-    wall = sum(c.get("wall_s") or 0 for c in calls)
-    batches = sorted({c.get("batches") or "" for c in calls})  # one value where every call ran the same batches
-    codes = sorted({c["code"] for c in calls if c.get("code")})  # the code the jobs ran, where not the tree's
-    digests = sorted({d for _, r in records if (d := (r.get("provenance") or {}).get("source_digest"))}) or ["?"]
-    unnamed = sum(not (r.get("provenance") or {}).get("source_digest") for _, r in records)
-    gpu_h = sum(((r.get("extra") or {}).get("supervision") or {}).get("elapsed_s", 0) or 0
-                for _, r in records if r.get("status") != "unreadable"
-                for _ in range(int((r.get("variant") or {}).get("gpus") or 1))) / 3600
-    versions = next(((r.get("provenance") or {}).get("versions") for _, r in records
-                     if (r.get("provenance") or {}).get("versions")), {}) or {}
-    failed = [(f, r) for f, r in records if r.get("status") != "ok"]
-    missing = [t for t in pending(camp["targets"], out) if t.endswith("metrics.json")]
-    gpus = host.get("gpus") or []
-    lines = [f"# Campaign `{camp['name']}`: {camp.get('about', '')}", "",
-             "Written by `bench/campaign.py` after each call; do not edit by hand.", ""]
-    lines += machines_lines(state, records)
-    lines += [
-             "- **Packages:** " + (", ".join(f"{k} {v}" for k, v in versions.items() if v) or "no record yet") + ".",
-             f"- **Code:** source digest{'s' if len(digests) > 1 else ''} {', '.join(digests)}"
-             + (" (one version: every ratio in it divides runs of the same code)." if len(digests) == 1 else
-                " (more than one: the calls ran different code; ratios across them are not comparable).")
-             + (f" {unnamed} record(s) name no code (a job stopped by its supervisor before ftbench 2026-11-26's "
-                "sixteenth session wrote no digest)." if unnamed else "")
-             + (f" The jobs of {sum(bool(c.get('code')) for c in calls)} of the {len(calls)} call(s) ran "
-                f"{', '.join(codes)} (`--code`), not the working tree's files." if codes else ""),
-             f"- **When:** {start} to {end}, {len(calls)} call(s), {wall / 60:.1f} minutes of wall time; "
-             f"{gpu_h:.2f} {'GPU' if gpus else 'CPU job'}-hours in the jobs' own time.",
-             f"- **The one command:** `python3 bench/campaign.py {camp['name']} --out {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}"
-             + (f" --batches {batches[0]}" if len(batches) == 1 and batches[0] else "")
-             + (f" --code {codes[0].split()[-1]}" if len(codes) == 1 else "")
-             + (" --tiny" if camp.get("tiny") else "") + (f" --variants {camp['variants']}" if camp.get("variants")
-                                                          else "") + "` (again to resume).", "",
-             f"Records: {len(records)} of {sum(t.endswith('metrics.json') for t in camp['targets'])} cells; "
-             f"ok {sum(r.get('status') == 'ok' for _, r in records)}.", ""]
-    if failed:
-        lines += ["## Jobs that did not end ok", "", "| run | status | why |", "| --- | --- | --- |"]
-        for f, r in failed:
-            why = (r.get("reason") or "").replace("|", "/").replace("\n", " ")[:200]
-            lines.append(f"| {f.parent.relative_to(out)} | {r.get('status')} | {why} |")
-        lines.append("")
-    if state.get("repeats"):
-        lines += ["## Repeats added where the noise could not carry a verdict", "",
-                  "| run | noise before | repeats | noise after | ended by |", "| --- | --- | --- | --- | --- |"]
-        for t, e in state["repeats"].items():
-            after = e.get("noise_after")
-            lines.append(f"| {Path(t).parent.relative_to('results/runs')} | {100 * e['noise_before']:.1f} % | "
-                         f"{e.get('repeats', '-')} | {'-' if after is None else f'{100 * after:.1f} %'} | "
-                         f"{e.get('ended', '')} |")
-        lines.append("")
-    if missing:
-        held = calls[-1].get("held") or {}
-        lines += ["## Cells with no record yet (the next call runs them)", ""]
-        lines += [f"- {Path(t).parent.relative_to('results/runs')}"
-                  + (f" (held back in the last call, not installed on its host: {held[t]})" if t in held else "")
-                  for t in missing] + [""]
-    lines += ["## Calls", "", "| start | end | wall s | exit | machine | GPUs | batches | targets pending | "
-              "records kept while it ran | cut |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {c['start']} | {c.get('end', '(none: still running, or killed with its machine)')} | "
-              f"{c.get('wall_s', '')} | {c.get('exit', '')} | {machine_of(c.get('hostname'), c.get('gpu_uuids'))} | "
-              f"{c.get('gpus')} | {c.get('batches') or 'all'} | {c.get('pending', '')} | "
-              f"{c.get('kept_while_running', '')} | {c.get('cut', '')} |" for c in calls]
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str]) -> int:
-    from ftbench.harness.gpus import machine_of, visible_gpus
-
+def parser() -> argparse.ArgumentParser:
+    """The command line of a campaign call."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("campaign", nargs="?")
     ap.add_argument("--out", help="its folder (default measurements/<campaign>-<host>-<date>)")
@@ -639,7 +362,36 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--readme", action="store_true",
                     help="only rewrite OUT/README.md from OUT/campaign.json and the records (after moving the folder)")
     ap.add_argument("--list", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def print_estimate(args, name: str, todo: dict, sources: list[Path], gpus: list) -> int:
+    """--estimate: what the pending targets cost, from the jobs' own times in measurements/ (no run)."""
+    n = args.gpus or len(gpus)
+    est = estimate(todo["targets"], n, args.limit_s or 540.0, sources, args.prefer)
+    print(f"{name}{f' --batches {args.batches}' if args.batches else ''}: {est['jobs']} jobs pending, "
+          f"{est['gpu_s'] / 60:.0f} GPU-minutes; on {n} GPUs at least {est['wall_s'] / 60:.1f} minutes, "
+          f"{est['calls']} calls of {est['limit_s']:g} s (whole jobs a call; plus each machine's start and the "
+          f"data and model jobs)")
+    if est["assumed"]:
+        print(f"  no earlier record, counted at {est['assumed_s']:.0f} s: " + ", ".join(est["assumed"]))
+    if est["too_long"]:
+        print("  longer than a call: " + ", ".join(est["too_long"]))
+    if est["wall_s"] + START_S > args.lease_min * 60:
+        groups = split_by_batch(todo["targets"], n, args.lease_min * 60, sources, args.prefer)
+        print(f"  more than one lease of {args.lease_min:g} minutes (with {START_S:.0f} s of start and carries); "
+              "split by batch, each cell beside its baseline on one machine: "
+              + ", then ".join(f"--batches {g['batches']} ({g['jobs']} jobs, >= {g['wall_s'] / 60:.1f} min"
+                               + ("" if g["fits"] else ", alone longer than a lease") + ")" for g in groups))
+    for t, where in est["sources"].items():
+        print(f"  {t}: {where}")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    from ftbench.harness.gpus import visible_gpus
+
+    args = parser().parse_args(argv)
     parts = yaml.safe_load(PARTS.read_text())
     if args.list or not args.campaign:
         for name, camp in parts.get("campaigns", {}).items():
@@ -670,25 +422,16 @@ def main(argv: list[str]) -> int:
         print(out / "README.md")
         return 0
     if args.estimate:
-        n = args.gpus or len(gpus)
-        est = estimate(todo["targets"], n, args.limit_s or 540.0, sources, args.prefer)
-        print(f"{args.campaign}{f' --batches {args.batches}' if args.batches else ''}: {est['jobs']} jobs pending, "
-              f"{est['gpu_s'] / 60:.0f} GPU-minutes; on {n} GPUs at least {est['wall_s'] / 60:.1f} minutes, "
-              f"{est['calls']} calls of {est['limit_s']:g} s (whole jobs a call; plus each machine's start and the "
-              f"data and model jobs)")
-        if est["assumed"]:
-            print(f"  no earlier record, counted at {est['assumed_s']:.0f} s: " + ", ".join(est["assumed"]))
-        if est["too_long"]:
-            print("  longer than a call: " + ", ".join(est["too_long"]))
-        if est["wall_s"] + START_S > args.lease_min * 60:
-            groups = split_by_batch(todo["targets"], n, args.lease_min * 60, sources, args.prefer)
-            print(f"  more than one lease of {args.lease_min:g} minutes (with {START_S:.0f} s of start and carries); "
-                  "split by batch, each cell beside its baseline on one machine: "
-                  + ", then ".join(f"--batches {g['batches']} ({g['jobs']} jobs, >= {g['wall_s'] / 60:.1f} min"
-                                   + ("" if g["fits"] else ", alone longer than a lease") + ")" for g in groups))
-        for t, where in est["sources"].items():
-            print(f"  {t}: {where}")
-        return 0
+        return print_estimate(args, args.campaign, todo, sources, gpus)
+    return run_call(args, camp, whole, todo, out, workdir, gpus, sources)
+
+
+def run_call(args, camp: dict, whole: dict, todo: dict, out: Path, workdir: Path, gpus: list,
+             sources: list[Path]) -> int:
+    """One call of a campaign: its jobs through Snakemake (held back where a package is missing), the records kept
+    in OUT as they land, OUT/campaign.json and OUT/README.md written while it runs, then noisy cells again."""
+    from ftbench.harness.gpus import machine_of
+
     code, code_named = code_tree(args.code, workdir)
     held = waiting(camp, todo["targets"], code)
     if held:

@@ -826,7 +826,7 @@ def test_a_peers_record_names_the_settings_it_ran_with():
     from types import SimpleNamespace
 
     from ftbench.config.settings import Variant
-    from ftbench.run.runners.causal_lm import peer_record
+    from ftbench.run.runners.peers import peer_record
 
     args = SimpleNamespace(optim="adamw_torch_fused")
     rec = {"extra": {"unsloth_flash_impl": {"active": "FA3", "reason": "Hopper, flash_attn_3 importable"}}}
@@ -862,7 +862,7 @@ def test_nemo_automodels_record_names_what_it_built_and_why_its_attention():
 
     from ftbench.config.settings import Variant
     from ftbench.build.parallel import seed_adapters
-    from ftbench.run.runners.causal_lm import nemo_peft_name, peer_record
+    from ftbench.run.runners.peers import nemo_peft_name, peer_record
     from ftbench.build.variants import adapted_modules
 
     build = {"nemo_lora": {"target_modules": ["*_proj"], "dim": 8, "alpha": 16, "use_triton": True,

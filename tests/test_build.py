@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ftbench.config.architectures import load_architecture
-from ftbench.build.stages import SplitExperts, build_model, check_manifest
+from ftbench.build.experts import SplitExperts
+from ftbench.build.stages import build_model, check_manifest
 from ftbench.build.models import materialize_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,7 +261,7 @@ def test_grouped_experts_give_the_per_expert_loops_outputs_and_gradients(tmp_pat
     inside the grouped GEMM."""
     import bitsandbytes.functional as bnbf
 
-    from ftbench.build.stages import group_experts
+    from ftbench.build.experts import group_experts
     from ftbench.config.settings import Variant
     from ftbench.build.variants import quantization_config
 
@@ -307,7 +308,7 @@ def test_expert_lora_is_the_merged_weights_update_with_gradients_only_where_expe
     """LoRA on every expert's projections (variant knob expert_lora), as two grouped GEMMs a projection, computes
     what the experts compute with W + (alpha / r) B A merged into their weights; A is drawn, B starts at zero (the
     outputs unchanged), and an expert no token reached gets no gradient."""
-    from ftbench.build.stages import adapt_experts, group_experts
+    from ftbench.build.experts import adapt_experts, group_experts
 
     arch = load_architecture(ARCH / "gpt-oss-120b.yaml", "tiny")
     manifest = materialize_model(arch, "random", tmp_path, 42)
@@ -364,7 +365,7 @@ def test_a_jobs_folder_in_host_memory_goes_with_the_job(tmp_path, monkeypatch):
 
 def test_unsloths_own_compile_is_a_knob_read_before_unsloth_is_imported(tmp_path, monkeypatch):
     from ftbench.core.knobs import Variant, knob_problems
-    from ftbench.run.runners.causal_lm import import_unsloth
+    from ftbench.run.runners.peers import import_unsloth
 
     assert knob_problems("causal_lm", Variant("x", framework="unsloth", unsloth_compile=False)) == []
     assert "unsloth_compile: false without framework='unsloth'" in knob_problems(

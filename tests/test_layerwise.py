@@ -15,7 +15,7 @@ from ftbench.build.stages import build_model
 from ftbench.config.settings import Variant
 from ftbench.build.fp8 import StaticFP8Linear, convert_decoder, is_stand_in
 from ftbench.build.models import materialize_model
-from ftbench.build.parallel import build_fp8_base, fp8_base_bytes, fp8_base_layerwise, stand_ins
+from ftbench.build.fp8_base import build_fp8_base, fp8_base_bytes, fp8_base_layerwise, stand_ins
 
 ARCH = Path(__file__).resolve().parents[1] / "config" / "architectures"
 STATIC = Variant("s", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static")
@@ -152,7 +152,7 @@ import torch
 from ftbench.config.architectures import load_architecture
 from ftbench.config.settings import Variant
 from ftbench.build.models import materialize_model
-from ftbench.build.parallel import build_fp8_base
+from ftbench.build.fp8_base import build_fp8_base
 arch = load_architecture(sys.argv[1], "tiny")
 arch["config"].update(hidden_size=1024, intermediate_size=4096, num_hidden_layers=14, head_dim=64,
                       num_attention_heads=16, num_key_value_heads=4, vocab_size=4096)

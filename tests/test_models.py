@@ -30,7 +30,8 @@ def test_causal_lm_checkpoint_loads_and_runs(tiny_qwen):
 
 
 def test_moe_model_is_built_in_process_with_experts_split(tmp_path):
-    from ftbench.build.stages import SplitExperts, build_model
+    from ftbench.build.experts import SplitExperts
+    from ftbench.build.stages import build_model
 
     m = materialize_model(load_architecture(ARCH / "gpt-oss-120b.yaml", "tiny"), "random", tmp_path, 0)
     assert m["build"] == "in_process" and not list(tmp_path.rglob("*.safetensors"))

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 import torch
 
-from ftbench.judge import quality, quality_page
+from ftbench.judge import quality, quality_page, stats
 from ftbench.data.datasets import held_out_module, python_docs, python_docs_split
 from ftbench.build.models import materialize_gguf
 from conftest import ROOT
@@ -259,7 +259,7 @@ def test_runs_scored_on_every_token_are_not_mixed_with_runs_scoring_the_text_alo
 
 def test_t_quantiles_match_the_tables():
     for p, df, t in ((0.95, 1, 6.314), (0.95, 4, 2.132), (0.975, 4, 2.776), (0.95, 30, 1.697)):
-        assert quality.t_quantile(p, df) == pytest.approx(t, abs=1e-3)
+        assert stats.t_quantile(p, df) == pytest.approx(t, abs=1e-3)
 
 
 KNOBS = {"lora": {"peft": "lora"}, "lora-s1": {"peft": "lora", "seed": 1}, "lora-s2": {"peft": "lora", "seed": 2},

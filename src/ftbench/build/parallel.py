@@ -28,7 +28,6 @@ On CPU ranks (gloo) FSDP2 runs too (torch supports it); the test suite builds, g
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import time
@@ -36,9 +35,10 @@ from pathlib import Path
 
 import torch
 
-from ftbench.build.stages import (GIB, GENERATOR, _value, build_memory, manifest_config, name_special_tokens, parameter_seed,
-                    skeleton)
+from ftbench.build.stages import (GIB, GENERATOR, _value, build_memory, name_special_tokens, parameter_seed)
 from ftbench.harness.ranks import distributed as _dist, world_size
+from ftbench.build.fp8_base import build_fp8_base, fp8_base_layerwise, stand_ins
+from ftbench.build.slices import CheckpointSlices, skeleton_of
 
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -208,39 +208,6 @@ def _owners(model) -> dict:
     return out
 
 
-class CheckpointSlices:
-    """A safetensors checkpoint read a slice at a time: only the rows a rank holds leave the disk."""
-
-    def __init__(self, path):
-        from safetensors import safe_open
-
-        files = sorted(glob.glob(str(Path(path) / "*.safetensors")))
-        if not files:
-            raise FileNotFoundError(f"{path}: no *.safetensors files to read the model's shards from")
-        self.handles = [safe_open(f, framework="pt", device="cpu") for f in files]
-        self.where = {k: h for h in self.handles for k in h.keys()}
-        # a model with tied embeddings (SmolLM2: tie_word_embeddings) saves the embedding once; its LM head reads it
-        self.alias = {name.replace("model.embed_tokens.", "lm_head."): name for name in self.where
-                      if name.startswith("model.embed_tokens.")
-                      and name.replace("model.embed_tokens.", "lm_head.") not in self.where}
-
-    def _key(self, name: str) -> str:
-        name = self.alias.get(name, name)
-        if name not in self.where:
-            raise KeyError(f"the checkpoint has no tensor {name!r}")
-        return name
-
-    def rows(self, name: str, start: int, end: int):
-        name = self._key(name)
-        part = self.where[name].get_slice(name)
-        return part[start:end] if part.get_shape() else part[:]
-
-    def tensor(self, name: str):
-        """One whole tensor (a one-process build reads each parameter so, one at a time)."""
-        name = self._key(name)
-        return self.where[name].get_tensor(name)
-
-
 def adapter_bound(p) -> float:
     """PEFT's initial LoRA A (Kaiming uniform with a = sqrt(5)): uniform in +-1/sqrt(fan_in)."""
     return 1 / math.sqrt(p.shape[1])
@@ -334,19 +301,6 @@ def _no_cpu_repack(model) -> int:
     return n
 
 
-def skeleton_of(manifest: dict, seed: int) -> tuple:
-    """(the meta-device skeleton, its config, whether it is built in process) of a manifest: an in-process model's
-    architecture (checked against the run's seed), else its checkpoint folder's config."""
-    from transformers import AutoConfig
-
-    in_process = manifest.get("build") == "in_process"
-    if in_process:
-        arch, config = manifest_config(manifest, seed)
-    else:
-        arch, config = {"file": manifest["path"]}, AutoConfig.from_pretrained(manifest["path"])
-    return skeleton(arch, config), config, in_process
-
-
 def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tuple:
     """The causal LM of `manifest` (in process: seeded draws; else its checkpoint folder), with the variant's FP8
     layers and LoRA, sharded with FSDP2 over the ranks and materialized rank by rank on `device`. Returns (model,
@@ -397,68 +351,6 @@ def build_sharded(manifest: dict, seed: int, device, variant, lora: dict) -> tup
              **build_memory(device), "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
     model.eval()
     return model, facts, trainer_args, fp8_info
-
-
-def fp8_base_bytes(model) -> int:
-    """What a skeleton converted to FP8 on the meta device takes once built with its frozen projections kept in FP8
-    alone: a byte a weight (two where the transpose is kept), bf16's two for every other parameter."""
-    from ftbench.build.fp8 import StaticFP8Linear
-
-    fp8_weights, total = set(), 0
-    for m in model.modules():
-        if isinstance(m, StaticFP8Linear):
-            total += m.weight.numel() * (2 if m.w_t_fp8 is not None else 1)
-            fp8_weights.add(id(m.weight))
-    return total + sum(2 * p.numel() for p in model.parameters() if id(p) not in fp8_weights)
-
-
-def fp8_base_layerwise(variant) -> bool:
-    """Whether a one-process build makes the variant's frozen projections FP8 as each lands (`build_fp8_base`): the
-    static recipe (each weight cast once), unless fused_projections, which concatenates the bf16 weights after LoRA
-    and casts each group again."""
-    return variant.precision == "fp8" and variant.fp8_recipe == "static" and not variant.fused_projections
-
-
-def build_fp8_base(manifest: dict, seed: int, device, variant) -> tuple:
-    """A causal LM whose frozen decoder projections exist only in FP8, never whole in bf16 (fp8_recipe static): the
-    skeleton on the meta device, its projections made StaticFP8Linear there, then every parameter drawn (in process:
-    the seeded draws of `ftbench.build.stages`) or read from its checkpoint folder, one at a time on `device`; a projection's
-    bf16 value is cast to FP8 as it lands (its transpose too with fp8_transpose_once) and freed, its `weight` left a
-    stand-in (ftbench.build.fp8.stand_in). The peak is the model in FP8 and one weight in bf16: Qwen3-32B takes ~34 GiB
-    where the whole bf16 model (61 GiB) came first before (out of memory on an 80-GB GPU before its first step). The
-    FP8 tensors are those of casting the bf16 model's weights (tests/test_layerwise.py). Refused (TooLarge) before
-    building where the FP8 model cannot fit. Returns (model, build facts, FP8 conversion summary)."""
-    from ftbench.build import fp8
-    from ftbench.build.stages import check_fits, draw_parameters
-
-    t0 = time.perf_counter()
-    model, _, in_process = skeleton_of(manifest, seed)
-    info = fp8.convert_decoder(model, "static", variant.fp8_transpose_once, **fp8.static_options(variant))
-    need = fp8_base_bytes(model)
-    check_fits(model, device, f"{manifest.get('architecture_file') or manifest['path']} with an FP8 base", need=need)
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    source = None if in_process else CheckpointSlices(manifest["path"])
-    keep = variant.fp8_grads == "bf16"  # FP8 in the forward only: the backward reads the bf16 weight
-    counts = draw_parameters(model, seed, device, read=source.tensor if source else None, keep_weights=keep)
-    if in_process:
-        name_special_tokens(model, manifest)
-    info["bf16_weights"] = ("kept: the backward's GEMM runs in bf16 from them (fp8_grads bf16)" if keep else
-                            "not kept: each projection cast to FP8 as it landed, its weight a stand-in")
-    facts = {"method": ("in_process" if in_process else "checkpoint") + ", FP8 base layer by layer (each frozen "
-                       "projection cast to FP8 as it landed; the model never whole in bf16)",
-             "build_s": time.perf_counter() - t0, "generator": GENERATOR if in_process else None, "seed": seed,
-             "device": str(device), **counts, "expected_gib": need / GIB, **build_memory(device),
-             "disk_bytes": manifest.get("disk_bytes"), "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
-    model.eval()
-    return model, facts, info
-
-
-def stand_ins(model) -> list[str]:
-    """The names of the parameters that are stand-ins for weights kept only in FP8 (ftbench.build.fp8.stand_in)."""
-    from ftbench.build.fp8 import is_stand_in
-
-    return [n for n, p in model.named_parameters() if is_stand_in(p)]
 
 
 def gather(model, adapters_only: bool = True) -> dict:
@@ -516,7 +408,8 @@ def build_causal_lm(manifest: dict, seed: int, device, variant, lora: dict) -> t
     GEMMs), LoRA with its seeded A, expert LoRA, fused projections, and `parallelize`. Returns (model, info): what was
     built and how, for the record, and the trainer's settings for the strategy."""
     from ftbench.build import fp8, fused
-    from ftbench.build.stages import adapt_experts, build_model, group_experts
+    from ftbench.build.experts import adapt_experts, group_experts
+    from ftbench.build.stages import build_model
     from ftbench.build.variants import apply_lora, compute_dtype, load_pretrained, quantization_config
 
     v = variant

@@ -19,6 +19,11 @@ from ftbench.config.inputs import (DATA_SUFFIXES, REQUIRED_COLUMNS, check_column
 from ftbench.core.knobs import ConfigError, Variant, knob_problems  # noqa: F401  (re-exported: the names callers use)
 from ftbench.config.pool import (all_variant_names, all_variants, expand_seeds, pick_variants, study_lineage, study_variants,  # noqa: F401
                    variant_knobs, variant_pool)  # (re-exported: ftbench.config.settings is where callers find them)
+from ftbench.config.resources import (alloc_conf, run_alloc_conf, run_gpus, run_limits, run_nodes,  # noqa: F401
+                                      stall_limit)  # (re-exported: the names callers use)
+from ftbench.config.sources import (brings_own_config, campaign_of, campaign_owners, checkpoint_family,  # noqa: F401
+                                    coverage_tables, expand_sources, local_checkpoint, merge_sources,
+                                    merged_profile_summaries, shipped_sources)  # (re-exported: the names callers use)
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # models, datasets, variants, studies: path- and regex-safe
 RUN_KEY = "{study}/{model}/{scale}/{dataset}/{variant}/bs{batch_size}"
@@ -127,42 +132,6 @@ class TrainSettings:
 def load_yaml(path) -> dict:
     with open(path) as f:
         return yaml.safe_load(f)
-
-
-def local_checkpoint(config: dict, model: str) -> Path | None:
-    """The folder of a model whose source is a local checkpoint (config.json or model_index.json), else None."""
-    return _checkpoint_dir(config["models"][model]["source"])
-
-
-@functools.lru_cache(maxsize=None)
-def _checkpoint_dir(source: str) -> Path | None:
-    """Looked up once per source: the matrix asks for every run's scale, and Snakemake expands it per job."""
-    if source == "random":
-        return None
-    path = Path(source).expanduser()
-    return path if path.is_dir() and ((path / "config.json").is_file() or (path / "model_index.json").is_file()) \
-        else None
-
-
-@functools.lru_cache(maxsize=None)
-def checkpoint_family(path: Path) -> str:
-    """A local checkpoint's runner family, from its own files (a diffusers pipeline has model_index.json)."""
-    if (path / "model_index.json").is_file():
-        return "diffusion"
-    cfg = json.loads((path / "config.json").read_text())
-    names = " ".join(cfg.get("architectures") or []) + " " + cfg.get("model_type", "")
-    if "Llava" in names or "llava" in names:
-        return "lmm"
-    if "ForCausalLM" in names:
-        return "causal_lm"
-    raise ConfigError(f"{path}/config.json: architectures {cfg.get('architectures')} is not a causal LM, "
-                      "a LLaVA model or a diffusers pipeline")
-
-
-def brings_own_config(config: dict, model: str) -> bool:
-    """Whether a model brings its own architecture (a local checkpoint folder or a GGUF file): no architecture file,
-    trained at its own size."""
-    return config["models"][model]["source"] == "gguf" or local_checkpoint(config, model) is not None
 
 
 def model_scale(config: dict, model: str) -> str:
@@ -274,77 +243,6 @@ def validate_config(config: dict, schema_path, root: str = "config") -> None:
         where = where or "top level"
         message = error.message if len(error.message) < 300 else error.message[:300] + " ..."
         raise ConfigError(f"{where}: {message}")
-
-
-def coverage_tables(config: dict) -> list[dict]:
-    """Every study's published tables for the coverage table, active in this config or not (a study not run here
-    still lists its cells, as not measured, unless merged records fill them): each coverage entry of a study with
-    its `study` and its `published` file's name (under config/published/)."""
-    return [{**t, "study": s, "published": d["published"]}
-            for s, d in config["studies"].items() for t in d.get("coverage", []) if d.get("published")]
-
-
-def expand_sources(entry: str) -> list[str]:
-    """A `merge_runs` or `shipped_runs` entry: a pattern's folders, runs tables and records in name order, or the
-    path itself where it exists; [] where it names nothing. Of the same run the latest measured copy wins (its
-    record's timestamp: ftbench.judge.analysis.oldest_first), whatever the folders' names."""
-    import glob
-
-    if not glob.has_magic(entry):
-        return [entry] if Path(entry).exists() else []
-    return [f for f in sorted(glob.glob(entry)) if Path(f).is_dir() or f.endswith((".parquet", ".json"))]
-
-
-def merge_sources(config: dict, check: bool = True) -> list[str]:
-    """`merge_runs` with its patterns expanded (`measurements/*`: every folder, runs table or record there, in name
-    order; of the same run the latest measured copy wins); an entry that names nothing is refused; with `check`,
-    every record they hold read (`check_records`), before any job: a caller that checked already passes False."""
-    sources = []
-    for entry in config.get("merge_runs") or []:
-        found = expand_sources(entry)
-        if not found:
-            raise ConfigError(f"merge_runs: '{entry}' names no runs table or folder (from {Path.cwd()})")
-        sources += [f for f in found if f not in sources]
-    for source in sources if check else []:
-        check_records(source)
-    return sources
-
-
-def shipped_sources(config: dict) -> list[str]:
-    """`shipped_runs` with its patterns expanded (in name order), or nothing while `merge_runs` merges records into
-    the report itself (the user's own merge replaces what ships); a pattern that names nothing adds nothing (a clone
-    whose measurements/ was removed). A campaign's folder among them stands for its studies (`campaign_owners`)."""
-    if config.get("merge_runs"):
-        return []
-    found = []
-    for entry in config.get("shipped_runs") or []:
-        found += [f for f in expand_sources(entry) if Path(f).is_dir() and f not in found]
-    return found
-
-
-def campaign_of(folder) -> str | None:
-    """The campaign a folder holds (its campaign.json's `campaign`, bench/campaign.py), or None: not a campaign's."""
-    state = Path(folder) / "campaign.json"
-    if not state.is_file():
-        return None
-    return (json.loads(state.read_text() or "{}") or {}).get("campaign") or ""
-
-
-def campaign_owners(folders) -> dict[str, str]:
-    """study (the records' top folder: lmm, llm, diffusion) -> the campaign folder (its campaign.json: one commit on
-    one host, bench/campaign.py) that stands for it among `folders`, the last by name where several measured it:
-    that study's records are read from it alone, the other studies' from every folder."""
-    owners = {}
-    for f in sorted(folders):
-        if campaign_of(f) is not None:
-            for study in sorted(d.name for d in Path(f).iterdir() if d.is_dir() and any(d.rglob("metrics.json"))):
-                owners[study] = f
-    return owners
-
-
-def merged_profile_summaries(folder) -> list[Path]:
-    """The profile summaries a merged folder holds (its profiles/**/summary.json), in name order."""
-    return sorted(Path(folder).glob("profiles/**/summary.json"))
 
 
 def check_config(config: dict, base_dir) -> None:
@@ -510,44 +408,6 @@ def run_config(config: dict, spec: RunSpec) -> dict:
 def config_hash(obj) -> str:
     blob = json.dumps(obj, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def run_limits(params: dict) -> tuple[float | None, float | None]:
-    """(time limit s, host memory limit GiB) of a run from its params: the variant's time limit over the study's."""
-    settings = params["settings"]
-    return (params["variant"].get("time_limit_s") or settings.get("time_limit_s"),
-            settings.get("host_memory_limit_gib"))
-
-
-def stall_limit(params: dict) -> float | None:
-    """How long a run that has made its first step may go without reporting progress (training.stall_limit_s)."""
-    return (params.get("settings") or {}).get("stall_limit_s")
-
-
-def run_nodes(params: dict) -> int:
-    """The torchrun launchers ("nodes") a run's ranks are spread over (its variant's `nodes`)."""
-    return int((params.get("variant") or {}).get("nodes") or 1)
-
-
-def alloc_conf(env) -> str | None:
-    """The CUDA allocator settings an environment sets: torch's unified PYTORCH_ALLOC_CONF first, then the older
-    PYTORCH_CUDA_ALLOC_CONF (torch reads them in that order)."""
-    return env.get("PYTORCH_ALLOC_CONF") or env.get("PYTORCH_CUDA_ALLOC_CONF")
-
-
-def run_alloc_conf(params: dict, current: str | None) -> str | None:
-    """The training process's CUDA allocator settings (PYTORCH_ALLOC_CONF): what the environment sets (`current`,
-    `alloc_conf`), with expandable segments where the run's variant asks for them (knob expandable_segments)."""
-    if not (params.get("variant") or {}).get("expandable_segments"):
-        return current
-    kept = [s for s in (current or "").split(",") if s and not s.startswith("expandable_segments:")]
-    return ",".join([*kept, "expandable_segments:True"])
-
-
-def run_gpus(params: dict) -> int:
-    """The GPUs a run trains on (its variant's `gpus`): what its job asks Snakemake and SLURM for, and the
-    ranks its supervisor starts."""
-    return int((params.get("variant") or {}).get("gpus") or 1)
 
 
 def run_params(config: dict, spec: RunSpec) -> dict:

@@ -104,7 +104,7 @@ class Variant:
     # autograd runs two GEMMs over it: ftbench.build.lora_grads); CUDA only
     lora_b_one_read: bool = False
     # gpt-oss's frozen experts: loop (one expert at a time, ~10 launches each) | grouped (one grouped GEMM per
-    # projection per layer over all experts, weights dequantized inside it: ftbench.build.stages.SplitExperts)
+    # projection per layer over all experts, weights dequantized inside it: ftbench.build.experts.SplitExperts)
     experts: str = "loop"
     # mixture of experts: LoRA on each expert's projections too. PEFT (gpt-oss, experts grouped): gate_up and down
     # as grouped GEMMs (PEFT's names miss the split experts); Unsloth: the MLP target names kept, which its current
@@ -141,7 +141,7 @@ class Variant:
     gpus: int = 1  # GPUs (ranks) the job trains on; more than 1 needs `parallel`
     # torchrun launchers ("nodes") the ranks are spread over, gpus / nodes ranks each, joined by torchrun's c10d
     # rendezvous: in a SLURM allocation srun starts one a node, elsewhere they start side by side on this host, each
-    # with its share of the GPUs (ftbench.run.supervise.launch_plan)
+    # with its share of the GPUs (ftbench.run.launch.launch_plan)
     nodes: int = 1
     parallel: str | None = None  # None | ddp (data parallel) | fsdp2 (fully sharded, FSDP2): causal LM only
     # data parallel's gradient buckets (MB): None keeps DDP's 25 MB, each all-reduced as soon as it fills, during

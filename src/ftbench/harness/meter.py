@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ftbench.config.settings import MeasureSettings, alloc_conf
+from ftbench.config.resources import alloc_conf
+from ftbench.config.settings import MeasureSettings
 from ftbench.harness.gpus import HOST_MEMORY, cpu_name, host_cpu, this_machine
 from ftbench.harness.source import code_identity
 from ftbench.harness.trackers import (GIB, DeviceSampler, GcClock, PhaseTimes, Progress, StepClock, _nvml,  # noqa: F401

@@ -5,6 +5,7 @@ loader's waits, the graphs TorchDynamo compiled, and the run's progress as its s
 from __future__ import annotations
 
 import collections
+from contextlib import contextmanager
 import gc
 import json
 import os
@@ -13,7 +14,6 @@ import signal
 import statistics
 import threading
 import time
-from contextlib import contextmanager
 
 import torch
 

@@ -11,7 +11,8 @@ import polars as pl
 
 from ftbench.judge.analysis import KEY, full_scale, html_table, legend_block, oldest_first, peak_memory, read_runs, typed
 from ftbench.judge.analysis import variant_knobs
-from ftbench.judge.cells import study_a, study_b, study_c, study_d
+from ftbench.judge.cells import study_a, study_b, study_c
+from ftbench.judge.cells_d import study_d
 from ftbench.judge.verdicts import VERDICTS, counts_line
 
 

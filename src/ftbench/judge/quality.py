@@ -41,6 +41,7 @@ import polars as pl
 
 from ftbench.core.knobs import same_numbers
 from ftbench.config.techniques import words
+from ftbench.judge.stats import interval, loss_at, points, tokens_to
 
 MIN_PAIRS = 3  # seeds a technique must share with the baseline for a verdict (an interval from fewer is too wide)
 CONFIDENCE = 0.90  # the interval's two-sided confidence, unless config's quality.confidence says otherwise
@@ -54,85 +55,7 @@ KEEPS, COSTS, INCONCLUSIVE, NOT_MEASURED = "keeps quality", "costs quality", "in
 LONGER = "longer arm"
 
 
-def points(row: dict) -> list[dict] | None:
-    """A run's held-out curve, its points in token order (None: the run measured no curve)."""
-    text = row.get("loss.held_out")
-    if not text:
-        return None
-    pts = [p for p in json.loads(text).get("points") or [] if p.get("loss") is not None and math.isfinite(p["loss"])]
-    return sorted(pts, key=lambda p: p["tokens"]) or None
-
-
-def loss_at(pts: list[dict], tokens: float) -> float | None:
-    """The curve's loss at `tokens`, linear between its points; None outside them."""
-    for a, b in zip(pts, pts[1:]):
-        if a["tokens"] <= tokens <= b["tokens"]:
-            if b["tokens"] == a["tokens"]:
-                return b["loss"]
-            f = (tokens - a["tokens"]) / (b["tokens"] - a["tokens"])
-            return a["loss"] + f * (b["loss"] - a["loss"])
-    if pts and pts[-1]["tokens"] == tokens:
-        return pts[-1]["loss"]
-    return None
-
-
-def tokens_to(pts: list[dict], target: float) -> float | None:
-    """The first token count at which the curve reaches `target` (linear between points); None if it never does."""
-    for a, b in zip(pts, pts[1:]):
-        if b["loss"] <= target:
-            if a["loss"] <= target:
-                return float(a["tokens"])
-            f = (a["loss"] - target) / (a["loss"] - b["loss"])
-            return a["tokens"] + f * (b["tokens"] - a["tokens"])
-    return float(pts[0]["tokens"]) if pts and pts[0]["loss"] <= target else None
-
-
 SHORT_BY = 0.02  # a run that ends at most this share of the baseline's tokens short is read where it ends
-
-
-def t_quantile(p: float, df: int) -> float:
-    """Student's t quantile (bisection on its CDF, the regularized incomplete beta by its continued fraction)."""
-    def betacf(a, b, x):
-        tiny = 1e-300
-
-        def guard(v):
-            return v if abs(v) > tiny else tiny
-        c, d = 1.0, 1.0 / guard(1.0 - (a + b) * x / (a + 1.0))
-        h = d
-        for m in range(1, 300):
-            for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                        -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-                d = 1.0 / guard(1.0 + num * d)
-                c = guard(1.0 + num / c)
-                h *= d * c
-            if abs(d * c - 1.0) < 1e-15:
-                break
-        return h
-
-    def cdf(t):
-        x = df / (df + t * t)
-        if x >= 1.0:
-            return 0.5
-        a, b = df / 2.0, 0.5
-        front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-        ib = front * betacf(a, b, x) / a if x < (a + 1) / (a + b + 2) else 1 - front * betacf(b, a, 1 - x) / b
-        return 1 - 0.5 * ib if t >= 0 else 0.5 * ib
-
-    lo, hi = -1e3, 1e3
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def interval(diffs: list[float], confidence: float) -> tuple[float, float, float, float | None]:
-    """(mean, low, high, sd) of paired differences: the mean's two-sided `confidence` interval by Student's t."""
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return mean, -math.inf, math.inf, None
-    sd = statistics.stdev(diffs)
-    half = t_quantile(0.5 + confidence / 2, len(diffs) - 1) * sd / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half, sd
 
 
 def decide(mean: float, lo: float, hi: float, margin: float, n: int) -> str:
