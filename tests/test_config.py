@@ -12,7 +12,9 @@ from conftest import ROOT, snakemake
 from ftbench.config import settings as ftc
 
 DEFAULT = yaml.safe_load((ROOT / "config/config.yaml").read_text())
-SCHEMA = yaml.safe_load((ROOT / "config/schema/config.schema.yaml").read_text())
+from ftbench.config.settings import config_schema  # noqa: E402
+
+SCHEMA = config_schema(ROOT / "config/schema/config.schema.yaml")  # the file with the knob table's block
 
 
 def dry_run_with(tmp_path, mutate):
@@ -340,3 +342,27 @@ def test_coordinate_descent_tuning_reaches_inductor_with_the_modes_own_options()
                                                              coordinate_descent_tuning=True)))
     x = torch.randn(4, 8)
     torch.testing.assert_close(compiled(x), layer(x))
+
+
+def test_each_knob_is_declared_once_in_the_knob_table():
+    """The knob table (ftbench.core.knob_table) is the one place a knob is declared: the Variant type's fields, the
+    runners' HONOURED table, the schema's variant block and docs/techniques.md's knobs are made from it; the schema
+    file and knobs.py declare none of their own."""
+    import ast
+
+    from ftbench.core import knob_table, knobs
+
+    names = [k.name for k in knob_table.KNOBS]
+    assert len(names) == len(set(names)) > 40
+    assert [f.name for f in dataclasses.fields(ftc.Variant)] == ["name", *names]
+    assert all(knobs.DEFAULTS[k.name] == k.default for k in knob_table.KNOBS)
+    assert {k for family in knobs.HONOURED.values() for k in family} == set(names)
+    assert all(knobs.HONOURED[f][k.name] == v for k in knob_table.KNOBS for f, v in k.honoured.items())
+    raw = yaml.safe_load((ROOT / "config/schema/config.schema.yaml").read_text())
+    assert set(raw["$defs"]["variants"]["additionalProperties"]["properties"]) == {"base", "adds"}
+    props = SCHEMA["$defs"]["variants"]["additionalProperties"]["properties"]
+    assert all(props[k.name]["description"] == k.words and k.words for k in knob_table.KNOBS)
+    tree = ast.parse((ROOT / "src/ftbench/core/knobs.py").read_text())
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.AnnAssign)]  # no field declared by hand there
+    page = (ROOT / "docs/techniques.md").read_text()
+    assert all(f"| `{k}` |" in page for k in names)

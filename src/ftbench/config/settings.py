@@ -229,11 +229,23 @@ def _unknown_override(overrides: dict, base: dict, where: str) -> str | None:
     return None
 
 
+def config_schema(schema_path) -> dict:
+    """The config's JSON schema: the file, with each variant knob's schema and words from the knob table
+    (ftbench.core.knob_table), where they are declared once."""
+    from ftbench.core.knob_table import schema_properties
+
+    schema = load_yaml(schema_path)
+    variants = schema.get("$defs", {}).get("variants")  # the config's schema (not another file's, as architectures')
+    if variants:
+        variants["additionalProperties"]["properties"].update(schema_properties())
+    return schema
+
+
 def validate_config(config: dict, schema_path, root: str = "config") -> None:
     """JSON-schema validation with one short line naming the key (Snakemake's own prints schema and config)."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(load_yaml(schema_path))
+    validator = jsonschema.Draft202012Validator(config_schema(schema_path))
     error = jsonschema.exceptions.best_match(validator.iter_errors(config))
     if error is not None:
         where = (root + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)).lstrip(".")

@@ -391,7 +391,7 @@ def techniques_page(pool: dict | None = None) -> str:
     lines = ["# Techniques", "", "Generated from `ftbench.config.techniques` (`python -m ftbench.config.techniques > docs/techniques.md`;"
              " a test keeps it current). A variant in `config/config.yaml` names the rung it stands on (`base`) and the "
              "techniques it adds (`adds`) by the names below; `ftbench.config.techniques.resolve` turns it into the knobs a "
-             "runner reads (`src/ftbench/core/knobs.py` says what each knob does).", "",
+             "runner reads (the knobs: the table at the end of this page, from `ftbench.core.knob_table`).", "",
              "| name | technique | what it does | knobs |", "|---|---|---|---|"]
     for t in TECHNIQUES.values():
         knobs = ", ".join(f"`{k}: {str(v).lower() if isinstance(v, bool) else v}`" for k, v in t.knobs.items())
@@ -399,6 +399,11 @@ def techniques_page(pool: dict | None = None) -> str:
     if pool:
         lines += ["", "## The variants of config/config.yaml", "", "| variant | stands on + adds |", "|---|---|"]
         lines += [f"| `{name}` | {adds_words(name, pool)} |" for name in pool]
+    from ftbench.core.knob_table import knobs_page
+
+    lines += ["", "## The knobs", "", "Every knob a variant can set, declared once in `ftbench.core.knob_table`: the "
+              "`Variant` type, the runners' table of what each honours and the config schema's variant block are made "
+              "from it.", "", *knobs_page()]
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,6 @@
-"""Variants as data: the knobs a variant sets (`Variant`) and the knobs each runner honours, declared in one place
-the config check reads before any job runs. A leaf module: ftbench.config.settings imports it, never the other way.
+"""Variants as data: the knobs a variant sets (`Variant`) and the knobs each runner honours, both made from the one
+table of knobs (ftbench.core.knob_table), and the checks the config reads before any job runs. A leaf module:
+ftbench.config.settings imports it, never the other way.
 
 A variant whose knob a runner does not act on is refused (a config error naming the variant and the knob),
 never silently trained as something else. Machine-dependent limits (no CUDA, compute capability, missing
@@ -9,164 +10,25 @@ library) are not config errors: the job records them as `unsupported` (ftbench.b
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+
+from ftbench.core.knob_table import ANY, FAMILIES, KNOBS  # noqa: F401  (ANY: re-exported)
 
 
 class ConfigError(ValueError):
     """A config that is wrong in a way the JSON schema cannot see."""
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One named set of knobs; every key of a variant in config maps to a field here."""
+def _from_config(cls, name: str, knobs: dict) -> "Variant":
+    if unknown := sorted(set(knobs) - set(DEFAULTS)):  # every field but the name
+        raise ConfigError(f"variants.{name}: unknown knob(s) {unknown}; known: {sorted(DEFAULTS)}")
+    return cls(name=name, **knobs)
 
-    name: str
-    peft: str = "lora"  # lora | none
-    precision: str = "bf16"  # bf16 | fp16 | fp32 | nf4 | fp8
-    nf4_compute: str = "bf16"  # nf4: the dtype 4-bit weights dequantize to for each GEMM (bf16 | fp32)
-    # nf4, causal LM: PEFT's k-bit preparation casts every parameter it does not quantize (embeddings, LM head,
-    # norms) to fp32; false keeps them in the compute dtype, as Unsloth's 4-bit models do
-    kbit_upcast: bool = True
-    fp8_backend: str | None = None  # te | torchao (precision fp8 only)
-    # delayed | current (Transformer Engine's scaling); torchao (causal LM): delayed is its default config
-    # (tensorwise dynamic scaling), or tensorwise | rowwise by name (torchao's Float8LinearConfig recipes), or
-    # static: the frozen weights cast to FP8 once, activations and gradients tensorwise per step (ftbench.build.fp8)
-    fp8_recipe: str = "delayed"
-    fp8_vision: bool = False  # FP8 for the vision tower too (LMM)
-    # fp8_recipe static (causal LM): each FP8 weight's transpose, the backward's GEMM operand, kept from the start
-    # (+1 byte a weight) rather than made in every backward (a read and a write of every FP8 weight a step); the same
-    # numbers bit for bit (ftbench.build.fp8.StaticFP8Linear)
-    fp8_transpose_once: bool = False
-    # fp8_recipe static: how activations and output gradients are scaled each step: tensorwise (one scale a tensor:
-    # its amax, a reduction over all of it, before the cast) | rowwise (one scale a row, a token: amax and cast in one
-    # pass); the weights stay tensorwise (ftbench.build.fp8.StaticFP8Linear)
-    fp8_activation_scaling: str = "tensorwise"
-    # fp8_recipe static: which FP8 GEMMs run with the tensor cores' fast accumulation: None (every one exact) |
-    # forward (the forward's, as torchao's default config runs its output GEMM; the backward's exact) | all
-    fp8_fast_accum: str | None = None
-    # fp8_recipe static: the backward's GEMM (the input's gradient): e5m2 (the output's gradient cast to e5m2, the
-    # hybrid format) | e4m3 (e4m3, as torchao's rowwise recipe and DeepSeek-V3 cast gradients) | bf16 (FP8 in the
-    # forward only: the gradient from the kept bf16 weight)
-    fp8_grads: str = "e5m2"
-    # fp8_recipe static: the frozen weights' scales: tensorwise (one a weight) | channel (one an output channel for
-    # the forward's copy, one an input channel for the backward's, kept transposed: ftbench.build.fp8.frozen_fp8_channels;
-    # activations and gradients then a scale a token)
-    fp8_weight_scaling: str = "tensorwise"
-    # causal LM, PEFT, without trainer metrics: the LM head's loss in two GEMMs a chunk of tokens, the hidden states'
-    # gradient formed in the forward (Liger Kernel's fused linear cross-entropy scheme, its cross-entropy kernel)
-    # rather than TRL's fused head's three (None) | two-gemm (bf16 GEMMs) | fp8 (FP8 GEMMs, the head's weight cast
-    # once; precision fp8): ftbench.build.head
-    lm_head: str | None = None
-    compile: str | None = None  # None | default | reduce-overhead | max-autotune
-    compile_backend: str = "inductor"  # torch.compile's backend: inductor | aot_eager (graphs captured, no codegen)
-    compile_scope: str = "model"  # model (one torch.compile of the whole model) | layers (each repeated block)
-    # Inductor's coordinate-descent tuning of each Triton kernel it generates (block sizes, warps: its config
-    # coordinate_descent_tuning), GEMMs left to cuBLAS and CUTLASS; compile_scope layers
-    coordinate_descent_tuning: bool = False
-    shape_policy: str = "dynamic"  # dynamic (AnyRes, dynamic padding) | fixed | bucketed
-    sdpa_backend: str | None = None  # None (PyTorch picks) | flash | efficient | cudnn | math
-    # hf | unsloth | nemo (NVIDIA NeMo AutoModel: the model built by its NeMoAutoModelForCausalLM.from_pretrained,
-    # which applies its kernel patches, and LoRA from its own PeftConfig with its Triton kernels, as its LoRA
-    # benchmark recipe sets them; trained in the TRL loop; in its own environment, envs/nemo.yaml: its transformers pin)
-    framework: str = "hf"
-    gradient_checkpointing: bool = False
-    # with gradient_checkpointing, what the backward recomputes: full (the whole layer's forward) | selective (the
-    # GEMM and attention outputs are kept, the cheap ops between them recomputed: PyTorch's selective activation
-    # checkpointing; causal LM)
-    checkpoint_policy: str = "full"
-    padding_free: bool = False  # causal LM: a batch is one row of concatenated sequences (position ids restart)
-    liger: bool = False  # causal LM: Liger Kernel's fused RMSNorm, SwiGLU and RoPE (Triton, CUDA only)
-    # causal LM, padding-free: rows of exactly this many tokens (sequences packed whole, best fit decreasing; the
-    # tail padded, not counted as real tokens): one shape for every step (ftbench.data.packing); with framework unsloth
-    # the same rows, unpadded, reach Unsloth's own packed attention (each sequence's length from the row)
-    token_budget: int | None = None
-    # causal LM: TRL's per-step entropy/accuracy metrics (two host syncs a step); false also lists the model's
-    # parameters once for the Trainer's per-step FLOP total and gradient clipping, where the Trainer walks every
-    # module each step (~0.1-0.25 s a step on gpt-oss-120b)
-    trainer_metrics: bool = True
-    # causal LM: no host sync between a step's backward and the next forward, so the host queues the next step
-    # while the GPU still runs this one: variable-length attention's boundaries computed in the loader's collator
-    # from host tensors (else from the batch the loader already moved to the GPU: two syncs a step), and the
-    # Trainer's per-step NaN/Inf check of the loss off (TrainingArguments.logging_nan_inf_filter: one sync a step);
-    # with pin_memory, the loader's copies to the GPU non-blocking too (accelerate's non_blocking)
-    sync_free: bool = False
-    activation_offloading: bool = False  # causal LM: saved activations in pinned host memory (TRL's offloading)
-    optim: str | None = None  # the optimizer (a transformers optim name), over training.optim
-    fused_projections: bool = False  # causal LM: q/k/v and gate/up as one GEMM each, LoRA per projection
-    # causal LM: the LoRA A matrices of q/k/v and of gate/up as one GEMM each, the frozen projections as they are
-    # (ftbench.build.fused, frozen=False)
-    fused_adapters: bool = False
-    # fused_adapters or fused_projections: each projection's LoRA product added to its frozen output by the LoRA B
-    # GEMM itself (addmm: cuBLAS's beta = 1 epilogue) rather than by a pass of its own over the output
-    lora_epilogue: bool = False
-    # fused_adapters or fused_projections: every LoRA product's backward (o_proj's and down_proj's too) reads its
-    # output gradient once for both B's gradient and the gradient into the adapter's rank (one Triton kernel where
-    # autograd runs two GEMMs over it: ftbench.build.lora_grads); CUDA only
-    lora_b_one_read: bool = False
-    # gpt-oss's frozen experts: loop (one expert at a time, ~10 launches each) | grouped (one grouped GEMM per
-    # projection per layer over all experts, weights dequantized inside it: ftbench.build.experts.SplitExperts)
-    experts: str = "loop"
-    # mixture of experts: LoRA on each expert's projections too. PEFT (gpt-oss, experts grouped): gate_up and down
-    # as grouped GEMMs (PEFT's names miss the split experts); Unsloth: the MLP target names kept, which its current
-    # release maps onto every expert (false: they are left out, attention only, as the study's Unsloth adapted)
-    expert_lora: bool = False
-    # framework unsloth: Unsloth's own torch.compile of the model's modules (its unsloth_compiled_cache), on by
-    # default as Unsloth runs; false sets UNSLOTH_COMPILE_DISABLE=1 before Unsloth is imported (on gpt-oss-120b, with
-    # torch 2.11, a guard of its compiled router raised StopIteration at the third step, 2026-11-25)
-    unsloth_compile: bool = True
-    # how attention keeps a batch's sequences apart: mask (a padding or block-diagonal mask: SDPA's masked
-    # kernels) | varlen (causal LM, padding-free: per-sequence kernel on the cumulative lengths, no mask;
-    # ftbench.build.attention) | causal (LMM: no padding mask, the causal one alone; right padding means no real token
-    # sees the pads after it, and pads carry no labels)
-    attention: str = "mask"
-    # causal LM, attention varlen: the flash attention implementation of the job (None:
-    # PyTorch's own, FlashAttention-2) | fa4 (flash-attn-4's CuTe kernels for Hopper and Blackwell, its own varlen
-    # forward and backward: ftbench.build.attention.fa4_varlen)
-    flash_impl: str | None = None
-    dataloader_workers: int = 0
-    pin_memory: bool = False
-    cached_latents: bool = False  # diffusion: train from pre-encoded latents
-    clip_grad_sync_free: bool = False  # diffusion: clip gradients without a host sync
-    # diffusion: the UNet and VAE weights and their inputs in channels-last (NHWC) memory format, the layout cuDNN's
-    # convolutions run in on tensor cores (NCHW tensors are converted around every convolution)
-    channels_last: bool = False
-    # the objects alive once the model, data and trainer are built moved to Python's permanent GC generation
-    # (gc.freeze): full collections stop walking the model's ~10^5-10^6 objects (ftbench.harness.trackers.GcClock)
-    gc_freeze: bool = False
-    time_limit_s: float | None = None  # the job's time budget, over the study's (ftbench.run.supervise)
-    # the CUDA caching allocator's expandable segments (PYTORCH_ALLOC_CONF=expandable_segments:True in the training
-    # process, set by the supervisor): memory freed inside a segment is reused by a larger request, where the default
-    # allocator can fail with gigabytes reserved but unallocated (the record's provenance.cuda_alloc_conf says it ran)
-    expandable_segments: bool = False
-    gpus: int = 1  # GPUs (ranks) the job trains on; more than 1 needs `parallel`
-    # torchrun launchers ("nodes") the ranks are spread over, gpus / nodes ranks each, joined by torchrun's c10d
-    # rendezvous: in a SLURM allocation srun starts one a node, elsewhere they start side by side on this host, each
-    # with its share of the GPUs (ftbench.run.launch.launch_plan)
-    nodes: int = 1
-    parallel: str | None = None  # None | ddp (data parallel) | fsdp2 (fully sharded, FSDP2): causal LM only
-    # data parallel's gradient buckets (MB): None keeps DDP's 25 MB, each all-reduced as soon as it fills, during
-    # the backward; a size above the trainable gradients' (LoRA r=8 on Qwen3-8B: 87 MB) makes one all-reduce after it
-    ddp_bucket_mb: int | None = None
-    # Dynamo's DDPOptimizer (torch.compile inside DDP's forward): each compiled graph split at DDP's bucket boundaries
-    # (1 MB for the first) so that gradients can be reduced while the backward runs. Off here by default: a decoder
-    # layer compiled on its own (compile_scope: layers) was cut into pieces that fuse less (+5 Triton kernels a layer,
-    # +15 ms a step at the FP8 top rung, 2 x H100, 2026-11-26); true keeps Dynamo's default
-    ddp_graph_split: bool = False
-    # several ranks on rows of a token budget: each step's rows dealt so that every rank's attention work is even
-    # (ftbench.build.parallel.BalancedRanks; the step's rows, and so the averaged gradient, stay the same)
-    balance_ranks: bool = False
-    # the run's seed (LoRA's initial A, the data order, dropout), over config's `seed`: the same fine-tune under
-    # other seeds, for the quality study's noise (ftbench.judge.quality)
-    seed: int | None = None
-    # the run's optimizer steps times this, the learning rate's schedule stretched over them (the same shape): the
-    # quality study's longer arm, where tokens to quality is read past the baseline's tokens (ftbench.judge.quality)
-    steps_scale: float | None = None
 
-    @classmethod
-    def from_config(cls, name: str, knobs: dict) -> "Variant":
-        if unknown := sorted(set(knobs) - set(DEFAULTS)):  # every field but the name
-            raise ConfigError(f"variants.{name}: unknown knob(s) {unknown}; known: {sorted(DEFAULTS)}")
-        return cls(name=name, **knobs)
+# one named set of knobs, a field a knob of the table (ftbench.core.knob_table: its type, default and words)
+Variant = dataclasses.make_dataclass(
+    "Variant", [("name", "str"), *((k.name, k.type, dataclasses.field(default=k.default)) for k in KNOBS)],
+    frozen=True, namespace={"from_config": classmethod(_from_config)})
+Variant.__module__, Variant.__doc__ = __name__, "One named set of knobs; every key of a variant in config maps to a field here."
 
 
 FP8_MODULES = {"te": "transformer_engine", "torchao": "torchao"}  # fp8_backend -> the package that provides it
@@ -193,43 +55,8 @@ def required_packages(variant: Variant) -> list[str]:
 # run's one-GPU twin is the same variant but these (ftbench.judge.coverage)
 PARALLEL_KNOBS = ("gpus", "nodes", "parallel", "ddp_bucket_mb", "ddp_graph_split", "balance_ranks")
 
-ANY = None  # any value of the knob's type
-
-# family -> knob -> the values that runner honours (ANY: all). A knob absent from a family's table must keep
-# its default (the dataclass default in Variant above).
-HONOURED = {
-    # TRL SFTTrainer (ftbench.run.runners.causal_lm)
-    "causal_lm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
-                  "fp8_backend": {None, "torchao"}, "fp8_recipe": {"delayed", "tensorwise", "rowwise", "static"},
-                  "compile": ANY, "compile_scope": {"model", "layers"}, "gpus": ANY, "nodes": ANY, "parallel": {None, "ddp", "fsdp2"},
-                  "ddp_bucket_mb": ANY, "ddp_graph_split": ANY, "balance_ranks": ANY,
-                  "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY,
-                  "framework": {"hf", "unsloth", "nemo"}, "gradient_checkpointing": ANY, "dataloader_workers": ANY,
-                  "pin_memory": ANY, "padding_free": ANY, "liger": ANY, "attention": {"mask", "varlen"},
-                  "flash_impl": {None, "fa4"}, "fp8_transpose_once": ANY, "fused_adapters": ANY,
-                  "fp8_activation_scaling": {"tensorwise", "rowwise"}, "fp8_fast_accum": {None, "forward", "all"},
-                  "fp8_grads": {"e5m2", "e4m3", "bf16"}, "fp8_weight_scaling": {"tensorwise", "channel"},
-                  "lora_epilogue": ANY, "lora_b_one_read": ANY, "coordinate_descent_tuning": ANY, "lm_head": {None, "two-gemm", "fp8"},
-                  "token_budget": ANY, "trainer_metrics": ANY, "sync_free": ANY, "activation_offloading": ANY, "optim": ANY,
-                  "fused_projections": ANY, "checkpoint_policy": {"full", "selective"}, "kbit_upcast": ANY,
-                  "experts": {"loop", "grouped"}, "expert_lora": ANY, "unsloth_compile": ANY},
-    # LLaVA-NeXT loop (ftbench.run.runners.lmm)
-    "lmm": {"peft": {"lora", "none"}, "precision": {"bf16", "fp32", "nf4", "fp8"}, "nf4_compute": ANY,
-            "fp8_backend": ANY, "fp8_recipe": {"delayed", "current"}, "fp8_vision": ANY, "compile": ANY,
-            "compile_scope": {"model", "layers"}, "shape_policy": {"dynamic", "bucketed", "fixed"}, "sdpa_backend": ANY, "gradient_checkpointing": ANY,
-            "dataloader_workers": ANY, "pin_memory": ANY, "attention": {"mask", "causal"}},
-    # diffusers' LoRA recipe (ftbench.run.runners.diffusion)
-    "diffusion": {"peft": {"lora"}, "precision": {"fp16", "bf16", "fp32"}, "compile": ANY, "sdpa_backend": ANY,
-                  "gradient_checkpointing": ANY, "dataloader_workers": ANY, "pin_memory": ANY,
-                  "cached_latents": ANY, "clip_grad_sync_free": ANY, "channels_last": ANY},
-}
-for _family in HONOURED.values():  # the supervisor, not the runner, honours the time limit
-    _family["time_limit_s"] = ANY
-    _family["expandable_segments"] = ANY  # the supervisor sets the training process's allocator
-    _family["gc_freeze"] = ANY  # the harness's Meter freezes (every runner goes through it)
-    _family["compile_backend"] = ANY  # every runner compiles through torch.compile (ftbench.build.variants.compile_kwargs)
-    _family["seed"] = ANY  # every runner takes its seed from the run's settings (ftbench.config.settings.train_settings)
-    _family["steps_scale"] = ANY  # and its steps (ftbench.config.settings.train_settings)
+# the knobs each runner honours (a knob absent from a family's table must keep its default), with the values it honours (ANY: every value of its type): from the knob table
+HONOURED = {family: {k.name: k.honoured[family] for k in KNOBS if family in k.honoured} for family in FAMILIES}
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Variant) if f.name != "name"}
 # knobs that change how fast a step runs, never its numbers (the same seed gives the same losses bit for bit): a
 # technique adding only these runs one seed in the quality study and inherits the verdict of the rung it stands on
