@@ -430,3 +430,22 @@ def test_a_readers_renamed_parameters_get_the_checkpoints_tensors_and_the_rest_a
     plain.model = nn.Module()
     plain.model.embed = nn.Embedding(5, 3)
     assert restore_renamed(plain, tmp_path / "one") == {"renamed": {}, "not_in_checkpoint": []}
+
+
+def test_building_a_causal_lm_is_one_route_of_stages_in_order():
+    """ftbench.build.route: every one-process build goes through the same stages in one order, each applied where
+    its variant asks for it; the FSDP2 build is the other route (ftbench.build.parallel.build_sharded)."""
+    from ftbench.build.route import ROUTE, stages_for
+    from ftbench.core.knobs import Variant
+
+    assert [fn.__name__ for _, _, fn in ROUTE] == ["materialize", "grouped_experts", "fp8_gemms", "lora",
+                                                    "seeded_adapters", "expert_lora", "fused_projections", "place"]
+    words = {fn.__name__: w for w, _, fn in ROUTE}
+    plain = stages_for(Variant.from_config("p", {}))
+    assert plain == [words[n] for n in ("materialize", "lora", "seeded_adapters", "place")]
+    fp8_fused = stages_for(Variant.from_config("f", {"precision": "fp8", "fp8_backend": "torchao",
+                                                     "fused_adapters": True}))
+    assert fp8_fused == [words[n] for n in ("materialize", "fp8_gemms", "lora", "seeded_adapters",
+                                            "fused_projections", "place")]
+    full = stages_for(Variant.from_config("n", {"peft": "none"}))
+    assert words["seeded_adapters"] not in full and words["lora"] in full  # apply_lora leaves a full fine-tune whole

@@ -15,9 +15,7 @@ parallelism to the model, then each rank materializes only what it holds on its 
   `fully_shard` splits their packed bytes (one layer whole at a time), with LoRA in bf16 as TRL casts a quantized
   model's adapters.
 - `build_fp8_base(...)`: one process, a frozen base kept only in FP8, each projection cast as it lands.
-- `build_causal_lm(...)`: the one place the causal-LM runner's model is built and sharded (every framework but
-  Unsloth's and NeMo AutoModel's, which build their own): one of the builds above, or the checkpoint or in-process
-  build on one GPU, then the frozen base's forms, LoRA, fused projections and `parallelize`.
+- One GPU's build is ftbench.build.route's stages, the last of them `parallelize`.
 - `seed_adapters(model, seed)` gives LoRA's A matrices PEFT's initial distribution from a generator seeded per
   name (B zero), so an adapter starts the same on one GPU and sharded over several.
 - `gather` / `save_adapter`: the full LoRA state gathered (every rank takes part; rank 0 keeps it on the
@@ -37,7 +35,7 @@ import torch
 
 from ftbench.build.stages import (GIB, GENERATOR, _value, build_memory, name_special_tokens, parameter_seed)
 from ftbench.harness.ranks import distributed as _dist, world_size
-from ftbench.build.fp8_base import build_fp8_base, fp8_base_layerwise, stand_ins
+from ftbench.build.fp8_base import stand_ins
 from ftbench.build.slices import CheckpointSlices, skeleton_of
 
 STRATEGIES = ("ddp", "fsdp2")
@@ -399,52 +397,3 @@ def save_adapter(model, out_dir=None) -> dict:
     if rank == 0 and out_dir is not None:
         (Path(out_dir) / "gathered.json").write_text(json.dumps(facts, indent=2))
     return facts
-
-
-def build_causal_lm(manifest: dict, seed: int, device, variant, lora: dict) -> tuple:
-    """The one place a causal LM is built for training (Hugging Face's classes; Unsloth and NeMo AutoModel build their
-    own): sharded over the ranks (FSDP2, `build_sharded`), or in one process from the checkpoint, in process
-    (`ftbench.build.stages`) or with an FP8 base layer by layer; then the variant's frozen-base forms (grouped experts, FP8
-    GEMMs), LoRA with its seeded A, expert LoRA, fused projections, and `parallelize`. Returns (model, info): what was
-    built and how, for the record, and the trainer's settings for the strategy."""
-    from ftbench.build import fp8, fused
-    from ftbench.build.experts import adapt_experts, group_experts
-    from ftbench.build.stages import build_model
-    from ftbench.build.variants import apply_lora, compute_dtype, load_pretrained, quantization_config
-
-    v = variant
-    if v.parallel == "fsdp2":  # built on the meta device, sharded, each rank materializing only its rows
-        ensure_process_group(device)
-        model, build, trainer_args, fp8_info = build_sharded(manifest, seed, device, v, lora)
-        return model, {"build": build, "trainer_args": trainer_args, "fp8": fp8_info}
-    info = {}
-    if fp8_base_layerwise(v):  # the frozen projections FP8 as each lands: never the whole model in bf16
-        model, build, info["fp8"] = build_fp8_base(manifest, seed, device, v)
-    elif manifest.get("build") == "in_process":
-        model, build = build_model(manifest, seed, device, compute_dtype(v), quantization_config(v))
-    else:
-        from transformers import AutoModelForCausalLM
-
-        model = load_pretrained(AutoModelForCausalLM, manifest["path"], v, device)
-        build = {"method": "checkpoint", "disk_bytes": manifest.get("disk_bytes"),
-                 "checkpoint_bf16_gib": manifest.get("checkpoint_bf16_gib")}
-    info["build"] = build
-    if v.experts == "grouped":  # gpt-oss's frozen experts as one grouped GEMM per projection per layer
-        from ftbench.harness.meter import Unsupported
-
-        if not group_experts(model):
-            raise Unsupported("experts: grouped needs a model with split experts (gpt-oss built by ftbench.build.stages)")
-        info["experts"] = "grouped: one grouped GEMM per projection per layer (torch._grouped_mm)"
-    if v.precision == "fp8" and "fp8" not in info:  # the decoder's frozen projections run FP8 GEMMs, before LoRA
-        info["fp8"] = fp8.convert_decoder(model, v.fp8_recipe, v.fp8_transpose_once, **fp8.static_options(v))
-    model = apply_lora(model, v, lora)
-    if v.peft == "lora":  # LoRA's A from per-name seeded draws: the same start on one GPU and sharded over several
-        info["adapters_seeded"] = seed_adapters(model, seed)
-    if v.expert_lora:  # after PEFT, which freezes every parameter it did not add
-        info["expert_lora"] = adapt_experts(model, lora)
-    if v.fused_projections or v.fused_adapters:  # q/k/v and gate/up as one GEMM each (or their LoRA A alone),
-        # LoRA kept per projection (ftbench.build.fused)
-        info["fused_projections"] = fused.fuse_projections(model, frozen=v.fused_projections, epilogue=v.lora_epilogue,
-                                                           one_read=v.lora_b_one_read)
-    info["trainer_args"] = parallelize(model, v.parallel, device, bucket_mb=v.ddp_bucket_mb)  # DDP: the trainer's
-    return model, info

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from ftbench.build import attention, fp8, head, parallel
+from ftbench.build import attention, fp8, head, parallel, route
 from ftbench.data import heldout, packing
 from ftbench.build.head import fused_head_available
 from ftbench.run.profiling import SyncWatch
@@ -23,7 +23,7 @@ from ftbench.run.runners.peers import (import_unsloth, nemo_model, peer_record, 
 
 def load_model(ctx, device):
     """The model and its tokenizer: Unsloth's and NeMo AutoModel's built their own way, every other by
-    `parallel.build_causal_lm` (one GPU or sharded; from the checkpoint, in process or with an FP8 base), with the
+    `route.build_causal_lm` (one GPU or sharded; from the checkpoint, in process or with an FP8 base), with the
     variant's precision and adapters applied; with how it was built and the FP8 conversion's summary."""
     v, path, lora = ctx.variant, ctx.manifest["path"], ctx.settings.lora
     in_process = ctx.manifest.get("build") == "in_process"
@@ -59,7 +59,7 @@ def load_model(ctx, device):
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     # attention: transformers' default for the architecture (SDPA where supported; gpt-oss has none)
-    model, info = parallel.build_causal_lm(ctx.manifest, ctx.settings.seed, device, v, lora)
+    model, info = route.build_causal_lm(ctx.manifest, ctx.settings.seed, device, v, lora)
     return model, tokenizer, info
 
 

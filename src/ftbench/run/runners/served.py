@@ -4,7 +4,7 @@ structure (the adapters' names, the rows and attention the held-out split is fed
 
 from __future__ import annotations
 
-from ftbench.build import attention, head, parallel
+from ftbench.build import attention, head, route
 from ftbench.data import heldout
 
 # what a technique's adapters are served with: the model's structure (the adapters' names, the rows and attention the
@@ -33,7 +33,7 @@ def served_twin(ctx, device, model):
         return None
 
     def build():
-        twin, _ = parallel.build_causal_lm(ctx.manifest, ctx.settings.seed, device, served_variant(v),
+        twin, _ = route.build_causal_lm(ctx.manifest, ctx.settings.seed, device, served_variant(v),
                                            ctx.settings.lora)
         twin.config.use_cache = False
         if v.attention == "varlen":
