@@ -301,12 +301,12 @@ def test_two_launchers_rendezvous_into_one_job(tmp_path, tiny_qwen, instruction_
 
 
 def test_the_launch_plan_for_nodes_on_this_host_and_in_a_slurm_allocation(tmp_path, monkeypatch):
-    from ftbench.run import supervise
+    from ftbench.run import launch
 
     job = tmp_path / "job.json"
-    plain = supervise.launch_plan(4, 1, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"], job, {}, "r")
+    plain = launch.launch_plan(4, 1, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"], job, {}, "r")
     assert len(plain) == 1 and "--standalone" in plain[0]["cmd"] and "--nproc-per-node=4" in plain[0]["cmd"]
-    local = supervise.launch_plan(4, 2, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"], job, {"X": "1"}, "r")
+    local = launch.launch_plan(4, 2, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"], job, {"X": "1"}, "r")
     assert [p["env"]["CUDA_VISIBLE_DEVICES"] for p in local] == ["GPU-a,GPU-b", "GPU-c,GPU-d"]
     assert all("--nnodes=2" in p["cmd"] and "--nproc-per-node=2" in p["cmd"] and "--rdzv-id=r" in p["cmd"]
                for p in local)
@@ -314,8 +314,8 @@ def test_the_launch_plan_for_nodes_on_this_host_and_in_a_slurm_allocation(tmp_pa
     endpoints = {c for p in local for c in p["cmd"] if c.startswith("--rdzv-endpoint=")}
     assert len(endpoints) == 1  # one rendezvous for both
     # inside an allocation of two nodes: srun starts one launcher a node, the rendezvous on the first
-    monkeypatch.setattr(supervise, "slurm_nodes", lambda env: ["gpu17", "gpu18"])
-    slurm = supervise.launch_plan(8, 2, [], job, {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[17-18]"}, "r")
+    monkeypatch.setattr(launch, "slurm_nodes", lambda env: ["gpu17", "gpu18"])
+    slurm = launch.launch_plan(8, 2, [], job, {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[17-18]"}, "r")
     (only,) = slurm
     cmd = only["cmd"]
     assert cmd[:5] == ["srun", "--ntasks=2", "--kill-on-bad-exit=1", "--overlap", "--ntasks-per-node=1"]
