@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 def coverage_tables(config_path: Path = ROOT / "config" / "config.yaml") -> list[dict]:
     """Every study's published tables with their published values read, as the pipeline's coverage rule reads them
-    (ftbench.config.settings.coverage_tables)."""
+    (ftbench.config.sources.coverage_tables)."""
     from ftbench.config import settings as ftc
 
     return [{**t, "published": ftc.load_yaml(ROOT / "config" / "published" / t["published"])}

@@ -241,7 +241,7 @@ def front_quality_verdicts(wildcards):
 
 
 def coverage_tables():
-    """Every study's published tables for the coverage table (ftbench.config.settings.coverage_tables)."""
+    """Every study's published tables for the coverage table (ftbench.config.sources.coverage_tables)."""
     return ftc.coverage_tables(config)
 
 
