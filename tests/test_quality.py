@@ -424,7 +424,8 @@ def test_speed_against_quality_names_the_fastest_that_keeps_quality_as_served_an
     # another GPU kind judged against a stand-in (the baseline did not run there): the stand-in is no point of its
     # own, and a technique judged against the baseline itself elsewhere keeps that point
     apart = [{**r, "gpu": "other", "judged against": "keep (the baseline, lora, did not run here)",
-              "seed of the baseline": r["variant"].startswith("keep")} for r in out if not r["variant"].startswith("lora")]
+              "seed of the baseline": r["variant"].startswith("keep")}
+             for r in out if not r["variant"].startswith("lora")]
     mixed = quality_page.speed_quality_frame(out + apart, names)
     assert len(mixed) == len(frame) and set(mixed["gpu"]) == set(frame["gpu"])
     alone = quality_page.speed_quality_frame(apart, names)
