@@ -234,7 +234,7 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
         read_longer = {}  # a family's longer-arm reading, once for all its seeds' rows
         for name, x in runs.items():
             row = quality_row(key, name, x, runs, fams, readings, fast, ref, variants)
-            row["judged against"] = ref if ref == baseline else f"{ref} (the baseline, {baseline}, did not run here)"
+            row["judged against"] = ref if ref == baseline else f"{ref} (the baseline, {baseline}, {STAND_IN_NOTE})"
             if readings[x["family"]].get("unjudged"):
                 row.update({"tokens to quality": None, "tokens to quality (x baseline)": None,
                             "time to quality (x baseline, projection)": None})
@@ -250,6 +250,14 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
 
 
 ROW_KNOBS = ("padding_free", "token_budget")  # how a batch's rows are laid out: padded, or packed and how
+
+
+STAND_IN_NOTE = "did not run here"  # ends a row's "judged against" where a stand-in judged it (`reference_of`)
+
+
+def by_stand_in(row: dict) -> bool:
+    """Whether a row was judged against a stand-in (`reference_of`), not the baseline itself."""
+    return (row.get("judged against") or "").endswith(f"{STAND_IN_NOTE})")
 
 
 def reference_of(names: set, baseline: str, settings: dict) -> str | None:

@@ -8,7 +8,7 @@ import statistics
 
 import polars as pl
 
-from ftbench.judge.quality import COSTS, INCONCLUSIVE, KEEPS, NOT_MEASURED, points
+from ftbench.judge.quality import COSTS, INCONCLUSIVE, KEEPS, NOT_MEASURED, by_stand_in, points
 
 # a verdict's colour in the figures: as the published findings' grids colour holds, differs, inconclusive
 COLOURS = {KEEPS: "#4c9a2a", COSTS: "#e07b39", INCONCLUSIVE: "#d9c34a", NOT_MEASURED: "#bbbbbb"}
@@ -67,7 +67,7 @@ def speed_quality_frame(rows: list[dict], names: dict | None = None, peers: dict
         if r.get("technique", r["variant"]) != r["variant"] or r.get("tokens/s at Qwen3-8B") is None:
             continue
         against = r.get("judged against") or "the baseline"
-        stand_in = "did not run here" in against  # judged against a bf16 stand-in (ftbench.judge.quality.reference_of)
+        stand_in = by_stand_in(r)
         if stand_in and r.get("seed of the baseline"):
             continue  # the stand-in itself: the zero of its GPU kind's differences, not a verdict
         served = r.get("delta (nats)") is not None
@@ -247,7 +247,7 @@ def learned(rows: list[dict]) -> list[str]:
 
     parts = []
     base = [r for r in rows if r["seed of the baseline"] and r["held-out loss before"] is not None
-            and r.get("judged against", r["technique"]) == r["technique"]]
+            and not by_stand_in(r)]
     for gpu, dataset in dict.fromkeys((r["gpu"], r["dataset"]) for r in base):
         mine = [r for r in base if (r["gpu"], r["dataset"]) == (gpu, dataset)]
         before = statistics.fmean(r["held-out loss before"] for r in mine)
