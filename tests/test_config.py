@@ -32,7 +32,8 @@ def dry_run_with(tmp_path, mutate):
     (lambda c: c["studies"]["llm"]["matrix"][0].update(datasets=["japanese_alpaca", "imagenet"]), "imagenet"),
     # a knob value its runner does not act on: the causal-LM runner's FP8 is torchao's, the diffusion runner has
     # no shape policy
-    (lambda c: c["variants"]["lora"].update(precision="fp8", fp8_backend="te"), "fp8_backend='te'"),
+    (lambda c: c["variants"]["lora"].update(precision="fp8", fp8_backend="te", fp8_recipe="static"),
+     "fp8_backend='te'"),
     (lambda c: c["studies"]["diffusion"]["variants"]["workers-0"].update(shape_policy="fixed"),
      "variant 'workers-0' on stable-diffusion-v1-5 (diffusion runner): shape_policy='fixed'"),
     # names become paths and patterns: refused before they can write outside results/ or break a regex
@@ -53,7 +54,7 @@ def dry_run_with(tmp_path, mutate):
     (lambda c: (c["models"]["qwen3-8b"].update(source="your_model/checkpoint"),
                 c["models"]["qwen3-8b"].pop("architecture")),
      "models.qwen3-8b.source: no checkpoint folder at"),
-], ids=["unknown-knob", "batch-size-0", "missing-architecture", "unknown-dataset", "te-causal-lm",
+], ids=["unknown-knob", "batch-size-0", "missing-architecture", "unknown-dataset", "te-with-a-torchao-recipe",
         "diffusion-shape-policy", "path-in-name", "regex-in-name", "missing-source", "only-studies-empty",
         "llava-on-text", "sd-on-text", "architecture-outside", "missing-checkpoint-folder"])
 def test_bad_config_stops_before_any_job(tmp_path, mutate, key):

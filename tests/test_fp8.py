@@ -398,3 +398,95 @@ def test_the_quality_recipes_knobs_are_refused_where_nothing_acts_on_them():
     assert any("fp8_activation_scaling='rowwise'" in p for p in knob_problems(
         "causal_lm", Variant("x", precision="fp8", fp8_backend="torchao", fp8_recipe="static",
                              fp8_weight_scaling="channel")))
+
+
+@pytest.fixture
+def fake_te(monkeypatch):
+    """A stand-in for Transformer Engine (GPU-only, not installable here) with its API's shape: te.Linear, te.autocast
+    and the recipes. Each Linear call notes the recipe of the autocast it ran under (None: outside it)."""
+    import contextlib
+    import sys
+    import types
+
+    state = {"recipe": None, "calls": []}
+    recipe = types.SimpleNamespace(Float8CurrentScaling=lambda: "current", Float8BlockScaling=lambda: "block",
+                                   DelayedScaling=lambda **kw: "delayed", Format=types.SimpleNamespace(HYBRID="hybrid"))
+
+    class Linear(nn.Linear):
+        def __init__(self, in_features, out_features, bias=True, params_dtype=None, device=None):
+            super().__init__(in_features, out_features, bias=bias, dtype=params_dtype, device=device)
+
+        def forward(self, x):
+            state["calls"].append(state["recipe"])
+            return super().forward(x)
+
+    @contextlib.contextmanager
+    def autocast(enabled=True, recipe=None):
+        state["recipe"] = recipe
+        try:
+            yield
+        finally:
+            state["recipe"] = None
+
+    pytorch = types.SimpleNamespace(Linear=Linear, autocast=autocast)
+    common = types.SimpleNamespace(recipe=recipe)
+    te = types.ModuleType("transformer_engine")
+    te.pytorch, te.common = pytorch, common
+    for name, mod in {"transformer_engine": te, "transformer_engine.pytorch": pytorch,
+                      "transformer_engine.common": common, "transformer_engine.common.recipe": recipe}.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    return state
+
+
+@pytest.mark.parametrize("kind", ["current", "block"])
+def test_transformer_engines_recipes_run_the_decoder_in_fp8_and_leave_the_head_bf16(tiny_qwen, fake_te, kind):
+    """fp8_backend te on a causal LM (issue 78: TE's current and block scaling): every decoder projection becomes a
+    te.Linear holding the same bf16 weight, and each runs under TE's autocast in the variant's recipe, whether the model
+    is called whole or its backbone alone (TRL's fused LM head calls the backbone); the LM head stays a plain bf16
+    linear. Off the autocast (the served twin's bf16 base) nothing changes: the same numbers as before conversion."""
+    from transformers import AutoModelForCausalLM
+
+    from ftbench.build.fp8 import TE_WORDS, convert_decoder
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.float32)
+    ids = torch.randint(0, model.config.vocab_size, (1, 16))
+    before = model(input_ids=ids).logits
+    info = convert_decoder(model, kind, backend="te")
+    te_linear_type = sys_modules_te().pytorch.Linear
+    decoder = [n for n, m in model.named_modules() if isinstance(m, te_linear_type)]
+    assert len(decoder) == 7 * model.config.num_hidden_layers == info["converted"]
+    assert type(model.lm_head) is nn.Linear and info["recipe"] == TE_WORDS[kind]
+    after = model(input_ids=ids).logits  # the fake computes in full precision: the same logits
+    assert torch.allclose(before, after, atol=1e-5)
+    assert fake_te["calls"] and set(fake_te["calls"]) == {kind}
+    fake_te["calls"].clear()
+    model.model(input_ids=ids)  # the backbone alone, as TRL's fused head calls it
+    assert set(fake_te["calls"]) == {kind}
+
+
+def sys_modules_te():
+    import sys
+
+    return sys.modules["transformer_engine"]
+
+
+def test_transformer_engines_recipes_are_refused_with_other_backends_and_served_on_the_bf16_base():
+    from ftbench.config.settings import Variant, load_yaml
+    from ftbench.config.techniques import resolve
+    from ftbench.core.knobs import knob_problems
+    from ftbench.run.runners.served import served_variant
+
+    assert knob_problems("causal_lm", Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="block")) == []
+    assert any("Transformer Engine's recipes" in p for p in knob_problems(
+        "causal_lm", Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="static")))
+    assert any("without fp8_backend='te'" in p for p in knob_problems(
+        "causal_lm", Variant("x", precision="fp8", fp8_backend="torchao", fp8_recipe="current")))
+    assert any("fused_projections" in p for p in knob_problems(
+        "causal_lm", Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="current", fused_projections=True)))
+    pool = load_yaml(ROOT / "config/config.yaml")["variants"]
+    for name, recipe in (("lora-tb-te-cs", "current"), ("lora-tb-te-bs", "block")):
+        v = Variant(name, **resolve(name, pool))
+        assert knob_problems("causal_lm", v) == []
+        assert (v.precision, v.fp8_backend, v.fp8_recipe, v.token_budget) == ("fp8", "te", recipe, 4096)
+        served = served_variant(v)
+        assert (served.precision, served.fp8_backend, served.token_budget) == ("bf16", None, 4096)

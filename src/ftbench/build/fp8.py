@@ -91,12 +91,66 @@ def te_linear(linear: nn.Linear):
     return new
 
 
+TE_WORDS = {  # Transformer Engine's recipes a variant may ask for (fp8_recipe: ftbench.core.knobs.TE_RECIPES), in words
+    "delayed": "delayed scaling: scales from an amax history of 16 steps, E4M3 forward, E5M2 gradients",
+    "current": "current scaling (Float8CurrentScaling): a scale a tensor from its own amax each GEMM, E4M3 forward, "
+               "E5M2 gradients",
+    "block": "block scaling (Float8BlockScaling, DeepSeek-V3's): a scale each 1x128 block of activations and "
+             "gradients and each 128x128 block of weights, E4M3 throughout, FP32 accumulation",
+}
+
+
 def te_recipe(kind: str):
+    """Transformer Engine's recipe object for `kind` (TE_WORDS)."""
     from transformer_engine.common import recipe
 
     if kind == "current":
         return recipe.Float8CurrentScaling()
+    if kind == "block":
+        return recipe.Float8BlockScaling()
     return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
+
+
+def te_autocast(kind: str):
+    """A factory of Transformer Engine's FP8 autocast context in recipe `kind`, one recipe object for the run (delayed
+    scaling keeps its amax history in it)."""
+    import transformer_engine.pytorch as te
+
+    recipe = te_recipe(kind)
+    if hasattr(te, "autocast"):  # TE 2.8+; fp8_autocast is deprecated there
+        return lambda: te.autocast(enabled=True, recipe=recipe)
+    return lambda: te.fp8_autocast(enabled=True, fp8_recipe=recipe)
+
+
+def te_forward(model: nn.Module, kind: str) -> None:
+    """The decoder's forward (the backbone, `model.model` of a causal LM) run under Transformer Engine's FP8 autocast:
+    TE's layers compute in FP8 only inside it (their backward follows the forward's recipe). The backbone, not the
+    whole model: TRL's fused LM head calls the backbone itself (trl.trainer.utils.add_fused_lm_head), so every path
+    that trains or scores the model (the trainer's loss, the held-out split as trained) runs the decoder in FP8, and
+    the LM head stays bf16."""
+    import functools
+
+    backbone = getattr(model, getattr(model, "base_model_prefix", ""), None) or model
+    context, inner = te_autocast(kind), backbone.forward
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        with context():
+            return inner(*args, **kwargs)
+
+    backbone.forward = forward
+
+
+def convert_te_decoder(model: nn.Module, kind: str) -> dict:
+    """A causal LM's decoder projections onto te.Linear (their bf16 weights kept: TE casts them to FP8 in each GEMM
+    under its recipe), before LoRA wraps them (PEFT's TeLinear), and the model's forward under TE's autocast in
+    recipe `kind` (`te_forward`). Off the autocast the same layers compute in bf16: the base the adapters are served
+    on."""
+    names = select_linears(model, False, DECODER_PATTERN)
+    swap_linears(model, names, te_linear)
+    te_forward(model, kind)
+    return {"converted": len(names), "vision_converted": 0, "backend": "Transformer Engine",
+            "recipe": TE_WORDS[kind], "bf16_weights": "kept (te.Linear holds them; cast each GEMM)"}
 
 
 def convert_te(model: nn.Module, include_vision: bool) -> dict:
@@ -340,15 +394,19 @@ def static_options(variant) -> dict:
     """The static recipe's per-step settings a variant's knobs ask for (fp8_activation_scaling, fp8_fast_accum), as
     `convert_decoder` takes them."""
     return {"rows": variant.fp8_activation_scaling == "rowwise", "fast_accum": variant.fp8_fast_accum,
-            "grads": variant.fp8_grads, "channels": variant.fp8_weight_scaling == "channel"}
+            "grads": variant.fp8_grads, "channels": variant.fp8_weight_scaling == "channel",
+            "backend": variant.fp8_backend}
 
 
 def convert_decoder(model: nn.Module, recipe: str | None, transpose_once: bool = False, rows: bool = False,
-                    fast_accum: str | None = None, grads: str = "e5m2", channels: bool = False) -> dict:
+                    fast_accum: str | None = None, grads: str = "e5m2", channels: bool = False,
+                    backend: str | None = "torchao") -> dict:
     """A causal LM's decoder projections in FP8, before LoRA wraps them: cast once (`recipe` static,
-    StaticFP8Linear, with `transpose_once` their transposes too, `rows` and `fast_accum` its) or by torchao's float8
-    linears in `recipe`'s scaling; the one entry for every way a causal LM is built (one process, or sharded on the
-    meta device)."""
+    StaticFP8Linear, with `transpose_once` their transposes too, `rows` and `fast_accum` its), by torchao's float8
+    linears in `recipe`'s scaling, or (`backend` te) Transformer Engine's linears in its recipe `recipe`; the one
+    entry for every way a causal LM is built (one process, or sharded on the meta device)."""
+    if backend == "te":
+        return convert_te_decoder(model, recipe)
     if recipe == "static":
         return convert_static(model, pattern=DECODER_PATTERN, transpose_once=transpose_once, rows=rows,
                               fast_accum=fast_accum, grads=grads, channels=channels)

@@ -231,13 +231,17 @@ def _unknown_override(overrides: dict, base: dict, where: str) -> str | None:
 
 def config_schema(schema_path) -> dict:
     """The config's JSON schema: the file, with each variant knob's schema and words from the knob table
-    (ftbench.core.knob_table), where they are declared once."""
+    (ftbench.core.knob_table) and the techniques a variant may add (ftbench.config.techniques.TECHNIQUES), where they
+    are declared once."""
+    from ftbench.config.techniques import TECHNIQUES
     from ftbench.core.knob_table import schema_properties
 
     schema = load_yaml(schema_path)
     variants = schema.get("$defs", {}).get("variants")  # the config's schema (not another file's, as architectures')
     if variants:
-        variants["additionalProperties"]["properties"].update(schema_properties())
+        properties = variants["additionalProperties"]["properties"]
+        properties.update(schema_properties())
+        properties["adds"]["items"]["enum"] = list(TECHNIQUES)
     return schema
 
 

@@ -48,8 +48,11 @@ TECHNIQUES = {t.name: t for t in [
       {"fp8_recipe": "static"}, short="FP8 weights once"),
     T("fp8-tensorwise-recipe", "FP8 tensor-wise recipe", "torchao's tensorwise recipe by name",
       {"fp8_recipe": "tensorwise"}, short="FP8 tensor-wise"),
-    T("fp8-current", "FP8 current scaling", "Transformer Engine's current scaling", {"fp8_recipe": "current"},
-      short="FP8 current scaling"),
+    T("fp8-current", "FP8 current scaling", "Transformer Engine's current scaling: a scale a tensor from its own "
+      "amax each GEMM", {"fp8_recipe": "current"}, short="FP8 current scaling"),
+    T("fp8-block", "FP8 block scaling", "Transformer Engine's block scaling (DeepSeek-V3's): a scale each 1x128 "
+      "block of activations and gradients and each 128x128 block of weights, E4M3 throughout",
+      {"fp8_recipe": "block"}, short="FP8 block scaling"),
     T("fp8-vision", "FP8 in the vision tower too", "the vision tower's linears in FP8 as well", {"fp8_vision": True},
       short="FP8 vision tower"),
     T("fp8-transpose-once", "FP8 weights' transposes kept", "each FP8 weight's transpose (the backward's operand) "

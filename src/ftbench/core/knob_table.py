@@ -49,12 +49,14 @@ KNOBS = [
     K("fp8_backend", "str | None", None,
       'te | torchao (precision fp8 only)',
       {'enum': ['te', 'torchao', None]},
-      {"causal_lm": {None, 'torchao'}, "lmm": ANY}),
+      {"causal_lm": ANY, "lmm": ANY}),
     K("fp8_recipe", "str", "delayed",
-      'Transformer Engine: delayed | current scaling; torchao: delayed (its default, tensorwise dynamic) | '
-      'tensorwise | rowwise | static (the frozen weights cast to FP8 once, ftbench.build.fp8.StaticFP8Linear)',
-      {'enum': ['delayed', 'current', 'static', 'tensorwise', 'rowwise']},
-      {"causal_lm": {'delayed', 'rowwise', 'static', 'tensorwise'}, "lmm": {'current', 'delayed'}}),
+      'Transformer Engine: delayed | current | block scaling (ftbench.core.knobs.TE_RECIPES); torchao: delayed (its '
+      'default, tensorwise dynamic) | tensorwise | rowwise | static (the frozen weights cast to FP8 once, '
+      'ftbench.build.fp8.StaticFP8Linear)',
+      {'enum': ['delayed', 'current', 'block', 'static', 'tensorwise', 'rowwise']},
+      {"causal_lm": {'block', 'current', 'delayed', 'rowwise', 'static', 'tensorwise'},
+       "lmm": {'current', 'delayed'}}),
     K("fp8_vision", "bool", False,
       'FP8 for the vision tower too (LMM)',
       {},

@@ -165,9 +165,20 @@ def model_problems(variant: Variant) -> list[str]:
     return problems
 
 
+TE_RECIPES = ("delayed", "current", "block")  # Transformer Engine's recipes (fp8_recipe with fp8_backend te)
+
+
 def fp8_problems(variant: Variant, honoured: dict) -> list[str]:
     """FP8's knobs (and the LM head's) that contradict each other or the rest."""
     problems = []
+    if variant.precision == "fp8" and variant.fp8_backend == "te" and variant.fp8_recipe not in TE_RECIPES:
+        problems.append(f"fp8_recipe={variant.fp8_recipe!r} with fp8_backend='te' (Transformer Engine's recipes: "
+                        f"{', '.join(TE_RECIPES)})")
+    if variant.fp8_recipe in TE_RECIPES[1:] and variant.fp8_backend != "te":
+        problems.append(f"fp8_recipe={variant.fp8_recipe!r} without fp8_backend='te' (a Transformer Engine recipe)")
+    if variant.fp8_backend == "te" and variant.fused_projections:
+        problems.append("fp8_backend='te' with fused_projections (each projection is its own te.Linear; a fused "
+                        "group concatenates plain linears)")
     if variant.fp8_recipe != DEFAULTS["fp8_recipe"] and variant.precision != "fp8":
         problems.append(f"fp8_recipe={variant.fp8_recipe!r} with precision={variant.precision!r} (fp8 only)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:

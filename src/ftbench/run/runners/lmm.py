@@ -90,12 +90,7 @@ def pad_multiple(variant, settings) -> int:
 
 def fp8_context(variant):
     if variant.precision == "fp8" and variant.fp8_backend == "te":
-        import transformer_engine.pytorch as te
-
-        recipe = fp8.te_recipe(variant.fp8_recipe)  # one recipe for the run: delayed scaling keeps amax history
-        if hasattr(te, "autocast"):  # TE 2.8+; fp8_autocast is deprecated there
-            return lambda: te.autocast(enabled=True, recipe=recipe)
-        return lambda: te.fp8_autocast(enabled=True, fp8_recipe=recipe)
+        return fp8.te_autocast(variant.fp8_recipe)  # one recipe for the run: delayed scaling keeps amax history
     return nullcontext
 
 
