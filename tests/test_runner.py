@@ -110,7 +110,7 @@ def test_the_trainer_compiles_the_whole_model_only_for_model_scope():
     (Variant("unsloth-qlora", framework="unsloth", precision="nf4"), "CUDA"),
     # the causal-LM runner's FP8 path is torchao's: Transformer Engine is refused, never trained in bf16 and
     # scored against the FP8 peak; torchao's needs a GPU of compute capability 8.9 or newer
-    (Variant("fp8", precision="fp8", fp8_backend="te"), "does not honour fp8_backend='te'"),
+    (Variant("fp8", precision="fp8", fp8_backend="te", fp8_recipe="static"), "fp8_backend='te'"),
     (Variant("fp8-ao", precision="fp8", fp8_backend="torchao", padding_free=True), "compute capability 8.9"),
     (Variant("pinned", pin_memory=True), "CUDA"),
 ])
@@ -449,7 +449,9 @@ def test_attention_knob_is_honoured_only_where_its_runner_acts_on_it():
     assert "does not act on attention" in knob_problems("diffusion", Variant("x", attention="causal"))[0]
     fp8 = dict(precision="fp8", fp8_backend="torchao")
     assert knob_problems("causal_lm", Variant("x", padding_free=True, attention="varlen", **fp8)) == []
-    assert "honours [None, 'torchao']" in knob_problems("causal_lm", Variant("x", precision="fp8", fp8_backend="te"))[0]
+    assert knob_problems("causal_lm", Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="current")) == []
+    assert "Transformer Engine's recipes" in knob_problems(
+        "causal_lm", Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="rowwise"))[0]
     assert "without fp8_backend" in knob_problems("causal_lm", Variant("x", precision="fp8"))[0]
     # torchao's FP8 layers train under data parallel and FSDP2 (measured: h100x4-2026-11-26-c); Unsloth's never
     assert knob_problems("causal_lm", Variant("x", gpus=2, parallel="ddp", **fp8)) == []
