@@ -428,14 +428,28 @@ def fake_te(monkeypatch):
         finally:
             state["recipe"] = None
 
-    pytorch = types.SimpleNamespace(Linear=Linear, autocast=autocast)
+    import importlib.machinery
+
+    from peft import import_utils
+
+    class LayerNormLinear(nn.Module):  # TE's other layers PEFT's dispatch asks about; none is built here
+        pass
+
+    pytorch = types.SimpleNamespace(Linear=Linear, autocast=autocast, LayerNormLinear=LayerNormLinear,
+                                    LayerNormMLP=LayerNormLinear)
     common = types.SimpleNamespace(recipe=recipe)
     te = types.ModuleType("transformer_engine")
     te.pytorch, te.common = pytorch, common
+    te.__spec__ = importlib.machinery.ModuleSpec("transformer_engine", None)
     for name, mod in {"transformer_engine": te, "transformer_engine.pytorch": pytorch,
                       "transformer_engine.common": common, "transformer_engine.common.recipe": recipe}.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    return state
+    caches = (import_utils.is_te_available, import_utils.is_te_pytorch_available)  # PEFT's answers, cached
+    for cached in caches:
+        cached.cache_clear()
+    yield state
+    for cached in caches:
+        cached.cache_clear()
 
 
 @pytest.mark.parametrize("kind", ["current", "block"])
@@ -490,3 +504,28 @@ def test_transformer_engines_recipes_are_refused_with_other_backends_and_served_
         assert (v.precision, v.fp8_backend, v.fp8_recipe, v.token_budget) == ("fp8", "te", recipe, 4096)
         served = served_variant(v)
         assert (served.precision, served.fp8_backend, served.token_budget) == ("bf16", None, 4096)
+
+
+def test_a_te_variant_builds_through_the_route_with_peft_lora_on_te_linears(tiny_qwen, fake_te, monkeypatch):
+    """The causal LM's one route with fp8_backend te (issue 78): the decoder's projections te.Linear before LoRA,
+    PEFT's own Transformer Engine layer (TeLinear) adapting them, LoRA's A drawn as on every rung; a training step's
+    forward runs the frozen GEMMs under TE's autocast and its backward reaches only the adapters."""
+    from peft.tuners.lora import te as peft_te
+
+    from ftbench.build import route
+    from ftbench.config.settings import Variant
+
+    te = sys_modules_te()
+    monkeypatch.setattr(peft_te, "is_te_pytorch_available", lambda: True)
+    monkeypatch.setattr(peft_te, "te", te, raising=False)
+    v = Variant("te", precision="fp8", fp8_backend="te", fp8_recipe="block")
+    assert any("FP8" in words for words in route.stages_for(v))
+    model, info = route.build_causal_lm(tiny_qwen, 0, "cpu", v, {"target_modules": "all-linear", "r": 4})
+    q = model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj")
+    assert isinstance(q, peft_te.TeLinear) and isinstance(q.base_layer, te.pytorch.Linear)
+    assert info["fp8"]["converted"] == 7 * model.config.num_hidden_layers and info["adapters_seeded"]
+    ids = torch.randint(0, model.config.vocab_size, (1, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert set(fake_te["calls"]) == {"block"}
+    trained = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert trained and all("lora_" in n for n in trained)
