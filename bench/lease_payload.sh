@@ -5,7 +5,7 @@
 # folders of 30 MB (the ~22 MB tree travels beside each: 64 MiB a call, and 40-MB pieces no longer fit beside
 # it), git-ignored through .git/info/exclude, and the
 # commit they come from in the last one's commit.txt (the repository's bundle, 5 MB, does not fit beside a piece: the
-# records then name the source digest, and the lease's README the commit). Usage: [FA4=1] bash bench/lease_payload.sh
+# records then name the source digest, and the lease's README the commit). Usage: [FA4=1] [TE=1] bash bench/lease_payload.sh
 # Then one call a piece: `bash bench/quality_lease.sh piece .pay/pNN` (carry .pay/pNN), the last with `start`.
 set -euo pipefail
 root=$(pwd)
@@ -25,14 +25,27 @@ if [ -n "${FA4:-}" ]; then
     nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
     torch-c-dlpack-ext==0.1.5
 fi
+# Transformer Engine 2.20.2 only with TE=1 (283 MB, ten more pieces): its wheels (the 276-MB core among them, fetched
+# by ../shared/device/transformer-engine.sh) and its PyTorch extension's source, which `quality_lease.sh start` builds
+# on the GPU host against the host's torch (about 2 minutes)
+if [ -n "${TE:-}" ]; then
+  # its source's metadata step imports torch: the project's .venv (or PYTHON) has it
+  PYTHON="${PYTHON:-$root/.venv/bin/python}" bash ../shared/device/transformer-engine.sh > "$work/te.log"
+  cp "$root"/.te0/* "$work/pb/wheels/"
+  cat "$root"/.te[1-9]/part* > "$work/pb/wheels/transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl"
+  rm -rf "$root"/.te[0-9]
+fi
 # the wheels must hold what the runs import. FlashAttention-4 also imports the CuTe DSL's Python (cutlass.cute),
 # which none of the CUTLASS DSL wheels this index serves carries (4.8.1's base, cu12 and cu13 wheels hold only the
 # compiled MLIR parts): the lent H100s' own Python has had it (every FA4 run of 2026-11-27 to 2026-12-06), the H200
 # of 2026-12-07 not (every FA4 run failed: "No module named 'cutlass.cute'"). `quality_lease.sh start` says which.
-python3 - "$work/pb/wheels" "${FA4:-}" <<'PY'
+python3 - "$work/pb/wheels" "${FA4:-}" "${TE:-}" <<'PY'
 import sys, zipfile
 from pathlib import Path
 need = {"bitsandbytes/__init__.py": "bitsandbytes", "torchao/__init__.py": "torchao", "trl/__init__.py": "TRL"}
+if sys.argv[3]:
+    need.update({"transformer_engine/pytorch/__init__.py": "Transformer Engine",
+                 "libtransformer_engine.so": "Transformer Engine's core library"})
 if sys.argv[2]:
     need.update({"flash_attn/cute/__init__.py": "FlashAttention-4",
                  "cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so": "the CUTLASS DSL's CUDA 13 library"})

@@ -19,8 +19,9 @@
 #   4. bench/fp8_gemm_error.py
 # A second lease that finishes what a first left: SKIP_MINE=1 skips step 1, TARGETS="path..." runs those records
 # (and NeMo's) in step 2 in place of the whole study, SKIP_FP8=1 skips step 4.
-# The pieces: the wheels (and, optional, git/head.bundle) as one tar split into .pay/pNN folders of ~40 MB beside the
-# ~21 MB tree (git-ignored through .git/info/exclude), one carried a call.
+# The pieces: the wheels (and, optional, git/head.bundle) as one tar split into .pay/pNN folders of 30 MB beside the
+# ~22 MB tree (git-ignored through .git/info/exclude), one carried a call. With Transformer Engine in the payload
+# (TE=1 bash bench/lease_payload.sh), `start` also builds its PyTorch extension here (about 2 minutes).
 set -u
 tree=/tmp/ftb
 mine=/tmp/mine
@@ -36,6 +37,16 @@ start)
   mkdir -p /tmp/unpack && cat /tmp/payload/part.* | tar -xf - -C /tmp/unpack
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     /tmp/unpack/wheels/*.whl
+  te=$(ls /tmp/unpack/wheels/transformer_engine_torch-*.tar.gz 2> /dev/null | head -1)
+  if [ -n "$te" ]; then  # Transformer Engine's PyTorch extension, built against the host's torch (about 2 minutes)
+    mkdir -p /tmp/te && tar xzf "$te" -C /tmp/te
+    (cd /tmp/te/transformer_engine_torch-* && PYTHONPATH=/tmp/site CUDA_HOME=/usr/local/cuda NVTE_FRAMEWORK=pytorch \
+      MAX_JOBS=16 NVTE_CUDA_ARCHS=90 python3 -m pip wheel -q --no-deps --no-build-isolation --no-index . -w /tmp/te/out \
+      && python3 -m zipfile -e /tmp/te/out/transformer_engine_torch-*.whl /tmp/site) > /tmp/te.log 2>&1 \
+      || echo "Transformer Engine's extension did not build (/tmp/te.log): its variants record why"
+    PYTHONPATH=/tmp/site python3 -c "import transformer_engine.pytorch as te; print('Transformer Engine', te.__file__)" \
+      || echo "Transformer Engine does not import"
+  fi
   if [ -d /tmp/payload/nm ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/nemosite \
       /tmp/payload/nm/*.whl
