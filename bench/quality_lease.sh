@@ -16,7 +16,8 @@
 #      the path (/tmp/nemosite), after the model and data jobs ran with the study's packages
 #   3. SPEED="path..." (optional): those Qwen3-8B records (config/study_b_random.yaml), one at a time, alone on the
 #      GPU (their speed is measured: after the quality runs, which share it)
-#   4. bench/fp8_gemm_error.py
+#   4. bench/fp8_gemm_error.py: synthetic operands at Qwen3-8B's shapes, then (--real) the quality study's model's
+#      own activations and gradients on its held-out text, with the GPU's scaled GEMMs (fast accumulation included)
 # A second lease that finishes what a first left: SKIP_MINE=1 skips step 1, TARGETS="path..." runs those records
 # (and NeMo's) in step 2 in place of the whole study, SKIP_FP8=1 skips step 4.
 # The pieces: the wheels (and, optional, git/head.bundle) as one tar split into .pay/pNN folders of 30 MB beside the
@@ -90,7 +91,11 @@ chain)
     $smk --configfile config/study_b_random.yaml -- $SPEED > /tmp/speed.log 2>&1
     echo "speed runs: $?"
   fi
-  [ -n "${SKIP_FP8:-}" ] || PYTHONPATH=src:$PYTHONPATH python3 bench/fp8_gemm_error.py --out /tmp/fp8_gemm_error.json > /tmp/fp8_gemm_error.log 2>&1
+  if [ -z "${SKIP_FP8:-}" ]; then  # synthetic operands at Qwen3-8B's shapes, then the real model's own activations
+    PYTHONPATH=src:$PYTHONPATH python3 bench/fp8_gemm_error.py --out /tmp/fp8_gemm_error.json > /tmp/fp8_gemm_error.log 2>&1
+    PYTHONPATH=src:$PYTHONPATH python3 bench/fp8_gemm_error.py --real results/models/smollm2-135m/full/checkpoint \
+      results/data/python_docstrings/eval.parquet --out /tmp/fp8_gemm_error_real.json >> /tmp/fp8_gemm_error.log 2>&1
+  fi
   echo done > /tmp/quality.done ;;
 poll)
   end=$(( $(date +%s) + $2 ))
@@ -111,7 +116,7 @@ PY
     find results/generat* -name answers.json | tar czf "$3/mine/answers.tar.gz" -T - 2> /dev/null)
   cd "$tree" && bash bench/collect.sh "$3" > /dev/null
   find results/generat* -name answers.json | tar czf "$3/answers.tar.gz" -T - 2> /dev/null
-  cp /tmp/fp8_gemm_error.json /tmp/fp8_gemm_error.log /tmp/quality.log /tmp/speed.log /tmp/mine.log /tmp/chain.log \
+  cp /tmp/fp8_gemm_error.json /tmp/fp8_gemm_error_real.json /tmp/fp8_gemm_error.log /tmp/quality.log /tmp/speed.log /tmp/mine.log /tmp/chain.log \
     "$3/" 2> /dev/null
   grep -h "pick\.\|passed over" /tmp/mine.log | head -5
   tail -5 /tmp/quality.log; [ -f /tmp/quality.done ] && echo "chain done" || echo "chain still running" ;;
