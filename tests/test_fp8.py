@@ -497,6 +497,9 @@ def test_transformer_engines_recipes_are_refused_with_other_backends_and_served_
         "causal_lm", Variant("x", precision="fp8", fp8_backend="torchao", fp8_recipe="current")))
     assert any("fused_projections" in p for p in knob_problems(
         "causal_lm", Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="current", fused_projections=True)))
+    checkpointed = Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="current", gradient_checkpointing=True)
+    assert any("outside the autocast" in p for p in knob_problems("causal_lm", checkpointed))
+    assert knob_problems("lmm", checkpointed) == []  # LLaVA's runner recomputes under TE's own checkpoint
     pool = load_yaml(ROOT / "config/config.yaml")["variants"]
     for name, recipe in (("lora-tb-te-cs", "current"), ("lora-tb-te-bs", "block")):
         v = Variant(name, **resolve(name, pool))

@@ -96,7 +96,7 @@ TE_WORDS = {  # Transformer Engine's recipes a variant may ask for (fp8_recipe: 
     "current": "current scaling (Float8CurrentScaling): a scale a tensor from its own amax each GEMM, E4M3 forward, "
                "E5M2 gradients",
     "block": "block scaling (Float8BlockScaling, DeepSeek-V3's): a scale each 1x128 block of activations and "
-             "gradients and each 128x128 block of weights, E4M3 throughout, FP32 accumulation",
+             "gradients and each 128x128 block of weights, E4M3 throughout",
 }
 
 

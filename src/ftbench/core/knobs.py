@@ -81,7 +81,7 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
                 problems.append(f"{knob}={value!r} (the {family} runner does not act on {knob})")
         elif honoured[knob] is not ANY and value not in honoured[knob]:
             problems.append(f"{knob}={value!r} (the {family} runner honours {sorted(honoured[knob], key=str)})")
-    return problems + parallel_problems(variant) + model_problems(variant) + fp8_problems(variant, honoured)
+    return problems + parallel_problems(variant) + model_problems(variant) + fp8_problems(variant, honoured, family)
 
 
 def parallel_problems(variant: Variant) -> list[str]:
@@ -168,8 +168,8 @@ def model_problems(variant: Variant) -> list[str]:
 TE_RECIPES = ("delayed", "current", "block")  # Transformer Engine's recipes (fp8_recipe with fp8_backend te)
 
 
-def fp8_problems(variant: Variant, honoured: dict) -> list[str]:
-    """FP8's knobs (and the LM head's) that contradict each other or the rest."""
+def fp8_problems(variant: Variant, honoured: dict, family: str = "causal_lm") -> list[str]:
+    """FP8's knobs (and the LM head's) that contradict each other or the rest, for the runner `family`."""
     problems = []
     if variant.precision == "fp8" and variant.fp8_backend == "te" and variant.fp8_recipe not in TE_RECIPES:
         problems.append(f"fp8_recipe={variant.fp8_recipe!r} with fp8_backend='te' (Transformer Engine's recipes: "
@@ -179,6 +179,10 @@ def fp8_problems(variant: Variant, honoured: dict) -> list[str]:
     if variant.fp8_backend == "te" and variant.fused_projections:
         problems.append("fp8_backend='te' with fused_projections (each projection is its own te.Linear; a fused "
                         "group concatenates plain linears)")
+    if variant.fp8_backend == "te" and variant.gradient_checkpointing and family == "causal_lm":
+        problems.append("fp8_backend='te' with gradient_checkpointing on a causal LM (the recompute would run TE's "
+                        "layers outside the autocast the forward ran them under; TE's own checkpoint is wired for "
+                        "LLaVA's runner only)")
     if variant.fp8_recipe != DEFAULTS["fp8_recipe"] and variant.precision != "fp8":
         problems.append(f"fp8_recipe={variant.fp8_recipe!r} with precision={variant.precision!r} (fp8 only)")
     if variant.precision == "fp8" and variant.fp8_backend is None and "fp8_backend" in honoured:
