@@ -408,7 +408,7 @@ def fake_te(monkeypatch):
     import sys
     import types
 
-    state = {"recipe": None, "calls": []}
+    state = {"recipe": None, "calls": []}  # and "te": the stand-in module
     recipe = types.SimpleNamespace(Float8CurrentScaling=lambda: "current", Float8BlockScaling=lambda: "block",
                                    DelayedScaling=lambda **kw: "delayed", Format=types.SimpleNamespace(HYBRID="hybrid"))
 
@@ -441,6 +441,7 @@ def fake_te(monkeypatch):
     te = types.ModuleType("transformer_engine")
     te.pytorch, te.common = pytorch, common
     te.__spec__ = importlib.machinery.ModuleSpec("transformer_engine", None)
+    state["te"] = te
     for name, mod in {"transformer_engine": te, "transformer_engine.pytorch": pytorch,
                       "transformer_engine.common": common, "transformer_engine.common.recipe": recipe}.items():
         monkeypatch.setitem(sys.modules, name, mod)
@@ -466,7 +467,7 @@ def test_transformer_engines_recipes_run_the_decoder_in_fp8_and_leave_the_head_b
     ids = torch.randint(0, model.config.vocab_size, (1, 16))
     before = model(input_ids=ids).logits
     info = convert_decoder(model, kind, backend="te")
-    te_linear_type = sys_modules_te().pytorch.Linear
+    te_linear_type = fake_te["te"].pytorch.Linear
     decoder = [n for n, m in model.named_modules() if isinstance(m, te_linear_type)]
     assert len(decoder) == 7 * model.config.num_hidden_layers == info["converted"]
     assert type(model.lm_head) is nn.Linear and info["recipe"] == TE_WORDS[kind]
@@ -476,12 +477,6 @@ def test_transformer_engines_recipes_run_the_decoder_in_fp8_and_leave_the_head_b
     fake_te["calls"].clear()
     model.model(input_ids=ids)  # the backbone alone, as TRL's fused head calls it
     assert set(fake_te["calls"]) == {kind}
-
-
-def sys_modules_te():
-    import sys
-
-    return sys.modules["transformer_engine"]
 
 
 def test_transformer_engines_recipes_are_refused_with_other_backends_and_served_on_the_bf16_base():
@@ -518,7 +513,7 @@ def test_a_te_variant_builds_through_the_route_with_peft_lora_on_te_linears(tiny
     from ftbench.build import route
     from ftbench.config.settings import Variant
 
-    te = sys_modules_te()
+    te = fake_te["te"]
     monkeypatch.setattr(peft_te, "is_te_pytorch_available", lambda: True)
     monkeypatch.setattr(peft_te, "te", te, raising=False)
     v = Variant("te", precision="fp8", fp8_backend="te", fp8_recipe="block")

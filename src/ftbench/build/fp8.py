@@ -13,6 +13,8 @@ import re
 import torch
 from torch import nn
 
+from ftbench.core.knobs import TE_RECIPES
+
 LM_PATTERN = re.compile(r"(^|\.)(language_model|multi_modal_projector)\.")
 DECODER_PATTERN = re.compile(r"(^|\.)layers\.\d+\.")  # a causal LM's decoder layers (not the embeddings, not the LM head)
 VISION_PATTERN = re.compile(r"(^|\.)vision_tower\.")
@@ -91,13 +93,11 @@ def te_linear(linear: nn.Linear):
     return new
 
 
-TE_WORDS = {  # Transformer Engine's recipes a variant may ask for (fp8_recipe: ftbench.core.knobs.TE_RECIPES), in words
-    "delayed": "delayed scaling: scales from an amax history of 16 steps, E4M3 forward, E5M2 gradients",
-    "current": "current scaling (Float8CurrentScaling): a scale a tensor from its own amax each GEMM, E4M3 forward, "
-               "E5M2 gradients",
-    "block": "block scaling (Float8BlockScaling, DeepSeek-V3's): a scale each 1x128 block of activations and "
-             "gradients and each 128x128 block of weights, E4M3 throughout",
-}
+TE_WORDS = dict(zip(TE_RECIPES, (  # Transformer Engine's recipes (fp8_recipe with fp8_backend te), in words
+    "delayed scaling: scales from an amax history of 16 steps, E4M3 forward, E5M2 gradients",
+    "current scaling (Float8CurrentScaling): a scale a tensor from its own amax each GEMM, E4M3 forward, E5M2 gradients",
+    "block scaling (Float8BlockScaling, DeepSeek-V3's): a scale each 1x128 block of activations and gradients and each "
+    "128x128 block of weights, E4M3 throughout")))
 
 
 def te_recipe(kind: str):
@@ -130,7 +130,7 @@ def te_forward(model: nn.Module, kind: str) -> None:
     the LM head stays bf16."""
     import functools
 
-    backbone = getattr(model, getattr(model, "base_model_prefix", ""), None) or model
+    backbone = model.base_model  # transformers' name for the backbone (`model.model`)
     context, inner = te_autocast(kind), backbone.forward
 
     @functools.wraps(inner)
@@ -142,21 +142,20 @@ def te_forward(model: nn.Module, kind: str) -> None:
 
 
 def convert_te_decoder(model: nn.Module, kind: str) -> dict:
-    """A causal LM's decoder projections onto te.Linear (their bf16 weights kept: TE casts them to FP8 in each GEMM
-    under its recipe), before LoRA wraps them (PEFT's TeLinear), and the model's forward under TE's autocast in
-    recipe `kind` (`te_forward`). Off the autocast the same layers compute in bf16: the base the adapters are served
-    on."""
-    names = select_linears(model, False, DECODER_PATTERN)
-    swap_linears(model, names, te_linear)
+    """A causal LM's decoder projections onto te.Linear (`convert_te`: their bf16 weights kept, TE casts them to FP8
+    in each GEMM under its recipe), and the backbone's forward under TE's autocast in recipe `kind` (`te_forward`).
+    Off the autocast the same layers compute in bf16: the base the adapters are served on."""
+    info = convert_te(model, include_vision=False, pattern=DECODER_PATTERN)
     te_forward(model, kind)
-    return {"converted": len(names), "vision_converted": 0, "backend": "Transformer Engine",
-            "recipe": TE_WORDS[kind], "bf16_weights": "kept (te.Linear holds them; cast each GEMM)"}
+    return {**info, "backend": "Transformer Engine", "recipe": TE_WORDS[kind],
+            "bf16_weights": "kept (te.Linear holds them; cast each GEMM)"}
 
 
-def convert_te(model: nn.Module, include_vision: bool) -> dict:
-    """Language model and projector (and, padded, the vision tower) onto te.Linear, before LoRA, so PEFT
-    adapts te.Linear through its supported TE layer (no second bf16 copy of the weights)."""
-    names = select_linears(model, include_vision)
+def convert_te(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN) -> dict:
+    """The linears `pattern` selects (LLaVA: language model and projector, and, padded, the vision tower; a causal LM:
+    its decoder layers) onto te.Linear, before LoRA, so PEFT adapts te.Linear through its supported TE layer (no
+    second bf16 copy of the weights)."""
+    names = select_linears(model, include_vision, pattern)
     vision = [n for n in names if VISION_PATTERN.search(n)]
     swap_linears(model, names, te_linear, pad_names=set(vision))
     return {"converted": len(names), "vision_converted": len(vision)}
@@ -391,8 +390,8 @@ def convert_torchao(model: nn.Module, include_vision: bool, pattern: re.Pattern 
 
 
 def static_options(variant) -> dict:
-    """The static recipe's per-step settings a variant's knobs ask for (fp8_activation_scaling, fp8_fast_accum), as
-    `convert_decoder` takes them."""
+    """What `convert_decoder` takes from a variant's knobs beside its recipe: the backend, and the static recipe's
+    per-step settings (fp8_activation_scaling, fp8_fast_accum, fp8_grads, fp8_weight_scaling)."""
     return {"rows": variant.fp8_activation_scaling == "rowwise", "fast_accum": variant.fp8_fast_accum,
             "grads": variant.fp8_grads, "channels": variant.fp8_weight_scaling == "channel",
             "backend": variant.fp8_backend}

@@ -81,7 +81,7 @@ def knob_problems(family: str, variant: Variant) -> list[str]:
                 problems.append(f"{knob}={value!r} (the {family} runner does not act on {knob})")
         elif honoured[knob] is not ANY and value not in honoured[knob]:
             problems.append(f"{knob}={value!r} (the {family} runner honours {sorted(honoured[knob], key=str)})")
-    return problems + parallel_problems(variant) + model_problems(variant) + fp8_problems(variant, honoured, family)
+    return problems + parallel_problems(variant) + model_problems(variant) + fp8_problems(variant, family)
 
 
 def parallel_problems(variant: Variant) -> list[str]:
@@ -168,9 +168,9 @@ def model_problems(variant: Variant) -> list[str]:
 TE_RECIPES = ("delayed", "current", "block")  # Transformer Engine's recipes (fp8_recipe with fp8_backend te)
 
 
-def fp8_problems(variant: Variant, honoured: dict, family: str = "causal_lm") -> list[str]:
+def fp8_problems(variant: Variant, family: str) -> list[str]:
     """FP8's knobs (and the LM head's) that contradict each other or the rest, for the runner `family`."""
-    problems = []
+    honoured, problems = HONOURED[family], []
     if variant.precision == "fp8" and variant.fp8_backend == "te" and variant.fp8_recipe not in TE_RECIPES:
         problems.append(f"fp8_recipe={variant.fp8_recipe!r} with fp8_backend='te' (Transformer Engine's recipes: "
                         f"{', '.join(TE_RECIPES)})")
