@@ -40,6 +40,12 @@ def test_a_rung_is_its_base_plus_what_it_adds_and_its_own_knobs_win():
     assert resolve("lora-tb-cg-8k", pool)["token_budget"] == 8192
     assert adds_words("lora-tb-cg", pool) == "lora-tb + compiled layers in CUDA graphs"
     assert adds_words("lora-tb-cg-8k", pool) == "lora-tb-cg + rows of exactly 8,192 tokens"
+    # a knob set back to its default undoes the one technique the base had, not every technique sharing that knob
+    pool["lora-tb-eager"] = {"base": "lora-tb", "compile": None}
+    pool["lora-tb-c"] = {"base": "lora", "compile": "default"}
+    pool["lora-tb-c-eager"] = {"base": "lora-tb-c", "compile": None}
+    assert adds_words("lora-tb-eager", pool) == "lora-tb + without torch.compile"
+    assert adds_words("lora-tb-c-eager", pool) == "lora-tb-c + without torch.compile"
     said = words("lora-tb-cg", pool)
     assert said.startswith("LoRA + ") and "compiled layers in CUDA graphs" in said and "padding-free rows" in said
     assert "rows of exactly 4,096 tokens" in said and "per-sequence attention" in said

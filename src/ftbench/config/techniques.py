@@ -356,8 +356,10 @@ def adds_words(name: str, pool: dict) -> str:
     if not entry.get("base"):
         return words(name, pool)
     own = {k: v for k, v in entry.items() if k not in ("base", "adds")}
-    undone = [f"without {t.title}" for t in TECHNIQUES.values()  # a knob set back to its default: a technique undone
-              if t.knobs and all(k in own and own[k] is None for k in t.knobs)]
+    base = resolve(entry["base"], pool) if entry["base"] in pool else {}
+    undone = [f"without {t.title}" for t in TECHNIQUES.values()  # a knob set back to its default: the technique
+              if t.knobs and all(k in own and own[k] is None and base.get(k, v) == v  # the base had undone
+                                 for k, v in t.knobs.items())]
     said = [TECHNIQUES[t].title for t in entry.get("adds") or []] + undone + \
         knob_words({k: v for k, v in own.items() if v is not None}, defaults={})
     return " + ".join([entry["base"], *said]) if said else f"{entry['base']}, renamed"
