@@ -100,10 +100,13 @@ def test_every_speed_figure_in_prose_is_a_shipped_records():
         tps = (d.get("throughput") or {}).get("tokens_per_s") if d.get("status") == "ok" else None
         if tps:
             measured.add(round(tps))
-    pages = {"README.md": r"([\d,]{5,}) (?:real tokens/s|for the fastest)", "config/your_model.yaml":
-             r"([\d,]{5,}) real tokens/s", "docs/frontier.md": r"\| ([\d,]{5,})(?: \(H200\)| \(batch 1\))? \|"}
-    for path, pattern in pages.items():
-        figures = [int(x.replace(",", "")) for x in re.findall(pattern, (ROOT / path).read_text())]
+    pages = {"README.md": [r"([\d,]{5,}) (?:real tokens/s|for the fastest)"],
+             "config/your_model.yaml": [r"([\d,]{5,}) real tokens/s"],
+             "docs/frontier.md": [r"\| ([\d,]{5,})(?: \(H200\)| \(batch 1\))? \|",  # its table, and its prose
+                                  r"([\d,]{5,}) real tokens/s", r"([\d,]{5,}) and [\d,]{5,} real tokens/s"]}
+    for path, patterns in pages.items():
+        text = (ROOT / path).read_text()
+        figures = [int(x.replace(",", "")) for pattern in patterns for x in re.findall(pattern, text)]
         assert figures, path
         assert not [x for x in figures if x not in measured], (path, [x for x in figures if x not in measured])
 

@@ -45,6 +45,8 @@ def test_a_rung_is_its_base_plus_what_it_adds_and_its_own_knobs_win():
     pool["lora-tb-c"] = {"base": "lora", "compile": "default"}
     pool["lora-tb-c-eager"] = {"base": "lora-tb-c", "compile": None}
     assert adds_words("lora-tb-eager", pool) == "lora-tb + without torch.compile"
+    eager = words("lora-tb-eager", pool)  # its compile scope left from lora-tb compiles nothing: not "per-layer"
+    assert "compile" not in eager and "padding-free rows" in eager
     assert adds_words("lora-tb-c-eager", pool) == "lora-tb-c + without torch.compile"
     said = words("lora-tb-cg", pool)
     assert said.startswith("LoRA + ") and "compiled layers in CUDA graphs" in said and "padding-free rows" in said

@@ -247,6 +247,8 @@ def _covered(knobs: dict, defaults: dict | None = None) -> tuple[list[str], dict
     compilation, shapes, the host, kernels, memory) and the knobs none of them names."""
     defaults = DEFAULTS if defaults is None else defaults
     left = {k: v for k, v in knobs.items() if k != "name" and v is not None and defaults.get(k, object()) != v}
+    if not knobs.get("compile"):  # a compile scope without torch.compile compiles nothing: no technique of its own
+        left.pop("compile_scope", None)
     found = []
     for t in sorted(TECHNIQUES.values(), key=lambda t: -len(t.knobs)):
         if t.knobs and all(k in left and left[k] == v for k, v in t.knobs.items()):
