@@ -408,25 +408,37 @@ def fake_te(monkeypatch):
     import sys
     import types
 
-    state = {"recipe": None, "calls": []}  # and "te": the stand-in module
-    recipe = types.SimpleNamespace(Float8CurrentScaling=lambda: "current", Float8BlockScaling=lambda: "block",
-                                   DelayedScaling=lambda **kw: "delayed", Format=types.SimpleNamespace(HYBRID="hybrid"))
+    state = {"recipe": None, "calls": [], "init": None, "autocast": []}  # and "te": the stand-in module
+    recipe = types.SimpleNamespace(  # each recipe an object of its own, as TE's are
+        Float8CurrentScaling=lambda: types.SimpleNamespace(kind="current"),
+        Float8BlockScaling=lambda: types.SimpleNamespace(kind="block"),
+        DelayedScaling=lambda **kw: types.SimpleNamespace(kind="delayed"), Format=types.SimpleNamespace(HYBRID="hybrid"))
 
     class Linear(nn.Linear):
         def __init__(self, in_features, out_features, bias=True, params_dtype=None, device=None):
             super().__init__(in_features, out_features, bias=bias, dtype=params_dtype, device=device)
+            self.quantized_in = state["init"]  # the recipe of the quantized_model_init it was built in (None: none)
 
         def forward(self, x):
-            state["calls"].append(state["recipe"])
+            state["calls"].append(getattr(state["recipe"], "kind", None))
             return super().forward(x)
 
     @contextlib.contextmanager
     def autocast(enabled=True, recipe=None):
         state["recipe"] = recipe
+        state["autocast"].append(recipe)
         try:
             yield
         finally:
             state["recipe"] = None
+
+    @contextlib.contextmanager
+    def quantized_model_init(enabled=True, recipe=None):
+        state["init"] = recipe if enabled else None
+        try:
+            yield
+        finally:
+            state["init"] = None
 
     import importlib.machinery
 
@@ -436,7 +448,7 @@ def fake_te(monkeypatch):
         pass
 
     pytorch = types.SimpleNamespace(Linear=Linear, autocast=autocast, LayerNormLinear=LayerNormLinear,
-                                    LayerNormMLP=LayerNormLinear)
+                                    LayerNormMLP=LayerNormLinear, quantized_model_init=quantized_model_init)
     common = types.SimpleNamespace(recipe=recipe)
     te = types.ModuleType("transformer_engine")
     te.pytorch, te.common = pytorch, common
@@ -477,6 +489,28 @@ def test_transformer_engines_recipes_run_the_decoder_in_fp8_and_leave_the_head_b
     fake_te["calls"].clear()
     model.model(input_ids=ids)  # the backbone alone, as TRL's fused head calls it
     assert set(fake_te["calls"]) == {kind}
+    assert all(model.get_submodule(n).quantized_in is None for n in decoder)  # bf16 weights kept: cast each GEMM
+    assert info["bf16_weights"].startswith("kept")
+
+
+@pytest.mark.parametrize("kind", ["current", "block"])
+def test_transformer_engines_weights_alone_in_fp8_are_built_in_the_recipe_the_forward_runs(tiny_qwen, fake_te, kind):
+    """fp8_weights_only (issue 78, TE at its best for a frozen base): every decoder te.Linear is built inside TE's
+    quantized_model_init in the very recipe object the forward's autocast then runs, so TE holds each frozen weight
+    in FP8 alone, cast once; the LM head stays a plain linear, and no bf16 copy is said to be kept."""
+    from transformers import AutoModelForCausalLM
+
+    from ftbench.build.fp8 import convert_decoder
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen["path"], dtype=torch.float32)
+    info = convert_decoder(model, kind, backend="te", weights_only=True)
+    te_linear_type = fake_te["te"].pytorch.Linear
+    decoder = [m for m in model.modules() if isinstance(m, te_linear_type)]
+    assert len(decoder) == info["converted"] == 7 * model.config.num_hidden_layers
+    assert {m.quantized_in.kind for m in decoder} == {kind} and type(model.lm_head) is nn.Linear
+    model(input_ids=torch.randint(0, model.config.vocab_size, (1, 8)))
+    assert all(m.quantized_in is fake_te["autocast"][-1] for m in decoder)  # one recipe object for both
+    assert info["bf16_weights"].startswith("none: FP8 alone")
 
 
 def test_transformer_engines_recipes_are_refused_with_other_backends_and_served_on_the_bf16_base():
@@ -492,6 +526,10 @@ def test_transformer_engines_recipes_are_refused_with_other_backends_and_served_
         "causal_lm", Variant("x", precision="fp8", fp8_backend="torchao", fp8_recipe="current")))
     assert any("fused_projections" in p for p in knob_problems(
         "causal_lm", Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="current", fused_projections=True)))
+    assert knob_problems("causal_lm", Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="block",
+                                              fp8_weights_only=True)) == []
+    assert any("fp8_weights_only without" in p for p in knob_problems(
+        "causal_lm", Variant("x", precision="fp8", fp8_backend="torchao", fp8_recipe="static", fp8_weights_only=True)))
     checkpointed = Variant("x", precision="fp8", fp8_backend="te", fp8_recipe="current", gradient_checkpointing=True)
     assert any("outside the autocast" in p for p in knob_problems("causal_lm", checkpointed))
     assert knob_problems("lmm", checkpointed) == []  # LLaVA's runner recomputes under TE's own checkpoint
@@ -504,7 +542,9 @@ def test_transformer_engines_recipes_are_refused_with_other_backends_and_served_
         assert (served.precision, served.fp8_backend, served.token_budget) == ("bf16", None, 4096)
 
 
-def test_a_te_variant_builds_through_the_route_with_peft_lora_on_te_linears(tiny_qwen, fake_te, monkeypatch):
+@pytest.mark.parametrize("weights_only", [False, True])
+def test_a_te_variant_builds_through_the_route_with_peft_lora_on_te_linears(tiny_qwen, fake_te, monkeypatch,
+                                                                            weights_only):
     """The causal LM's one route with fp8_backend te (issue 78): the decoder's projections te.Linear before LoRA,
     PEFT's own Transformer Engine layer (TeLinear) adapting them, LoRA's A drawn as on every rung; a training step's
     forward runs the frozen GEMMs under TE's autocast and its backward reaches only the adapters."""
@@ -516,11 +556,12 @@ def test_a_te_variant_builds_through_the_route_with_peft_lora_on_te_linears(tiny
     te = fake_te["te"]
     monkeypatch.setattr(peft_te, "is_te_pytorch_available", lambda: True)
     monkeypatch.setattr(peft_te, "te", te, raising=False)
-    v = Variant("te", precision="fp8", fp8_backend="te", fp8_recipe="block")
+    v = Variant("te", precision="fp8", fp8_backend="te", fp8_recipe="block", fp8_weights_only=weights_only)
     assert any("FP8" in words for words in route.stages_for(v))
     model, info = route.build_causal_lm(tiny_qwen, 0, "cpu", v, {"target_modules": "all-linear", "r": 4})
     q = model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj")
     assert isinstance(q, peft_te.TeLinear) and isinstance(q.base_layer, te.pytorch.Linear)
+    assert (q.base_layer.quantized_in is not None) == weights_only  # the knob reaches the layers it names
     assert info["fp8"]["converted"] == 7 * model.config.num_hidden_layers and info["adapters_seeded"]
     ids = torch.randint(0, model.config.vocab_size, (1, 16))
     model(input_ids=ids, labels=ids).loss.backward()

@@ -79,12 +79,18 @@ def swap_linears(model: nn.Module, names: list[str], factory, pad_names=()) -> i
     return len(names)
 
 
-def te_linear(linear: nn.Linear):
-    """A Transformer Engine Linear holding the same weights (params_dtype of the original)."""
+def te_linear(linear: nn.Linear, recipe=None):
+    """A Transformer Engine Linear holding the same weights (params_dtype of the original); with a TE `recipe`
+    object, the weight held in FP8 alone in that recipe's format (TE's quantized_model_init: the copy below
+    quantizes it once)."""
+    import contextlib
+
     import transformer_engine.pytorch as te
 
-    new = te.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                    params_dtype=linear.weight.dtype, device=linear.weight.device)
+    init = te.quantized_model_init(enabled=True, recipe=recipe) if recipe is not None else contextlib.nullcontext()
+    with init:
+        new = te.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                        params_dtype=linear.weight.dtype, device=linear.weight.device)
     with torch.no_grad():
         new.weight.copy_(linear.weight)
         if linear.bias is not None:
@@ -111,18 +117,18 @@ def te_recipe(kind: str):
     return recipe.DelayedScaling(fp8_format=recipe.Format.HYBRID, amax_history_len=16, amax_compute_algo="max")
 
 
-def te_autocast(kind: str):
+def te_autocast(kind: str, recipe=None):
     """A factory of Transformer Engine's FP8 autocast context in recipe `kind`, one recipe object for the run (delayed
-    scaling keeps its amax history in it)."""
+    scaling keeps its amax history in it; `recipe`: that object, where the layers were built with it)."""
     import transformer_engine.pytorch as te
 
-    recipe = te_recipe(kind)
+    recipe = te_recipe(kind) if recipe is None else recipe
     if hasattr(te, "autocast"):  # TE 2.8+; fp8_autocast is deprecated there
         return lambda: te.autocast(enabled=True, recipe=recipe)
     return lambda: te.fp8_autocast(enabled=True, fp8_recipe=recipe)
 
 
-def te_forward(model: nn.Module, kind: str) -> None:
+def te_forward(model: nn.Module, kind: str, recipe=None) -> None:
     """The decoder's forward (the backbone, `model.model` of a causal LM) run under Transformer Engine's FP8 autocast:
     TE's layers compute in FP8 only inside it (their backward follows the forward's recipe). The backbone, not the
     whole model: TRL's fused LM head calls the backbone itself (trl.trainer.utils.add_fused_lm_head), so every path
@@ -131,7 +137,7 @@ def te_forward(model: nn.Module, kind: str) -> None:
     import functools
 
     backbone = model.base_model  # transformers' name for the backbone (`model.model`)
-    context, inner = te_autocast(kind), backbone.forward
+    context, inner = te_autocast(kind, recipe), backbone.forward
 
     @functools.wraps(inner)
     def forward(*args, **kwargs):
@@ -141,23 +147,28 @@ def te_forward(model: nn.Module, kind: str) -> None:
     backbone.forward = forward
 
 
-def convert_te_decoder(model: nn.Module, kind: str) -> dict:
+def convert_te_decoder(model: nn.Module, kind: str, weights_only: bool = False) -> dict:
     """A causal LM's decoder projections onto te.Linear (`convert_te`: their bf16 weights kept, TE casts them to FP8
-    in each GEMM under its recipe), and the backbone's forward under TE's autocast in recipe `kind` (`te_forward`).
-    Off the autocast the same layers compute in bf16: the base the adapters are served on."""
-    info = convert_te(model, include_vision=False, pattern=DECODER_PATTERN)
-    te_forward(model, kind)
-    return {**info, "backend": "Transformer Engine", "recipe": TE_WORDS[kind],
-            "bf16_weights": "kept (te.Linear holds them; cast each GEMM)"}
+    in each GEMM under its recipe; `weights_only`: held in FP8 alone, cast once, knob fp8_weights_only), and the
+    backbone's forward under TE's autocast in recipe `kind` (`te_forward`), one recipe object for both. The adapters
+    are served on a bf16 twin of their own (ftbench.data.heldout.ServedTwin), never on these layers."""
+    recipe = te_recipe(kind)
+    info = convert_te(model, include_vision=False, pattern=DECODER_PATTERN, recipe=recipe if weights_only else None)
+    te_forward(model, kind, recipe)
+    weights = ("none: FP8 alone (TE's quantized_model_init, cast once as built)" if weights_only
+               else "kept (te.Linear holds them; cast each GEMM)")
+    return {**info, "backend": "Transformer Engine", "recipe": TE_WORDS[kind], "bf16_weights": weights}
 
 
-def convert_te(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN) -> dict:
+def convert_te(model: nn.Module, include_vision: bool, pattern: re.Pattern = LM_PATTERN, recipe=None) -> dict:
     """The linears `pattern` selects (LLaVA: language model and projector, and, padded, the vision tower; a causal LM:
     its decoder layers) onto te.Linear, before LoRA, so PEFT adapts te.Linear through its supported TE layer (no
-    second bf16 copy of the weights)."""
+    second bf16 copy of the weights); with a TE `recipe` object, their weights in FP8 alone (`te_linear`)."""
+    import functools
+
     names = select_linears(model, include_vision, pattern)
     vision = [n for n in names if VISION_PATTERN.search(n)]
-    swap_linears(model, names, te_linear, pad_names=set(vision))
+    swap_linears(model, names, functools.partial(te_linear, recipe=recipe), pad_names=set(vision))
     return {"converted": len(names), "vision_converted": len(vision)}
 
 
@@ -394,18 +405,19 @@ def static_options(variant) -> dict:
     per-step settings (fp8_activation_scaling, fp8_fast_accum, fp8_grads, fp8_weight_scaling)."""
     return {"rows": variant.fp8_activation_scaling == "rowwise", "fast_accum": variant.fp8_fast_accum,
             "grads": variant.fp8_grads, "channels": variant.fp8_weight_scaling == "channel",
-            "backend": variant.fp8_backend}
+            "backend": variant.fp8_backend, "weights_only": variant.fp8_weights_only}
 
 
 def convert_decoder(model: nn.Module, recipe: str | None, transpose_once: bool = False, rows: bool = False,
                     fast_accum: str | None = None, grads: str = "e5m2", channels: bool = False,
-                    backend: str | None = "torchao") -> dict:
+                    backend: str | None = "torchao", weights_only: bool = False) -> dict:
     """A causal LM's decoder projections in FP8, before LoRA wraps them: cast once (`recipe` static,
     StaticFP8Linear, with `transpose_once` their transposes too, `rows` and `fast_accum` its), by torchao's float8
     linears in `recipe`'s scaling, or (`backend` te) Transformer Engine's linears in its recipe `recipe`; the one
-    entry for every way a causal LM is built (one process, or sharded on the meta device)."""
+    entry for every way a causal LM is built (one process, or sharded on the meta device). `weights_only`: TE's
+    weights in FP8 alone (knob fp8_weights_only)."""
     if backend == "te":
-        return convert_te_decoder(model, recipe)
+        return convert_te_decoder(model, recipe, weights_only)
     if recipe == "static":
         return convert_static(model, pattern=DECODER_PATTERN, transpose_once=transpose_once, rows=rows,
                               fast_accum=fast_accum, grads=grads, channels=channels)

@@ -46,6 +46,9 @@ TECHNIQUES = {t.name: t for t in [
       {"precision": "fp8", "fp8_backend": "te"}, short="FP8 (Transformer Engine)"),
     T("fp8-weights-once", "FP8 weights cast once", "the frozen weights cast to FP8 once rather than every step",
       {"fp8_recipe": "static"}, short="FP8 weights once"),
+    T("fp8-weights-only", "FP8 weights alone (Transformer Engine)", "the frozen weights held in FP8 alone, cast once "
+      "as built (Transformer Engine's quantized_model_init): no bf16 copy, no cast in each GEMM",
+      {"fp8_weights_only": True}, short="TE FP8 weights alone"),
     T("fp8-tensorwise-recipe", "FP8 tensor-wise recipe", "torchao's tensorwise recipe by name",
       {"fp8_recipe": "tensorwise"}, short="FP8 tensor-wise"),
     T("fp8-current", "FP8 current scaling", "Transformer Engine's current scaling: a scale a tensor from its own "
@@ -320,6 +323,7 @@ def display_names(names, pool: dict | None = None, records=None, fallback: dict 
             bases[name] = set(_covered(base)[0]) if base is not None else set()
     adds = {n: tuple(t for t in _covered(k)[0] if n in bases and t not in bases[n]) for n, k in knobs.items()}
     said = {n: display_name(k, first=adds[n]) for n, k in knobs.items()}
+    leads = dict(adds)  # what each name leads with: what it adds, then what told it apart in each round
     for _ in range(3):  # each round tells apart those still alike (in the techniques they name)
         alike = {}
         for n, s in said.items():
@@ -332,7 +336,8 @@ def display_names(names, pool: dict | None = None, records=None, fallback: dict 
             shared = set.intersection(*sets.values())
             for n in group:
                 own = tuple(t for t in TECHNIQUES if t in sets[n] - shared)
-                said[n] = display_name(knobs[n], most=max(3, len(own)), first=own + adds[n])
+                leads[n] = tuple(dict.fromkeys(own + leads[n]))  # an earlier round's difference kept
+                said[n] = display_name(knobs[n], most=max(3, len(own)), first=leads[n])
     alike = {}
     for n, s in said.items():
         alike.setdefault(s, []).append(n)

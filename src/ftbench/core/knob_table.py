@@ -66,6 +66,12 @@ KNOBS = [
       'made in every backward; the same numbers',
       {},
       {"causal_lm": ANY}),
+    K("fp8_weights_only", "bool", False,
+      "fp8_backend te: the frozen weights held in FP8 alone, cast once as the layers are built (Transformer Engine's "
+      "quantized_model_init, its way for LoRA-like fine-tuning, where the base does not change): no bf16 copy "
+      "beside them and no cast of them in each GEMM; the same numbers",
+      {},
+      {"causal_lm": ANY}),
     K("fp8_activation_scaling", "str", "tensorwise",
       'fp8_recipe static: activations and output gradients scaled tensorwise (one scale a tensor) or rowwise '
       '(one a token: amax and cast in one pass); the weights stay tensorwise',

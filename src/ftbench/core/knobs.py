@@ -61,8 +61,10 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(Variant) if f.name != 
 # knobs that change how fast a step runs, never its numbers (the same seed gives the same losses bit for bit): a
 # technique adding only these runs one seed in the quality study and inherits the verdict of the rung it stands on
 # where its curve is bit-identical to that rung's (ftbench.judge.quality)
+# (fp8_weights_only: Transformer Engine casts a frozen weight with the same recipe once or in every GEMM; a run
+# that is not bit-identical to its rung says so, and needs its own seeds)
 NUMERICS_FREE = frozenset({"trainer_metrics", "sync_free", "pin_memory", "gc_freeze", "expandable_segments",
-                           "dataloader_workers", "time_limit_s"})
+                           "dataloader_workers", "time_limit_s", "fp8_weights_only"})
 
 
 def same_numbers(a: dict, b: dict) -> bool:
@@ -176,6 +178,9 @@ def fp8_problems(variant: Variant, family: str) -> list[str]:
                         f"{', '.join(TE_RECIPES)})")
     if variant.fp8_recipe in TE_RECIPES[1:] and variant.fp8_backend != "te":
         problems.append(f"fp8_recipe={variant.fp8_recipe!r} without fp8_backend='te' (a Transformer Engine recipe)")
+    if variant.fp8_weights_only and (variant.fp8_backend != "te" or variant.precision != "fp8"):
+        problems.append("fp8_weights_only without precision='fp8' and fp8_backend='te' (Transformer Engine's "
+                        "quantized weights; torchao's weights cast once are fp8_recipe='static')")
     if variant.fp8_backend == "te" and variant.fused_projections:
         problems.append("fp8_backend='te' with fused_projections (each projection is its own te.Linear; a fused "
                         "group concatenates plain linears)")
