@@ -69,7 +69,8 @@ KNOBS = [
     K("fp8_weights_only", "bool", False,
       "fp8_backend te: the frozen weights held in FP8 alone, cast once as the layers are built (Transformer Engine's "
       "quantized_model_init, its way for LoRA-like fine-tuning, where the base does not change): no bf16 copy "
-      "beside them and no cast of them in each GEMM; the same numbers",
+      "beside them and no cast of them in each GEMM; meant to give the same numbers (the quality study's one seed "
+      "checks it)",
       {},
       {"causal_lm": ANY}),
     K("fp8_activation_scaling", "str", "tensorwise",
