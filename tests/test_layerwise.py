@@ -197,3 +197,47 @@ def test_the_layer_by_layer_build_keeps_the_variants_per_step_fp8_settings(manif
     ids = torch.randint(0, model.config.vocab_size, (2, 16))
     with torch.no_grad():
         assert torch.isfinite(model(input_ids=ids).logits).all()
+
+
+def test_a_bf16_tail_keeps_the_bf16_weights_and_its_last_steps_compute_from_them(manifests):
+    """fp8_until (issue 78: a recipe that ends on the base the adapters are served on): the layer-by-layer FP8 base
+    keeps each projection's bf16 weight (no stand-ins), its forward is FP8's until the switch, and after
+    `to_bf16` every frozen projection computes from the bf16 weight: the logits of the whole bf16 model, exactly.
+    Where a weight was kept only in FP8 the switch is refused; the runner's callback switches before the first step
+    past the FP8 share and records the step."""
+    import types
+
+    from ftbench.build.fp8 import to_bf16
+    from ftbench.run.runners.causal_lm import bf16_tail_callback
+
+    tail = Variant("t", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static", fp8_until=0.9)
+    model, _, info = build_fp8_base(manifests["in_process"], 42, "cpu", tail)
+    assert not stand_ins(model) and info["bf16_weights"].startswith("kept")
+    whole, _ = build_model(manifests["in_process"], 42, "cpu")
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        reference, fp8 = whole(input_ids=ids).logits, model(input_ids=ids).logits
+        assert not torch.equal(fp8, reference)  # FP8's error until the switch
+        record = {"extra": {}}
+        callback = bf16_tail_callback(model, 0.9, record)
+        callback.on_step_begin(None, types.SimpleNamespace(global_step=8, max_steps=10), None)
+        assert "bf16_tail" not in record["extra"] and torch.equal(model(input_ids=ids).logits, fp8)
+        callback.on_step_begin(None, types.SimpleNamespace(global_step=9, max_steps=10), None)
+        layers = [m for m in model.modules() if isinstance(m, StaticFP8Linear)]
+        assert record["extra"]["bf16_tail"] == {"fp8_steps": 9, "steps": 10, "layers_switched": len(layers)}
+        assert torch.equal(model(input_ids=ids).logits, reference)
+    fp8_only, _, _ = build_fp8_base(manifests["in_process"], 42, "cpu", STATIC)
+    with pytest.raises(RuntimeError, match="bf16 weight kept"):
+        to_bf16(fp8_only)
+
+
+def test_a_bf16_tail_is_refused_where_no_projection_could_switch():
+    from ftbench.core.knobs import knob_problems
+
+    static = dict(peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="static")
+    assert knob_problems("causal_lm", Variant("a", **static, fp8_until=0.9)) == []
+    for bad in (Variant("b", peft="lora", precision="fp8", fp8_backend="torchao", fp8_recipe="tensorwise",
+                        fp8_until=0.9),
+                Variant("c", **static, fused_projections=True, fp8_until=0.9)):
+        assert any("fp8_until without" in p for p in knob_problems("causal_lm", bad)), bad.name
+    assert any("fp8_until" in p for p in knob_problems("lmm", Variant("d", **static, fp8_until=0.9)))

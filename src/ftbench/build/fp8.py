@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ftbench.core.knobs import TE_RECIPES
@@ -327,9 +328,24 @@ class StaticFP8Linear(nn.Linear):
         self.weight = (nn.Parameter(value, requires_grad=False) if keep_weight
                        else stand_in(value.shape, value.dtype, value.device))
 
+    bf16 = False  # the last steps of a bf16 tail (knob fp8_until, `to_bf16`): the GEMMs from the bf16 weight
+
     def forward(self, x):
+        if self.bf16:
+            return F.linear(x, self.weight, self.bias)
         return static_fp8_linear(x, self.w_fp8, self.w_inv, self.bias, self.w_t_fp8, self.col_out, self.col_in,
                                  self.fast_accum, self.grads, self.weight if self.grads == "bf16" else None)
+
+
+def to_bf16(model: nn.Module) -> int:
+    """Every StaticFP8Linear of `model` computing in bf16 from its kept weight from now on (a bf16 tail, knob
+    fp8_until); refused where a weight was kept only in FP8 (its `weight` a stand-in). Returns how many switched."""
+    layers = [m for m in model.modules() if isinstance(m, StaticFP8Linear)]
+    if any(is_stand_in(m.weight) for m in layers):
+        raise RuntimeError("a bf16 tail needs every frozen projection's bf16 weight kept (fp8_until keeps them)")
+    for m in layers:
+        m.bf16 = True
+    return len(layers)
 
 
 def stand_in(shape, dtype, device) -> nn.Parameter:

@@ -51,11 +51,13 @@ def build_fp8_base(manifest: dict, seed: int, device, variant) -> tuple:
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     source = None if in_process else CheckpointSlices(manifest["path"])
-    keep = variant.fp8_grads == "bf16"  # FP8 in the forward only: the backward reads the bf16 weight
+    # FP8 in the forward only: the backward reads the bf16 weight; a bf16 tail: the last steps run from it
+    keep = variant.fp8_grads == "bf16" or variant.fp8_until is not None
     counts = draw_parameters(model, seed, device, read=source.tensor if source else None, keep_weights=keep)
     if in_process:
         name_special_tokens(model, manifest)
-    info["bf16_weights"] = ("kept: the backward's GEMM runs in bf16 from them (fp8_grads bf16)" if keep else
+    info["bf16_weights"] = ("kept: the backward's GEMM runs in bf16 from them (fp8_grads bf16), or the last steps "
+                            "do (fp8_until)" if keep else
                             "not kept: each projection cast to FP8 as it landed, its weight a stand-in")
     facts = {"method": ("in_process" if in_process else "checkpoint") + ", FP8 base layer by layer (each frozen "
                        "projection cast to FP8 as it landed; the model never whole in bf16)",

@@ -49,6 +49,9 @@ TECHNIQUES = {t.name: t for t in [
     T("fp8-weights-only", "FP8 weights alone (Transformer Engine)", "the frozen weights held in FP8 alone, cast once "
       "as built (Transformer Engine's quantized_model_init): no bf16 copy, no cast in each GEMM",
       {"fp8_weights_only": True}, short="TE FP8 weights alone"),
+    T("bf16-tail", "the last tenth of the steps on the bf16 base", "FP8 GEMMs for the first 90 % of the optimizer "
+      "steps, then the frozen projections in bf16 from their kept weights: the adapters' last steps train on the "
+      "base they are served on", {"fp8_until": 0.9}, short="bf16 tail"),
     T("fp8-tensorwise-recipe", "FP8 tensor-wise recipe", "torchao's tensorwise recipe by name",
       {"fp8_recipe": "tensorwise"}, short="FP8 tensor-wise"),
     T("fp8-current", "FP8 current scaling", "Transformer Engine's current scaling: a scale a tensor from its own "

@@ -73,6 +73,13 @@ KNOBS = [
       "checks it)",
       {},
       {"causal_lm": ANY}),
+    K("fp8_until", "float | None", None,
+      "fp8_recipe static: the share of the optimizer steps that run the frozen GEMMs in FP8; from the step after, "
+      "they run in bf16 from the kept bf16 weights, so the adapters' last steps train on the base they are served "
+      "on; 0: bf16 from the first step (the tail's own phase, for its speed: a tail's speed is the mix of its two "
+      "phases, each measured alone); null: FP8 throughout",
+      {'minimum': 0, 'exclusiveMaximum': 1},
+      {"causal_lm": ANY}),
     K("fp8_activation_scaling", "str", "tensorwise",
       'fp8_recipe static: activations and output gradients scaled tensorwise (one scale a tensor) or rowwise '
       '(one a token: amax and cast in one pass); the weights stay tensorwise',

@@ -200,6 +200,10 @@ def fp8_problems(variant: Variant, family: str) -> list[str]:
     if variant.fp8_recipe == "static" and (variant.fp8_backend != "torchao" or variant.parallel == "fsdp2"):
         problems.append("fp8_recipe='static' needs fp8_backend='torchao' and no FSDP2 (each GPU holds the FP8 copy of "
                         "the weights it casts once; FSDP2 shards the weights after)")
+    if variant.fp8_until is not None and (variant.fp8_recipe != "static" or variant.fused_projections
+                                          or variant.parallel == "fsdp2"):
+        problems.append("fp8_until without fp8_recipe='static', or with fused_projections or FSDP2 (the switch to bf16 "
+                        "runs each frozen projection from its own kept bf16 weight)")
     if variant.fp8_transpose_once and (variant.fp8_recipe != "static" or variant.fused_projections):
         problems.append("fp8_transpose_once without fp8_recipe='static', or with fused_projections (it keeps the "
                         "transpose of each weight cast once; a fused group casts its weights again)")

@@ -180,8 +180,11 @@ def train(ctx, record, device, meter):
     trainer_cls = measured_trainer(v, s, device, tokenizer.pad_token_id, slots, curve)
     callback = harness_callback(record, meter, curve, syncs,
                                 step_reader(model, tokenizer, v, multiple, record["model"]["trainable_parameters"]))
+    callbacks = [callback]
+    if v.fp8_until is not None:  # a bf16 tail: the frozen GEMMs in bf16 once the FP8 share of the steps is done
+        callbacks.append(bf16_tail_callback(model, v.fp8_until, record))
     trainer = trainer_cls(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
-                          processing_class=tokenizer, callbacks=[callback])
+                          processing_class=tokenizer, callbacks=callbacks)
     callback.trainer = trainer
     prepare_trainer(trainer, model, ctx, record, tokenizer.pad_token_id, slots)
     if curve is not None:  # the pretrained model's held-out loss, before the first step
@@ -403,6 +406,24 @@ def harness_callback(record, meter, curve, syncs, step_fields):
                 syncs.arm(meter.steps_taken)
 
     return HarnessCallback()
+
+
+def bf16_tail_callback(model, share: float, record):
+    """The callback of a bf16 tail (knob fp8_until): before the first optimizer step past `share` of them, every
+    frozen FP8 projection switches to bf16 from its kept weight (ftbench.build.fp8.to_bf16); the record says at
+    which step. The held-out points after it score the model as it then trains, on the bf16 base."""
+    from transformers import TrainerCallback
+
+    from ftbench.build.fp8 import to_bf16
+
+    class BF16Tail(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            fp8_steps = round(share * state.max_steps)
+            if "bf16_tail" not in record["extra"] and state.global_step >= fp8_steps:
+                record["extra"]["bf16_tail"] = {"fp8_steps": fp8_steps, "steps": state.max_steps,
+                                                "layers_switched": to_bf16(model)}
+
+    return BF16Tail()
 
 
 def prepare_trainer(trainer, model, ctx, record, pad_id, slots) -> None:
