@@ -434,6 +434,28 @@ def test_speed_against_quality_names_the_fastest_that_keeps_quality_as_served_an
     assert set(alone["variant"]) == {"fp8"} and alone["against"].to_list() == ["keep"]
 
 
+def test_a_bf16_tails_speed_is_the_mix_of_its_two_phases_records():
+    """A bf16 tail (knob fp8_until f) has no speed record of its own: its speed is made from the FP8-throughout
+    twin's and the bf16-from-the-first-step twin's at the same shapes, 1 / (f / fp8 + (1 - f) / bf16), and the row
+    says so; without both phases it has none, and a record of its own is never replaced."""
+    top = {"peft": "lora", "precision": "fp8", "fp8_recipe": "static"}
+    variants = {"fp8": top, "tail": {**top, "fp8_until": 0.9}, "tail0": {**top, "fp8_until": 0.0},
+                "tail-s1": {**top, "fp8_until": 0.9, "seed": 1}}
+    row = {"status": "ok", "model": "qwen3-8b", "scale": "full", "device_type": "cuda", "gpu": "H100", "dataset": "d",
+           "batch_size": 2}
+    speed = pl.DataFrame([{**row, "variant": v, "throughput.tokens_per_s": s}
+                          for v, s in (("fp8", 20000.0), ("tail0", 14000.0))])
+    fast = quality.with_tails(quality.speed_at_shapes(speed), variants)
+    mixed = 1 / (0.9 / 20000 + 0.1 / 14000)
+    assert fast["tail"]["throughput.tokens_per_s"] == pytest.approx(mixed) and 19000 < mixed < 20000
+    assert fast["tail-s1"]["throughput.tokens_per_s"] == pytest.approx(mixed)  # a seed runs at its technique's speed
+    assert "90% of the steps at fp8's speed" in fast["tail"]["mixed from"]
+    assert "tail" not in quality.with_tails(quality.speed_at_shapes(speed.filter(pl.col("variant") == "fp8")),
+                                            variants)
+    own = pl.concat([speed, pl.DataFrame([{**row, "variant": "tail", "throughput.tokens_per_s": 19000.0}])])
+    assert quality.with_tails(quality.speed_at_shapes(own), variants)["tail"]["throughput.tokens_per_s"] == 19000.0
+
+
 def test_the_served_twin_asks_its_fused_head_for_what_trls_trainer_reads():
     """SFTTrainer adds its fused LM head with log-probabilities, entropy and top-1 and reads them in compute_loss; the
     served twin's head must compute the same fields, or a run that keeps TRL's metrics fails where the twin is scored

@@ -142,6 +142,31 @@ def speed_at_shapes(speed: pl.DataFrame | None, model: str = "qwen3-8b") -> dict
     return best
 
 
+def with_tails(fast: dict[str, dict], variants: dict | None) -> dict[str, dict]:
+    """`fast` with the speed of each bf16 tail (knob fp8_until f, 0 < f < 1) that has no record of its own, made from
+    its two phases' records at the same shapes on the same GPU kind: the variant with FP8 throughout (the same knobs,
+    no fp8_until) and the one in bf16 from the first step (fp8_until 0). The same rows a step in both, so the mix is
+    1 / (f / the FP8 phase's tokens/s + (1 - f) / the bf16 phase's)."""
+    out = dict(fast)
+    knobs = {n: k for n, k in (variants or {}).items() if n in fast}
+    for name, k in (variants or {}).items():
+        f = k.get("fp8_until")
+        if name in fast or f is None or not 0 < f < 1:
+            continue
+        rest = {key: v for key, v in k.items() if key not in ("fp8_until", "seed")}
+        phase = {}
+        for other, ko in knobs.items():
+            if {key: v for key, v in ko.items() if key not in ("fp8_until", "seed")} == rest:
+                phase.setdefault(ko.get("fp8_until"), other)
+        if None not in phase or 0 not in phase:
+            continue
+        fp8, bf16 = fast[phase[None]], fast[phase[0]]
+        tps = 1 / (f / fp8["throughput.tokens_per_s"] + (1 - f) / bf16["throughput.tokens_per_s"])
+        out[name] = {**fp8, "variant": name, "throughput.tokens_per_s": tps,
+                     "mixed from": f"{f:.0%} of the steps at {phase[None]}'s speed, the rest at {phase[0]}'s"}
+    return out
+
+
 def needs_serving(name: str, variants: dict | None) -> bool:
     """Whether a technique trains on another base than the bf16 one it is served on (FP8, NF4)."""
     return ((variants or {}).get(name) or {}).get("precision") in ("fp8", "nf4")
@@ -210,7 +235,7 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
     shapes, its time to quality relative to the baseline's (a projection). `seeds`: the baseline's other seeds by
     variant name (config's integer seeds are variants already: ftbench.config.pool.expand_seeds)."""
     settings = settings or {}
-    fast = speed_at_shapes(speed)
+    fast = with_tails(speed_at_shapes(speed), variants)
     names_seeds = [x for x in seeds if isinstance(x, str)]
     out = []
     for key, group in latest_scoring(df).group_by(list(GROUP), maintain_order=True):
@@ -453,7 +478,8 @@ def quality_row(key, name: str, x: dict, runs: dict, fams: dict, readings: dict,
         "delta from it": step[0] if step else None,
         "why": why, "tokens to quality": ttq, "tokens to quality (x baseline)": rel_tokens,
         "tokens/s at Qwen3-8B": s["throughput.tokens_per_s"] if s else None,
-        "speed measured on": f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}" if s else None,
+        "speed measured on": (f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}"
+                              + (f" (a mix: {s['mixed from']})" if s.get("mixed from") else "")) if s else None,
         "time to quality (x baseline, projection)": rel_time}
 
 

@@ -4,6 +4,7 @@ the quality page (every verdict, the published claims, the FP8 GEMM errors), fro
 from __future__ import annotations
 
 import math
+import re
 import statistics
 
 import polars as pl
@@ -79,7 +80,8 @@ def speed_quality_frame(rows: list[dict], names: dict | None = None, peers: dict
         out.append({"variant": r["variant"], "name": (names or {}).get(r["variant"], r["variant"]),
                     "peer": (peers or {}).get(r["variant"]) or "ftbench", "dataset": r["dataset"], "gpu": r["gpu"],
                     "tokens/s at Qwen3-8B": r["tokens/s at Qwen3-8B"], "delta (nats)": delta,
-                    "batch": int((r.get("speed measured on") or "batch 0").rsplit("batch ", 1)[1]),
+                    "batch": int(re.search(r"batch (\d+)", r.get("speed measured on") or "batch 0").group(1)),
+                    "mixed": "(a mix:" in (r.get("speed measured on") or ""),
                     "low": lo if finite else delta, "high": hi if finite else delta,
                     "margin": r.get("margin (nats)"), "verdict": r["quality"] if served else
                     f"{r['quality (as trained)']} (as trained only)", "seen": "as served" if served else "as trained",
@@ -106,20 +108,22 @@ def speed_quality_frame(rows: list[dict], names: dict | None = None, peers: dict
                           "frontier": o.get("frontier", False),
                           "key": key[o["variant"]]} for o in out], schema={
         "variant": pl.String, "name": pl.String, "peer": pl.String, "dataset": pl.String, "gpu": pl.String,
-        "tokens/s at Qwen3-8B": pl.Float64, "delta (nats)": pl.Float64, "batch": pl.Int64, "low": pl.Float64,
-        "high": pl.Float64, "margin": pl.Float64, "verdict": pl.String, "seen": pl.String, "baseline": pl.Boolean, "against": pl.String,
-        "frontier": pl.Boolean, "key": pl.String})
+        "tokens/s at Qwen3-8B": pl.Float64, "delta (nats)": pl.Float64, "batch": pl.Int64, "mixed": pl.Boolean,
+        "low": pl.Float64, "high": pl.Float64, "margin": pl.Float64, "verdict": pl.String, "seen": pl.String,
+        "baseline": pl.Boolean, "against": pl.String, "frontier": pl.Boolean, "key": pl.String})
 
 
 def speed_quality_key(frame: pl.DataFrame) -> str:
     """The figure's numbers in words: each technique's number, display name and real tokens/s, fastest first; the
-    batch its speed was measured at where it is not the one most of them ran (a recipe that fit fewer rows)."""
+    batch its speed was measured at where it is not the one most of them ran (a recipe that fit fewer rows), and
+    where its speed is a mix of two phases' records (a bf16 tail: ftbench.judge.quality.with_tails)."""
     from ftbench.judge.analysis import _escape
 
     seen = frame.unique("variant", keep="first", maintain_order=True).sort("tokens/s at Qwen3-8B", descending=True)
     usual = seen["batch"].mode().sort()[0] if len(seen) else None
     return "; ".join(f"<b>{r['key']}</b> {_escape(r['name'])} ({r['tokens/s at Qwen3-8B']:,.0f}"
-                     f"{'' if r['batch'] == usual else ' at batch ' + str(r['batch'])})"
+                     f"{'' if r['batch'] == usual else ' at batch ' + str(r['batch'])}"
+                     f"{', a mix of its two phases' if r['mixed'] else ''})"
                      for r in seen.iter_rows(named=True))
 
 
