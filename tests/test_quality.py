@@ -449,7 +449,7 @@ def test_a_bf16_tails_speed_is_the_mix_of_its_two_phases_records():
     mixed = 1 / (0.9 / 20000 + 0.1 / 14000)
     assert fast["tail"]["throughput.tokens_per_s"] == pytest.approx(mixed) and 19000 < mixed < 20000
     assert fast["tail-s1"]["throughput.tokens_per_s"] == pytest.approx(mixed)  # a seed runs at its technique's speed
-    assert "90% of the steps at fp8's speed" in fast["tail"]["mixed from"]
+    assert fast["tail"]["mix"].startswith(" (a mix: 90% of the steps at fp8's speed")
     assert "tail" not in quality.with_tails(quality.speed_at_shapes(speed.filter(pl.col("variant") == "fp8")),
                                             variants)
     own = pl.concat([speed, pl.DataFrame([{**row, "variant": "tail", "throughput.tokens_per_s": 19000.0}])])

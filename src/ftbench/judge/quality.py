@@ -143,27 +143,24 @@ def speed_at_shapes(speed: pl.DataFrame | None, model: str = "qwen3-8b") -> dict
 
 
 def with_tails(fast: dict[str, dict], variants: dict | None) -> dict[str, dict]:
-    """`fast` with the speed of each bf16 tail (knob fp8_until f, 0 < f < 1) that has no record of its own, made from
-    its two phases' records at the same shapes on the same GPU kind: the variant with FP8 throughout (the same knobs,
-    no fp8_until) and the one in bf16 from the first step (fp8_until 0). The same rows a step in both, so the mix is
-    1 / (f / the FP8 phase's tokens/s + (1 - f) / the bf16 phase's)."""
-    out = dict(fast)
-    knobs = {n: k for n, k in (variants or {}).items() if n in fast}
-    for name, k in (variants or {}).items():
+    """`fast` with the speed of each bf16 tail (knob fp8_until f, 0 < f < 1) without a record of its own, from its two
+    phases' records at the same shapes and GPU kind (FP8 throughout: no fp8_until; bf16 from the first step: 0), the
+    same rows a step in both: 1 / (f / the FP8 phase's tokens/s + (1 - f) / the bf16 phase's)."""
+    out, variants = dict(fast), variants or {}
+    rest = {n: {key: v for key, v in k.items() if key not in ("fp8_until", "seed")} for n, k in variants.items()}
+    for name, k in variants.items():
         f = k.get("fp8_until")
         if name in fast or f is None or not 0 < f < 1:
             continue
-        rest = {key: v for key, v in k.items() if key not in ("fp8_until", "seed")}
         phase = {}
-        for other, ko in knobs.items():
-            if {key: v for key, v in ko.items() if key not in ("fp8_until", "seed")} == rest:
-                phase.setdefault(ko.get("fp8_until"), other)
+        for other in (o for o in variants if o in fast and rest[o] == rest[name]):
+            phase.setdefault(variants[other].get("fp8_until"), other)
         if None not in phase or 0 not in phase:
             continue
         fp8, bf16 = fast[phase[None]], fast[phase[0]]
         tps = 1 / (f / fp8["throughput.tokens_per_s"] + (1 - f) / bf16["throughput.tokens_per_s"])
         out[name] = {**fp8, "variant": name, "throughput.tokens_per_s": tps,
-                     "mixed from": f"{f:.0%} of the steps at {phase[None]}'s speed, the rest at {phase[0]}'s"}
+                     "mix": f" (a mix: {f:.0%} of the steps at {phase[None]}'s speed, the rest at {phase[0]}'s)"}
     return out
 
 
@@ -478,8 +475,7 @@ def quality_row(key, name: str, x: dict, runs: dict, fams: dict, readings: dict,
         "delta from it": step[0] if step else None,
         "why": why, "tokens to quality": ttq, "tokens to quality (x baseline)": rel_tokens,
         "tokens/s at Qwen3-8B": s["throughput.tokens_per_s"] if s else None,
-        "speed measured on": (f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}"
-                              + (f" (a mix: {s['mixed from']})" if s.get("mixed from") else "")) if s else None,
+        "speed measured on": f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}{s.get('mix', '')}" if s else None,
         "time to quality (x baseline, projection)": rel_time}
 
 
