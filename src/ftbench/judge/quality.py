@@ -157,9 +157,8 @@ def with_tails(fast: dict[str, dict], variants: dict | None) -> dict[str, dict]:
             phase.setdefault(variants[other].get("fp8_until"), other)
         if None not in phase or 0 not in phase:
             continue
-        fp8, bf16 = fast[phase[None]], fast[phase[0]]
-        tps = 1 / (f / fp8["throughput.tokens_per_s"] + (1 - f) / bf16["throughput.tokens_per_s"])
-        out[name] = {**fp8, "variant": name, "throughput.tokens_per_s": tps,
+        fp8, bf16 = (fast[phase[k]]["throughput.tokens_per_s"] for k in (None, 0))
+        out[name] = {**fast[phase[None]], "variant": name, "throughput.tokens_per_s": 1 / (f / fp8 + (1 - f) / bf16),
                      "mix": f" (a mix: {f:.0%} of the steps at {phase[None]}'s speed, the rest at {phase[0]}'s)"}
     return out
 
@@ -476,6 +475,7 @@ def quality_row(key, name: str, x: dict, runs: dict, fams: dict, readings: dict,
         "why": why, "tokens to quality": ttq, "tokens to quality (x baseline)": rel_tokens,
         "tokens/s at Qwen3-8B": s["throughput.tokens_per_s"] if s else None,
         "speed measured on": f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}{s.get('mix', '')}" if s else None,
+        "speed batch": s["batch_size"] if s else None, "speed mixed": bool(s and s.get("mix")),
         "time to quality (x baseline, projection)": rel_time}
 
 

@@ -4,7 +4,6 @@ the quality page (every verdict, the published claims, the FP8 GEMM errors), fro
 from __future__ import annotations
 
 import math
-import re
 import statistics
 
 import polars as pl
@@ -80,8 +79,7 @@ def speed_quality_frame(rows: list[dict], names: dict | None = None, peers: dict
         out.append({"variant": r["variant"], "name": (names or {}).get(r["variant"], r["variant"]),
                     "peer": (peers or {}).get(r["variant"]) or "ftbench", "dataset": r["dataset"], "gpu": r["gpu"],
                     "tokens/s at Qwen3-8B": r["tokens/s at Qwen3-8B"], "delta (nats)": delta,
-                    "batch": int(re.search(r"batch (\d+)", r.get("speed measured on") or "batch 0").group(1)),
-                    "mixed": "(a mix:" in (r.get("speed measured on") or ""),
+                    "batch": r.get("speed batch") or 0, "mixed": bool(r.get("speed mixed")),
                     "low": lo if finite else delta, "high": hi if finite else delta,
                     "margin": r.get("margin (nats)"), "verdict": r["quality"] if served else
                     f"{r['quality (as trained)']} (as trained only)", "seen": "as served" if served else "as trained",
