@@ -61,6 +61,7 @@ def table(found: list[dict], pool: dict) -> str:
     if not found:
         return "No quality record is shipped yet."
     from ftbench.config.techniques import adds_words
+    from ftbench.judge.quality_page import interval_text
 
     heads = {}
     for r in found:  # a technique's row: its head run's (the others carry the same verdicts)
@@ -76,10 +77,9 @@ def table(found: list[dict], pool: dict) -> str:
         for name, r in techniques.items():
             words = ("the baseline" if r["judged against"] == name else "the stand-in for the baseline") \
                 if r["seed of the baseline"] else adds_words(name, pool) if name in pool else ""
-            served = f"{fmt(r['delta (nats)'])} [{fmt(r['interval low'])}, {fmt(r['interval high'])}]" \
-                if r["interval low"] is not None and r["paired seeds"] > 1 else fmt(r["delta (nats)"])
-            trained = f"{fmt(r['delta as trained'])} [{fmt(r['as trained low'])}, {fmt(r['as trained high'])}]" \
-                if r["as trained low"] is not None and r["paired seeds"] > 1 else fmt(r["delta as trained"])
+            served = interval_text(r["delta (nats)"], r["interval low"], r["interval high"], r["paired seeds"])
+            trained = interval_text(r["delta as trained"], r["as trained low"], r["as trained high"],
+                                    r["paired seeds"])
             if r["seed of the baseline"]:
                 out.append(f"| `{name}` | {words} | {r['seeds']} seeds | (the baseline) | | (the baseline) | |")
                 continue

@@ -434,6 +434,29 @@ def test_speed_against_quality_names_the_fastest_that_keeps_quality_as_served_an
     assert set(alone["variant"]) == {"fp8"} and alone["against"].to_list() == ["keep"]
 
 
+def test_the_pages_verdict_table_shows_each_views_mean_and_interval_in_a_cell_beside_the_margin():
+    """The quality page's table (a screen wide): the technique's name and code, each view's verdict beside its mean
+    difference and 90 % interval in one cell, the margin and the seeds paired; one seed gives no interval."""
+    fp8 = family("fp8", shifted([0.010, 0.011, 0.009, 0.010, 0.010]), {"peft": "lora", "precision": "fp8"},
+                 served=shifted([0.001, 0.002, 0.000, 0.001, 0.001]))
+    rows, knobs = family("lora", BASE_END, {"peft": "lora"})
+    out = quality.quality_rows(pl.DataFrame(rows + fp8[0], infer_schema_length=None), "lora", [],
+                               {**knobs, **fp8[1]})
+    table = quality_page.page_table(quality_page.verdict_table([r for r in out if r["variant"] == r["technique"]]),
+                                    {"fp8": "LoRA: FP8"})
+    assert table.columns[:2] == ["name", "variant"] and "margin (nats)" in table.columns
+    assert {"delta (nats)", "interval low", "why"}.isdisjoint(table.columns)  # those are in verdicts.csv
+    row = next(r for r in table.iter_rows(named=True) if r["variant"] == "fp8")
+    full = next(r for r in out if r["variant"] == "fp8")
+    assert row["name"] == "LoRA: FP8" and row["quality"] == full["quality"]
+    assert row["served: mean [90 % interval]"] == (f"{full['delta (nats)']:+.4f} [{full['interval low']:+.4f}, "
+                                                   f"{full['interval high']:+.4f}]")
+    assert row["as trained: mean [90 % interval]"].startswith(f"{full['delta as trained']:+.4f} [")
+    assert quality_page.interval_text(0.0123, None, None, 1) == "+0.0123"
+    assert quality_page.interval_text(0.0123, 0.01, 0.02, 1) == "+0.0123"  # one seed: no interval
+    assert quality_page.interval_text(None, None, None, 0) == ""
+
+
 def test_a_bf16_tails_speed_is_the_mix_of_its_two_phases_records():
     """A bf16 tail (knob fp8_until f) has no speed record of its own: its speed is made from the FP8-throughout
     twin's and the bf16-from-the-first-step twin's at the same shapes, 1 / (f / fp8 + (1 - f) / bf16), and the row

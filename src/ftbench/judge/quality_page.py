@@ -201,6 +201,44 @@ def verdict_table(rows: list[dict]) -> pl.DataFrame:
         pl.col(pl.Float64).round(4))
 
 
+def interval_text(mean, lo, hi, paired) -> str:
+    """A paired difference as the tables read it: "+0.0016 [-0.0014, +0.0046]" (its interval from two seeds on)."""
+    if mean is None:
+        return ""
+    return f"{mean:+.4f} [{lo:+.4f}, {hi:+.4f}]" if lo is not None and (paired or 0) > 1 else f"{mean:+.4f}"
+
+
+# the page's verdict table: what a reader decides on, in a screen's width (results/quality/verdicts.csv has every
+# column: the interval's ends, the rung stood on, the tokens compared at, the losses before and after, why)
+ON_PAGE = ["name", "variant", "gpu", "dataset", "quality", "served: mean [90 % interval]", "margin (nats)",
+           "quality (as trained)", "as trained: mean [90 % interval]", "paired seeds", "tokens/s at Qwen3-8B",
+           "tokens to quality (x baseline)", "longer arm: tokens to quality (x baseline)"]
+
+
+# the verdict and claims tables in a screen's width: its headers and cells wrap (an interval under its mean), its names and codes
+# within 12-20 em
+VERDICTS_STYLE = ("<style>#quality-verdicts th,#quality-verdicts td,#quality-claims th,#quality-claims td"
+                  "{white-space:normal}#quality-verdicts td.text,#quality-claims td.text{min-width:12em;max-width:20em}"
+                  "</style>")
+
+
+def page_table(table: pl.DataFrame, names: dict | None = None) -> pl.DataFrame:
+    """The verdict table (`verdict_table`) as the quality page shows it: each technique by its display name (`names`)
+    and code, each view's verdict beside its mean difference and interval in one cell, the margin, the seeds paired,
+    the speed and the tokens to quality (`ON_PAGE`)."""
+    if not len(table):
+        return table
+    rows = table.to_dicts()
+    for r in rows:
+        r["name"] = (names or {}).get(r["variant"], r["variant"])
+        r["served: mean [90 % interval]"] = interval_text(r.get("delta (nats)"), r.get("interval low"),
+                                                          r.get("interval high"), r.get("paired seeds"))
+        r["as trained: mean [90 % interval]"] = interval_text(r.get("delta as trained"), r.get("as trained low"),
+                                                              r.get("as trained high"), r.get("paired seeds"))
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    return df.select([c for c in ON_PAGE if c in df.columns])
+
+
 def origin_line(df: pl.DataFrame) -> str:
     """Where the model and text came from, in a sentence (from the records)."""
     ok = df.filter(pl.col("status") == "ok")
@@ -289,12 +327,12 @@ def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers
     parts = ["<h2>Speed that keeps quality: a real fine-tune</h2>", f"<p>{_escape(origin)}</p>", *learned(rows),
              *speed, chart_svg]
     parts.append("<p>A row a technique (its runs under every seed carry the same verdict: results/quality/"
-                 "verdicts.csv has each). The verdict reads the adapters as served on the bf16 base; as trained "
-                 "beside it. Scored on the text to be learned only; the margin and the interval in nats.</p>")
+                 "verdicts.csv has each, with every column: the rung it stands on, the tokens compared at, the "
+                 "losses before and after, why). The verdict reads the adapters as served on the bf16 base; as "
+                 "trained beside it. Scored on the text to be learned only; the mean difference from the baseline, "
+                 "its 90 % interval and the margin in nats.</p>")
     table = verdict_table([r for r in rows if r.get("technique", r["variant"]) == r["variant"]])
-    if names and len(table):
-        table = table.insert_column(0, table["variant"].replace_strict(names, default=table["variant"]).alias("name"))
-    parts.append(html_table(table, "quality-verdicts"))
+    parts.append(VERDICTS_STYLE + html_table(page_table(table, names), "quality-verdicts"))
     if claims:
         parts.append("<p>The published quality claims, read from the verdicts:</p>")
         parts.append(html_table(pl.DataFrame(claims), "quality-claims"))
