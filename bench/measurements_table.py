@@ -1,6 +1,7 @@
-"""measurements/README.md's table of folders, a row a lent-GPU lease: date, machine, commit, what it measured (its
-README's title) and its headline figure (its fastest ok record: real tokens/s where the run counted tokens, else
-samples per hour), regenerated between the README's folder markers.
+"""measurements/README.md's table of folders, a row a lent-GPU lease: date, machine, commit (the one its README names
+as the code, else its records' own), what it measured (its README's title) and its headline figure (its fastest ok
+record that had its GPU to itself: real tokens/s where the run counted tokens, else samples per hour; runs that shared
+the GPU are counted, their speed never quoted), regenerated between the README's folder markers.
 
     python3 bench/measurements_table.py            # rewrite the table in place
     python3 bench/measurements_table.py --check    # exit 1 when it is stale (tests/test_readme.py runs this)
@@ -36,6 +37,12 @@ def what(folder: Path) -> str:
 
 def headline(records: list[dict]) -> str:
     ok = [r for r in records if r.get("status") == "ok"]
+    # a run that shared its GPU (the quality study's, tiny_jobs_per_gpu) says its speed is not a measurement
+    alone = [r for r in ok if not any("speed is not a measurement" in str(c)
+                                      for c in (r.get("extra") or {}).get("host_changes") or [])]
+    if ok and not alone:
+        return f"{len(ok)} runs sharing the GPU: their losses, not their speed"
+    ok = alone
     tokens = [r for r in ok if (r.get("throughput") or {}).get("tokens_per_s")]
     if tokens:
         r = max(tokens, key=lambda r: r["throughput"]["tokens_per_s"])
@@ -49,6 +56,16 @@ def headline(records: list[dict]) -> str:
     return f"{len(records)} records, none ok" if records else "no records (profiles or checks)"
 
 
+def stated(folder: Path) -> str | None:
+    """The commit a lease's README names as the code that ran ("**Code**: the files of commit **abc1234**"): the
+    records name their .git's HEAD, which is not that commit where the tree was carried beside an older .git (their
+    source digest then says which files ran)."""
+    readme = folder / "README.md"
+    found = readme.is_file() and re.search(r"^\*\*Code\*\*: the (?:files|working tree) of commit \*\*([0-9a-f]{7,40})\*\*",
+                                           readme.read_text(), re.M)
+    return found.group(1)[:7] if found else None
+
+
 def rows() -> list[str]:
     out = ["| folder | date | machine | commit | what it measured | headline (its fastest ok record) |",
            "| --- | --- | --- | --- | --- | --- |"]
@@ -57,7 +74,7 @@ def rows() -> list[str]:
     for f in folders:
         records = [json.loads(p.read_text()) for p in sorted(f.rglob("metrics.json"))]
         commits = collections.Counter(((r.get("provenance") or {}).get("git_commit") or "")[:7] for r in records)
-        commit = ", ".join(c for c, _ in commits.most_common(2) if c) or "-"
+        commit = stated(f) or ", ".join(c for c, _ in commits.most_common(2) if c) or "-"
         date = re.search(r"\d{4}-\d\d-\d\d", f.name).group(0)
         text = what(f).replace("|", "/")
         out.append(f"| `{f.name}` | {date} | {machine(f.name)} | {commit} | {text} | {headline(records)} |")
