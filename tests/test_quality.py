@@ -434,6 +434,22 @@ def test_speed_against_quality_names_the_fastest_that_keeps_quality_as_served_an
     assert set(alone["variant"]) == {"fp8"} and alone["against"].to_list() == ["keep"]
 
 
+def test_the_line_under_the_figure_names_the_fastest_that_keeps_quality_on_each_dataset_alone():
+    """Where no rung keeps quality on every dataset, the line says which one keeps it on each dataset alone, so a
+    reader who fine-tunes on instructions only sees the rung for them; with one dataset it says nothing more."""
+    keeps = quality_page.KEEPS
+    rows = [("lora", "LoRA", 2800.0, keeps, keeps, True), ("bf16", "bf16 rung", 14600.0, keeps, "inconclusive", False),
+            ("tail", "FP8, bf16 tail", 19300.0, keeps, "costs quality", False),
+            ("fp8", "FP8", 20500.0, "inconclusive", "costs quality", False)]
+    frame = pl.DataFrame([{"variant": v, "name": n, "dataset": d, "tokens/s at Qwen3-8B": s, "verdict": q,
+                           "baseline": b} for v, n, s, q1, q2, b in rows for d, q in (("instr", q1), ("text", q2))])
+    line = quality_page.speed_quality_line(frame)
+    assert line.startswith("No technique beyond the baseline")
+    assert line.endswith("Fastest that keeps quality on one dataset alone: instr: FP8, bf16 tail at 19,300; text: "
+                         "none beyond the baseline.")
+    assert "alone" not in quality_page.speed_quality_line(frame.filter(pl.col("dataset") == "instr"))
+
+
 def test_the_pages_verdict_table_shows_each_views_mean_and_interval_in_a_cell_beside_the_margin():
     """The quality page's table (a screen wide): the technique's name and code, each view's verdict beside its mean
     difference and 90 % interval in one cell, the margin and the seeds paired; one seed gives no interval."""

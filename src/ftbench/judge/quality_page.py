@@ -161,8 +161,9 @@ def speed_quality_chart(frame: pl.DataFrame):
 
 
 def speed_quality_line(frame: pl.DataFrame) -> str:
-    """One sentence under the figure: the fastest technique that keeps quality as served on every dataset it was
-    measured on, and the fastest overall, by their display names."""
+    """A sentence under the figure: the fastest technique that keeps quality as served on every dataset it was
+    measured on, and the fastest overall, by their display names; with several datasets, a second: the fastest that
+    keeps quality on each dataset alone (where one dataset holds a rung back, which one)."""
     if not len(frame):
         return "No technique has both a speed at Qwen3-8B's shapes and a quality verdict yet."
     by = {}
@@ -177,8 +178,16 @@ def speed_quality_line(frame: pl.DataFrame) -> str:
             f"real tokens/s" if keeps else
             "No technique beyond the baseline with a speed at Qwen3-8B's shapes keeps quality as served on every "
             "dataset yet")
+    datasets = sorted({r["dataset"] for rs in by.values() for r in rs})
+    alone = []  # where the datasets disagree: the fastest that keeps quality on each one alone
+    for d in datasets if len(datasets) > 1 else []:
+        mine = [v for v, rs in by.items() if not rs[0]["baseline"]
+                and any(r["dataset"] == d and r["verdict"] == KEEPS for r in rs)]
+        top = max(mine, key=speed.get) if mine else None
+        alone.append(f"{d}: {name[top]} at {speed[top]:,.0f}" if top else f"{d}: none beyond the baseline")
     return (f"{said}; fastest overall: {name[fastest]} at {speed[fastest]:,.0f} "
-            f"({', '.join(sorted({r['verdict'] for r in by[fastest]}))}).")
+            f"({', '.join(sorted({r['verdict'] for r in by[fastest]}))})"
+            + (f". Fastest that keeps quality on one dataset alone: {'; '.join(alone)}." if alone else "."))
 
 
 def svg(chart) -> str:
