@@ -381,6 +381,19 @@ def test_a_longer_arm_reads_tokens_to_quality_past_the_baselines_tokens():
     assert out["slow"]["longer arm: tokens to quality (x baseline)"].startswith("1.25x (5 seeds")
     assert out["never"]["longer arm: tokens to quality (x baseline)"].startswith("not within 1.5x")
     assert out["slow-long"]["quality"] == "longer arm" and out["lora"]["longer arm: tokens to quality (x baseline)"] is None
+    assert out["slow"]["longer arm: time to quality (x baseline, projection)"] is None  # no speed: no projection
+    # with speeds at Qwen3-8B's shapes (one GPU kind): 1.25x the tokens at 1.6x the speed, 0.78x the time
+    speed = pl.DataFrame([{"status": "ok", "model": "qwen3-8b", "scale": "full", "device_type": "cuda", "gpu": "H100",
+                           "dataset": "d", "batch_size": 2, "variant": v, "throughput.tokens_per_s": s}
+                          for v, s in (("lora", 10000.0), ("slow", 16000.0), ("never", 20000.0))])
+    rows, knobs = family("lora", BASE_END, {"peft": "lora"})
+    for f in (slow, never, arm, flat):
+        rows, knobs = rows + f[0], {**knobs, **f[1]}
+    fast = {r["variant"]: r for r in quality.quality_rows(pl.DataFrame(rows, infer_schema_length=None), "lora", [],
+                                                          knobs, speed=speed)}
+    assert fast["slow"]["speed (x baseline)"] == pytest.approx(1.6)
+    assert fast["slow"]["longer arm: time to quality (x baseline, projection)"] == pytest.approx(1.25 / 1.6, rel=1e-3)
+    assert fast["never"]["longer arm: time to quality (x baseline, projection)"] is None  # never reached: no time
 
 
 def test_a_longer_arm_trains_more_steps_on_the_same_schedule_shape():

@@ -54,15 +54,12 @@ VIEWS = ("served", "trained")
 KEEPS, COSTS, INCONCLUSIVE, NOT_MEASURED = "keeps quality", "costs quality", "inconclusive", "quality not measured"
 LONGER = "longer arm"
 
-
 SHORT_BY = 0.02  # a run that ends at most this share of the baseline's tokens short is read where it ends
 
 
 def decide(mean: float, lo: float, hi: float, margin: float, n: int) -> str:
     """The verdict of a paired interval against the practical margin."""
-    if n < MIN_PAIRS:
-        return INCONCLUSIVE
-    return KEEPS if hi < margin else COSTS if lo > margin else INCONCLUSIVE
+    return INCONCLUSIVE if n < MIN_PAIRS else KEEPS if hi < margin else COSTS if lo > margin else INCONCLUSIVE
 
 
 def verdict(diffs: list[float], base_loss: float | None, settings: dict | None = None) -> dict:
@@ -72,8 +69,7 @@ def verdict(diffs: list[float], base_loss: float | None, settings: dict | None =
     if not diffs or base_loss is None:
         return {"verdict": NOT_MEASURED, "pairs": 0,
                 "why": "no held-out curve of this view (as served, or as trained) paired with a baseline seed's"}
-    rel = (settings.get("margin") or MARGIN)["relative"]
-    conf = settings.get("confidence", CONFIDENCE)
+    rel, conf = (settings.get("margin") or MARGIN)["relative"], settings.get("confidence", CONFIDENCE)
     margin = rel * base_loss
     mean, lo, hi, sd = interval(diffs, conf)
     word = decide(mean, lo, hi, margin, len(diffs))
@@ -225,11 +221,10 @@ def identical(a: list[dict] | None, b: list[dict] | None) -> bool:
 def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | None = None,
                  speed: pl.DataFrame | None = None, lineage: dict | None = None, settings: dict | None = None,
                  default_seed: int = 42) -> list[dict]:
-    """One row per run of each (model, dataset, GPU, scoring) group holding the baseline, each carrying its
-    technique's paired verdicts (served and as trained: `verdict`), its difference from the rung it stands on
-    (`lineage`: each variant's bases, nearest first), tokens to quality and, where the same variant ran at Qwen3-8B's
-    shapes, its time to quality relative to the baseline's (a projection). `seeds`: the baseline's other seeds by
-    variant name (config's integer seeds are variants already: ftbench.config.pool.expand_seeds)."""
+    """A row a run of each (model, dataset, GPU, scoring) group holding the baseline: its technique's paired verdicts
+    (served and as trained: `verdict`), its difference from the rung it stands on (`lineage`: bases, nearest first),
+    tokens to quality (also on a longer arm) and, with a speed at Qwen3-8B's shapes, time to quality relative to the
+    baseline's (a projection). `seeds`: the baseline's other seeds by name (ftbench.config.pool.expand_seeds)."""
     settings = settings or {}
     fast = with_tails(speed_at_shapes(speed), variants)
     names_seeds = [x for x in seeds if isinstance(x, str)]
@@ -265,7 +260,10 @@ def quality_rows(df: pl.DataFrame, baseline: str, seeds: list, variants: dict | 
             if x["family"] not in read_longer:
                 read_longer[x["family"]] = longer_reading(longer.get(x["family"]), runs, fams,
                                                           row["compared at tokens"])
-            row["longer arm: tokens to quality (x baseline)"] = read_longer[x["family"]]
+            said, rel = read_longer[x["family"]] or (None, None)
+            row["longer arm: tokens to quality (x baseline)"] = said
+            row["longer arm: time to quality (x baseline, projection)"] = rel / row["speed (x baseline)"] \
+                if rel and row["speed (x baseline)"] else None
             out.append(row)
     return out
 
@@ -319,10 +317,10 @@ def longer_arms(runs: dict, fams: dict) -> dict:
     return out
 
 
-def longer_reading(fkey, runs: dict, fams: dict, tokens) -> str | None:
-    """A technique's tokens to quality read on its longer arm: the mean over its seeds of the label tokens each needs
-    to reach the baseline seeds' mean at `tokens` (as served), as a multiple of `tokens`; "not within Nx" where a seed
-    never reaches it; None without a longer arm."""
+def longer_reading(fkey, runs: dict, fams: dict, tokens) -> tuple[str, float | None] | None:
+    """A technique's tokens to quality read on its longer arm, (in words, the multiple): the mean over its seeds of the
+    label tokens each needs to reach the baseline seeds' mean at `tokens` (as served), as a multiple of `tokens`;
+    "not within Nx" (no multiple) where a seed never reaches it; None without a longer arm."""
     if fkey is None or not tokens:
         return None
     scale = next(float(v) for k, v in fkey if k == "steps_scale")
@@ -335,8 +333,9 @@ def longer_reading(fkey, runs: dict, fams: dict, tokens) -> str | None:
         return None
     reached = [tokens_to(c, target) for c in arms]
     if None in reached:
-        return f"not within {scale:g}x ({reached.count(None)} of {len(arms)} seeds never reached it)"
-    return f"{statistics.fmean(reached) / tokens:.2f}x ({len(arms)} seeds, a {scale:g}x arm)"
+        return f"not within {scale:g}x ({reached.count(None)} of {len(arms)} seeds never reached it)", None
+    rel = statistics.fmean(reached) / tokens
+    return f"{rel:.2f}x ({len(arms)} seeds, a {scale:g}x arm)", rel
 
 
 def curves_of(fam: dict, runs: dict, view: str) -> dict:
@@ -451,8 +450,8 @@ def quality_row(key, name: str, x: dict, runs: dict, fams: dict, readings: dict,
     s = next((fast[n] for n in fam.values() if n in fast), None)  # a seed of a technique runs at its speed
     base_speed = next((fast[n] for n in fams[("baseline",)].values() if n in fast
                        and (s is None or fast[n]["gpu"] == s["gpu"])), None)  # one GPU kind, never a mix
-    rel_time = (rel_tokens * base_speed["throughput.tokens_per_s"] / s["throughput.tokens_per_s"]
-                if rel_tokens is not None and s and base_speed else None)
+    speedup = s["throughput.tokens_per_s"] / base_speed["throughput.tokens_per_s"] if s and base_speed else None
+    rel_time = rel_tokens / speedup if rel_tokens is not None and speedup else None
     step = reading.get("step")
     return {
         "model": key[0], "dataset": key[1], "gpu": key[2], "scored": key[3], "variant": name,
@@ -476,6 +475,7 @@ def quality_row(key, name: str, x: dict, runs: dict, fams: dict, readings: dict,
         "tokens/s at Qwen3-8B": s["throughput.tokens_per_s"] if s else None,
         "speed measured on": f"{s['gpu']}, {s['dataset']} batch {s['batch_size']}{s.get('mix', '')}" if s else None,
         "speed batch": s["batch_size"] if s else None, "speed mixed": bool(s and s.get("mix")),
+        "speed (x baseline)": speedup,
         "time to quality (x baseline, projection)": rel_time}
 
 

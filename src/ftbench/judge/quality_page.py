@@ -200,8 +200,9 @@ SHOWN = ["variant", "techniques, in words", "gpu", "dataset", "judged against", 
          "interval low", "interval high", "margin (nats)", "quality (as trained)", "delta as trained", "as trained low",
          "as trained high", "seeds", "paired seeds", "stands on", "delta from it", "compared at tokens",
          "held-out loss before", "held-out loss after", "tokens to quality (x baseline)",
-         "longer arm: tokens to quality (x baseline)", "tokens/s at Qwen3-8B",
-         "speed measured on", "time to quality (x baseline, projection)", "scored", "why"]
+         "longer arm: tokens to quality (x baseline)", "tokens/s at Qwen3-8B", "speed (x baseline)",
+         "speed measured on", "time to quality (x baseline, projection)",
+         "longer arm: time to quality (x baseline, projection)", "scored", "why"]
 
 
 def verdict_table(rows: list[dict]) -> pl.DataFrame:
@@ -221,7 +222,8 @@ def interval_text(mean, lo, hi, paired) -> str:
 # column: the interval's ends, the rung stood on, the tokens compared at, the losses before and after, why)
 ON_PAGE = ["name", "variant", "gpu", "dataset", "quality", "served: mean [90 % interval]", "margin (nats)",
            "quality (as trained)", "as trained: mean [90 % interval]", "paired seeds", "tokens/s at Qwen3-8B",
-           "tokens to quality (x baseline)", "longer arm: tokens to quality (x baseline)"]
+           "tokens to quality (x baseline)", "longer arm: tokens to quality (x baseline)",
+           "time to quality (x baseline, projection)", "longer arm: time to quality (x baseline, projection)"]
 
 
 # the verdict and claims tables in a screen's width: its headers and cells wrap (an interval under its mean), its names and codes
