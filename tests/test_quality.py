@@ -484,6 +484,20 @@ def test_the_pages_verdict_table_shows_each_views_mean_and_interval_in_a_cell_be
     assert quality_page.interval_text(0.0123, None, None, 1) == "+0.0123"
     assert quality_page.interval_text(0.0123, 0.01, 0.02, 1) == "+0.0123"  # one seed: no interval
     assert quality_page.interval_text(None, None, None, 0) == ""
+    # tokens and time to quality: within the baseline's tokens, else on the longer arm (said); the baseline is the zero
+    arm = pl.DataFrame([{"variant": "slow", "judged against": "lora", "tokens to quality (x baseline)": None,
+                         "longer arm: tokens to quality (x baseline)": "1.25x (5 seeds, a 1.5x arm)",
+                         "time to quality (x baseline, projection)": None,
+                         "longer arm: time to quality (x baseline, projection)": 0.78125},
+                        {"variant": "lora", "judged against": "lora", "tokens to quality (x baseline)": 0.96,
+                         "longer arm: tokens to quality (x baseline)": None,
+                         "time to quality (x baseline, projection)": 0.96,
+                         "longer arm: time to quality (x baseline, projection)": None}])
+    slow, base = quality_page.page_table(arm).to_dicts()
+    assert slow["tokens to quality (x baseline)"] == "on its longer arm: 1.25x (5 seeds, a 1.5x arm)"
+    assert slow["time to quality (x baseline, projection)"] == "0.78x (longer arm)"
+    assert base["time to quality (x baseline, projection)"] == "0.96x"
+    assert base["served: mean [90 % interval]"] == "(the baseline)"
 
 
 def test_a_bf16_tails_speed_is_the_mix_of_its_two_phases_records():

@@ -222,8 +222,7 @@ def interval_text(mean, lo, hi, paired) -> str:
 # column: the interval's ends, the rung stood on, the tokens compared at, the losses before and after, why)
 ON_PAGE = ["name", "variant", "gpu", "dataset", "quality", "served: mean [90 % interval]", "margin (nats)",
            "quality (as trained)", "as trained: mean [90 % interval]", "paired seeds", "tokens/s at Qwen3-8B",
-           "tokens to quality (x baseline)", "longer arm: tokens to quality (x baseline)",
-           "time to quality (x baseline, projection)", "longer arm: time to quality (x baseline, projection)"]
+           "tokens to quality (x baseline)", "time to quality (x baseline, projection)"]
 
 
 # the verdict and claims tables in a screen's width: its headers and cells wrap (an interval under its mean), its names and codes
@@ -246,6 +245,16 @@ def page_table(table: pl.DataFrame, names: dict | None = None) -> pl.DataFrame:
                                                           r.get("interval high"), r.get("paired seeds"))
         r["as trained: mean [90 % interval]"] = interval_text(r.get("delta as trained"), r.get("as trained low"),
                                                               r.get("as trained high"), r.get("paired seeds"))
+        if r.get("judged against") == r["variant"]:  # the baseline: the zero the others are read from
+            r["served: mean [90 % interval]"] = r["as trained: mean [90 % interval]"] = "(the baseline)"
+        # within the baseline's tokens, else on the longer arm (said), in one column each
+        tokens, arm = r.get("tokens to quality (x baseline)"), r.get("longer arm: tokens to quality (x baseline)")
+        r["tokens to quality (x baseline)"] = f"{tokens:.2f}x" if tokens is not None else \
+            f"on its longer arm: {arm}" if arm else None
+        time = r.get("time to quality (x baseline, projection)")
+        arm_time = r.get("longer arm: time to quality (x baseline, projection)")
+        r["time to quality (x baseline, projection)"] = f"{time:.2f}x" if time is not None else \
+            f"{arm_time:.2f}x (longer arm)" if arm_time is not None else None
     df = pl.DataFrame(rows, infer_schema_length=None)
     return df.select([c for c in ON_PAGE if c in df.columns])
 
