@@ -38,6 +38,48 @@ def test_sequences_are_packed_whole_into_rows_of_the_budget():
         packing.pack_rows(ds, 1024)
 
 
+def test_mixed_rows_deal_the_sequences_in_the_seeds_order_each_row_a_mix_of_lengths():
+    """pack_order shuffled: every sequence whole in exactly one row of at most the budget, as few rows as the budget
+    allows, filled evenly (no short last row); one seed packs the same rows twice, another seed other rows; where best
+    fit decreasing groups like lengths (rows of sixteen 256-token sequences, rows of short ones, a short last row),
+    the mixed rows each hold long and short ones, as a padded batch drawn at random does."""
+    lengths = [256] * 64 + [200] * 40 + [120] * 60 + [60] * 20  # the plain text's shape: long ones cut at 256
+    ds = _tokenized(lengths)
+    bfd = packing.pack_rows(ds, 4096)
+    mixed = packing.pack_rows(ds, 4096, "shuffled", seed=1)
+    assert all(sum(r) == len(ids) <= 4096 for r, ids in zip(mixed["seq_lengths"], mixed["input_ids"]))
+    assert sorted(n for r in mixed["seq_lengths"] for n in r) == sorted(lengths)  # none split, none lost
+    originals = {tuple(x) for x in ds["input_ids"]}
+    for r, ids in zip(mixed["seq_lengths"], mixed["input_ids"]):  # labels travel with their tokens
+        edges = [0, *torch.tensor(r).cumsum(0).tolist()]
+        assert all(tuple(ids[a:b]) in originals for a, b in zip(edges, edges[1:]))
+    assert mixed["labels"] == mixed["input_ids"] and "messages" not in mixed.column_names
+    assert len(mixed) == len(bfd) == -(-sum(lengths) // 4096)  # as few rows as the budget allows
+    assert sum(set(r) == {256} for r in bfd["seq_lengths"]) >= 3  # best fit decreasing: rows of the longest alone
+    assert min(sum(r) for r in bfd["seq_lengths"]) < 0.7 * 4096  # ... and a short last row
+    assert all(256 in r and min(r) <= 120 for r in mixed["seq_lengths"])  # each mixed row: long and short ones
+    assert min(sum(r) for r in mixed["seq_lengths"]) >= 0.9 * sum(lengths) / len(mixed)  # filled evenly
+    assert packing.pack_rows(ds, 4096, "shuffled", seed=1)["seq_lengths"] == mixed["seq_lengths"]
+    assert packing.pack_rows(ds, 4096, "shuffled", seed=2)["seq_lengths"] != mixed["seq_lengths"]
+    assert packing.first_fit([5, 0, 3], 8, seed=0) in ([[0, 2]], [[2, 0]])  # an empty sequence is left out
+    for seed in range(20):  # dense rows (the speed runs' text): never a row more than first fit needs
+        draw = torch.Generator().manual_seed(seed)
+        dense = torch.randint(20, 513, (int(torch.randint(50, 400, (1,), generator=draw)),), generator=draw).tolist()
+        rows = packing.first_fit(dense, 4096, seed)
+        assert sorted(i for r in rows for i in r) == list(range(len(dense)))
+        assert all(sum(dense[i] for i in r) <= 4096 for r in rows)
+        assert len(rows) <= sum(dense) / (4096 - 512) + 1  # every row but one fuller than the budget less a sequence
+
+
+def test_pack_order_needs_a_token_budget():
+    from ftbench.core.knobs import Variant, model_problems
+
+    assert any("pack_order without token_budget" in p
+               for p in model_problems(Variant(name="v", padding_free=True, pack_order="shuffled")))
+    assert not any("pack_order" in p for p in model_problems(
+        Variant(name="v", padding_free=True, token_budget=4096, pack_order="shuffled")))
+
+
 def test_every_step_has_one_shape_and_counts_only_real_tokens():
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 

@@ -159,7 +159,7 @@ def test_token_budget_rows_have_one_shape_and_compile_once(pipeline):
 
     wd, _ = pipeline
     runs = wd / "results/runs/llm/qwen3-8b/tiny/japanese_alpaca"
-    for variant in ("lora-tb", "lora-tb-cg-lean-fused"):
+    for variant in ("lora-tb", "lora-tb-cg-lean-fused", "lora-tb-mix"):
         rec = json.loads((runs / variant / "bs1/metrics.json").read_text())
         assert rec["status"] == "ok" and rec["extra"]["packing"]["budget"] == 4096
         steps = list(csv.DictReader(open(runs / variant / "bs1/steps.csv")))
@@ -173,6 +173,11 @@ def test_token_budget_rows_have_one_shape_and_compile_once(pipeline):
                                                    "lora_b_backward": "two GEMMs (PyTorch's autograd)"}
     plain = json.loads((runs / "lora-tb/bs1/metrics.json").read_text())
     assert fused["loss"]["eval"] == pytest.approx(plain["loss"]["eval"], rel=1e-4)
+    # rows packed in the seed's order (pack_order shuffled): the same sequences in a row more at most
+    mixed = json.loads((runs / "lora-tb-mix/bs1/metrics.json").read_text())["extra"]["packing"]
+    assert mixed["strategy"].startswith("first fit in the run's seeded random order")
+    assert plain["extra"]["packing"]["strategy"].startswith("bfd")
+    assert mixed["rows"] <= plain["extra"]["packing"]["rows"] + 1
     top = json.loads((runs / "lora-pf-varlen-compile/bs4/metrics.json").read_text())
     assert top["compile"]["recompiles"] > 0  # what one shape per step removes
     # the sync-free rung: the same rows in the same order, the same loss step by step as the rung below it

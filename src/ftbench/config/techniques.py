@@ -126,6 +126,10 @@ TECHNIQUES = {t.name: t for t in [
       "every step (ftbench.data.packing)", {"token_budget": 4096}, short="4k-token rows"),
     T("rows-8k", "rows of exactly 8,192 tokens", "twice the token budget", {"token_budget": 8192},
       short="8k-token rows"),
+    T("mixed-rows", "rows packed in a seeded random order", "sequences dealt to the rows in the run's seeded "
+      "random order, first fit: each row a mix of lengths as a padded batch is, other rows under each seed "
+      "(best fit decreasing groups like lengths and packs the same rows under every seed)",
+      {"pack_order": "shuffled"}, short="mixed rows"),
     # the host's part of a step
     T("no-metrics", "no per-step trainer metrics", "TRL's per-step entropy and accuracy (two host syncs a step) off",
       {"trainer_metrics": False}, short="no step metrics"),

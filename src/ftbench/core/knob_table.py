@@ -162,6 +162,14 @@ KNOBS = [
       'step has one shape',
       {'minimum': 64},
       {"causal_lm": ANY}),
+    K("pack_order", "str | None", None,
+      "causal LM with token_budget: how sequences are dealt to the rows; null: TRL's best fit decreasing (longest "
+      "first: rows of like lengths, the same rows under every seed, a short remainder row); shuffled: in the run's "
+      "seeded random order, each whole into the first row with room (first fit), the rows filled evenly where that "
+      "costs no row (ftbench.data.packing.first_fit), so a row mixes lengths as a padded batch does and each seed "
+      "packs other rows",
+      {'enum': ['shuffled', None]},
+      {"causal_lm": ANY}),
     K("trainer_metrics", "bool", True,
       "causal LM: TRL's per-step entropy and token-accuracy metrics (each read with .item(): two host syncs a "
       "step); false computes the same loss from TRL's fused LM head without them",

@@ -133,6 +133,8 @@ def model_problems(variant: Variant) -> list[str]:
         problems.append("checkpoint_policy with framework='unsloth' (Unsloth checkpoints its own way)")
     if variant.token_budget and not variant.padding_free:
         problems.append("token_budget without padding_free (its rows are packed rows)")
+    if variant.pack_order and not variant.token_budget:
+        problems.append("pack_order without token_budget (it orders the packing of rows of a budget)")
     if variant.framework == "unsloth" and (not variant.trainer_metrics or variant.sync_free):
         problems.append("trainer_metrics: false or sync_free with framework='unsloth' (Unsloth computes its own loss "
                         "and runs its own loop; TRL's fused LM head and the host-side boundaries are wired for PEFT)")

@@ -9,7 +9,12 @@ B rows is then one row of B x budget tokens: the collator pads its tail with pad
 which are computed but not counted as samples or real tokens (ftbench.run.runners.causal_lm.batch_sequences), and
 variable-length attention passes a fixed number of sequence slots (ftbench.build.attention.sequence_bounds).
 Packing reorders the sequences (longest first within the packer's bins), so a packed rung's first steps hold other
-samples than rung 0's; its loss is compared on the evaluation set, which every rung sees whole.
+samples than rung 0's; its loss is compared on the evaluation set, which every rung sees whole. Best fit decreasing
+groups like lengths (on the quality study's plain text: rows of the longest sequences alone, rows of the shortest,
+and a short last row of a few) and packs the same rows under every seed, whose shuffle then only reorders them. Knob
+`pack_order: shuffled` deals the sequences in the run's seeded random order, each whole into the first row with room
+(`first_fit`), filled evenly where that costs no row: rows that mix lengths as a padded batch does, other rows under
+each seed, and no short last row where the rows have room to share.
 Unsloth (framework unsloth) trains the same rows unpadded through its own packed attention: its SFTTrainer wraps the
 padding-free collator to pass each sequence's length from the rows' `seq_lengths` (`lengths_passed` checks it did).
 """
@@ -19,9 +24,10 @@ from __future__ import annotations
 MIN_SEQUENCE = 64  # slots per row: room for sequences this short on average before a row needs more slots
 
 
-def pack_rows(ds, budget: int):
-    """The dataset packed into rows of at most `budget` tokens, sequences whole (`seq_lengths` per row); only its
-    per-token columns travel (input_ids, labels, masks: lists of scalars), not the chat messages they came from."""
+def pack_rows(ds, budget: int, order: str | None = None, seed: int = 0):
+    """The dataset packed into rows of at most `budget` tokens, sequences whole (`seq_lengths` per row): by TRL's
+    best fit decreasing, or (`order` "shuffled") first fit in a random order drawn from `seed`; only its per-token
+    columns travel (input_ids, labels, masks: lists of scalars), not the chat messages they came from."""
     import datasets
     from trl.data_utils import pack_dataset
 
@@ -32,7 +38,63 @@ def pack_rows(ds, budget: int):
     if longest > budget:
         raise ValueError(f"token_budget {budget} is shorter than a sequence ({longest} tokens): sequences are packed "
                          "whole, so the budget must hold the longest (training.max_seq_length truncates them)")
-    return pack_dataset(ds, budget, strategy="bfd")
+    if order != "shuffled":
+        return pack_dataset(ds, budget, strategy="bfd")
+    rows = first_fit([len(x) for x in ds["input_ids"]], budget, seed)
+    columns = {c: ds[c] for c in ds.column_names}
+    packed = {c: [[t for i in row for t in values[i]] for row in rows] for c, values in columns.items()}
+    packed["seq_lengths"] = [[len(columns["input_ids"][i]) for i in row] for row in rows]
+    return datasets.Dataset.from_dict(packed)
+
+
+def first_fit(lengths: list[int], budget: int, seed: int) -> list[list[int]]:
+    """The sequences' indices a row: dealt in a random order drawn from `seed`, each whole into the first row with
+    room for it. Filled evenly where that costs no row more than first fit to the budget needs, so that no step
+    trains on a short last row of a few sequences: over as few rows as the budget allows (or one more, where first
+    fit needs it too), first up to an even share of the tokens, then what did not fit up to the budget. Else (many
+    rows, each nearly full) each row as full as first fit makes it, the last one short. Empty sequences are left
+    out (as TRL's packer leaves them)."""
+    import random
+
+    order = [i for i in range(len(lengths)) if lengths[i] > 0]
+    random.Random(seed).shuffle(order)
+    total = sum(lengths[i] for i in order)
+    n = -(-total // budget)
+    rows = deal(order, lengths, n, -(-total // max(n, 1)), budget)
+    if len(rows) <= n:
+        return rows
+    full = deal(order, lengths, len(order), budget, budget)
+    more = deal(order, lengths, n + 1, -(-total // (n + 1)), budget)
+    return more if len(more) <= len(full) else full
+
+
+def deal(order: list[int], lengths: list[int], n: int, even: int, budget: int) -> list[list[int]]:
+    """`first_fit`'s one pass: up to `n` rows filled first fit to `even` tokens, then the rest first fit to `budget`
+    (a new row where none has room)."""
+    smallest = min((lengths[i] for i in order), default=0)
+    rows, used = [], []
+
+    def place(i: int, room: int, open_rows: list, may_open: bool) -> bool:
+        j = next((j for j in open_rows if used[j] + lengths[i] <= room), None)
+        if j is None and not may_open:
+            return False
+        if j is None:
+            rows.append([])
+            used.append(0)
+            j = len(rows) - 1
+            open_rows.append(j)
+        rows[j].append(i)
+        used[j] += lengths[i]
+        if used[j] + smallest > room:  # full: no sequence fits it any more
+            open_rows.remove(j)
+        return True
+
+    first = []  # the rows with room left within the even share, oldest first
+    left = [i for i in order if not place(i, even, first, len(rows) < n)]
+    spare = [j for j in range(len(rows)) if used[j] + smallest <= budget]
+    for i in left:
+        place(i, budget, spare, True)
+    return rows
 
 
 def attention_cost(seq_lengths) -> int:

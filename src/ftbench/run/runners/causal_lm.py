@@ -445,7 +445,7 @@ def prepare_trainer(trainer, model, ctx, record, pad_id, slots) -> None:
         trainer.train_dataset, trainer.eval_dataset = (truncate(ds, s.max_seq_length)
                                                        for ds in (trainer.train_dataset, trainer.eval_dataset))
     if v.token_budget:  # sequences packed whole into rows of the budget (ftbench.data.packing)
-        trainer.train_dataset, trainer.eval_dataset = (packing.pack_rows(ds, v.token_budget)
+        trainer.train_dataset, trainer.eval_dataset = (packing.pack_rows(ds, v.token_budget, v.pack_order, s.seed)
                                                        for ds in (trainer.train_dataset, trainer.eval_dataset))
         if v.framework == "unsloth":  # the rows reach Unsloth's packed attention with their sequences' lengths
             record["extra"]["unsloth_rows"] = {"padding_free": trainer.args.padding_free, **packing.lengths_passed(
@@ -476,9 +476,13 @@ def trained_record(trainer, model, ctx, record, args, multiple, slots, n_train: 
     record["extra"]["nan_inf_filter"] = args.logging_nan_inf_filter  # what the trainer ran with
     record["extra"]["non_blocking_copies"] = args.accelerator_config.non_blocking
     if v.token_budget:
+        filled = [sum(n) for n in trainer.train_dataset["seq_lengths"]]  # each row's real tokens
         record["extra"]["packing"] = {"rows": len(trainer.train_dataset), "budget": v.token_budget,
-                                      "strategy": "bfd (TRL's best fit decreasing; sequences whole)",
-                                      "sequence_slots": slots}
+                                      "strategy": "first fit in the run's seeded random order (sequences whole)"
+                                      if v.pack_order == "shuffled" else
+                                      "bfd (TRL's best fit decreasing; sequences whole)",
+                                      "sequence_slots": slots, "row_tokens_mean": sum(filled) / max(len(filled), 1),
+                                      "row_tokens_min": min(filled, default=0)}
     record["extra"]["train_samples"] = n_train
     if v.balance_ranks:  # the ranks' attention-cost spread with the balanced order and the plain one (None: not dealt)
         record["extra"]["balance_ranks"] = trainer.balanced.summary() if trainer.balanced is not None else None
