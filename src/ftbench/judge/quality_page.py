@@ -353,6 +353,10 @@ def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers
                  "its 90 % interval and the margin in nats.</p>")
     table = verdict_table([r for r in rows if r.get("technique", r["variant"]) == r["variant"]])
     parts.append(VERDICTS_STYLE + html_table(page_table(table, names), "quality-verdicts"))
+    if len(table):  # what each variant of the table is, in words, once
+        parts.append("<p>The techniques of each variant above, in words:</p>")
+        parts.append(html_table(table.select("variant", "techniques, in words").unique("variant", maintain_order=True),
+                                "quality-legend"))
     if claims:
         parts.append("<p>The published quality claims, read from the verdicts:</p>")
         parts.append(html_table(pl.DataFrame(claims), "quality-claims"))
