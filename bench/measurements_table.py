@@ -36,10 +36,10 @@ def what(folder: Path) -> str:
 
 
 def headline(records: list[dict]) -> str:
+    from ftbench.core.records import shared_gpu
+
     ok = [r for r in records if r.get("status") == "ok"]
-    # a run that shared its GPU (the quality study's, tiny_jobs_per_gpu) says its speed is not a measurement
-    alone = [r for r in ok if not any("speed is not a measurement" in str(c)
-                                      for c in (r.get("extra") or {}).get("host_changes") or [])]
+    alone = [r for r in ok if not shared_gpu(r)]  # a run that shared its GPU: its losses, never its speed
     if ok and not alone:
         return f"{len(ok)} runs sharing the GPU: their losses, not their speed"
     ok = alone
@@ -61,8 +61,8 @@ def stated(folder: Path) -> str | None:
     records name their .git's HEAD, which is not that commit where the tree was carried beside an older .git (their
     source digest then says which files ran)."""
     readme = folder / "README.md"
-    found = readme.is_file() and re.search(r"^\*\*Code\*\*: the (?:files|working tree) of commit \*\*([0-9a-f]{7,40})\*\*",
-                                           readme.read_text(), re.M)
+    said = r"^\*\*Code\*\*: the (?:files|working tree) of commit \*\*([0-9a-f]{7,40})\*\*"
+    found = readme.is_file() and re.search(said, readme.read_text(), re.M)
     return found.group(1)[:7] if found else None
 
 

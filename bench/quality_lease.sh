@@ -95,7 +95,8 @@ import glob, json, re
 from pathlib import Path
 for p in sorted(glob.glob("results/runs/quality/*/*/*/*/*/metrics.json")):
     d = json.loads(Path(p).read_text())
-    if d["status"] == "oom" or d["status"] != "ok" and re.search(r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|cuBLAS handle", d.get("reason") or "", re.I):
+    memory = re.search(r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|cuBLAS handle", d.get("reason") or "", re.I)
+    if d["status"] == "oom" or (d["status"] != "ok" and memory):
         Path(p).rename(p + ".first")
         print(p)
 PY

@@ -315,6 +315,11 @@ def quality_lineage(wildcards):
     return ftc.study_lineage(config, QUALITY_STUDY)
 
 
+def quality_pool(wildcards):
+    """The quality study's variants as config writes them, for its page's legend."""
+    return ftc.variant_pool(config, QUALITY_STUDY)
+
+
 def quality_title(wildcards):
     return config["studies"][QUALITY_STUDY].get("title", QUALITY_STUDY)
 

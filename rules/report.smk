@@ -186,6 +186,7 @@ rule quality:
         study=QUALITY_STUDY,
         settings=quality_settings,
         variants=quality_variants,
+        pool=quality_pool,
         lineage=quality_lineage,
         title=quality_title,
         seed=config["seed"],

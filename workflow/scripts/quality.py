@@ -8,7 +8,7 @@ from pathlib import Path  # noqa: E402
 import polars as pl  # noqa: E402
 
 from ftbench.judge import quality, quality_page  # noqa: E402
-from ftbench.judge.analysis import aggregate, html_page, read_runs  # noqa: E402
+from ftbench.judge.analysis import aggregate, html_page, legend_block, read_runs  # noqa: E402
 from ftbench.config.techniques import display_names, peer  # noqa: E402
 
 p = snakemake.params
@@ -34,7 +34,9 @@ curves = quality_page.svg(quality_page.baseline_curves_chart(frame, base, named[
 Path(snakemake.output.front).write_text(
     quality_page.front_fragment(rows, claims, chart, answers, origin, errors, full=False, front_curves=curves,
                                 **named))
-page = quality_page.front_fragment(rows, claims, chart, answers, origin, errors, **named)
+heads = [r["variant"] for r in rows if r.get("technique", r["variant"]) == r["variant"]]  # the verdict table's rows
+legend = legend_block([("", pl.DataFrame({"variant": heads}), "")], p.pool, df)
+page = quality_page.front_fragment(rows, claims, chart, answers, origin, errors, legend=legend, **named)
 Path(snakemake.output.html).write_text(html_page(p.title, [f"<div>{page}</div>"]))
 quality_page.verdict_table(rows).write_csv(snakemake.output.csv)
 for r in rows:

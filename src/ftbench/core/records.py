@@ -16,6 +16,14 @@ SCHEMA_VERSION = 2
 # ("no CUDA GPU"; "shared GPU"); tables show the short form (the change alone)
 
 
+SHARED_GPU = "its speed is not a measurement"  # the change a run that shared its GPU records (tiny_jobs_per_gpu)
+
+
+def shared_gpu(record: dict) -> bool:
+    """Whether a run shared its GPU with other jobs (its losses are measurements, its speed is not)."""
+    return any(SHARED_GPU in str(c) for c in (record.get("extra") or {}).get("host_changes") or [])
+
+
 def host_change(change: str, setting: str, why: str = "no CUDA GPU") -> str:
     """One entry of extra.host_changes: "precision bf16 -> fp32 (training.cpu_precision: no CUDA GPU)"."""
     return f"{change} ({setting}: {why})"

@@ -40,10 +40,11 @@ def pack_rows(ds, budget: int, order: str | None = None, seed: int = 0):
                          "whole, so the budget must hold the longest (training.max_seq_length truncates them)")
     if order != "shuffled":
         return pack_dataset(ds, budget, strategy="bfd")
-    rows = first_fit([len(x) for x in ds["input_ids"]], budget, seed)
-    columns = {c: ds[c] for c in ds.column_names}
+    columns = {c: ds[c] for c in ds.column_names}  # each column read once
+    lengths = [len(x) for x in columns["input_ids"]]
+    rows = first_fit(lengths, budget, seed)
     packed = {c: [[t for i in row for t in values[i]] for row in rows] for c, values in columns.items()}
-    packed["seq_lengths"] = [[len(columns["input_ids"][i]) for i in row] for row in rows]
+    packed["seq_lengths"] = [[lengths[i] for i in row] for row in rows]
     return datasets.Dataset.from_dict(packed)
 
 

@@ -225,11 +225,11 @@ ON_PAGE = ["name", "variant", "gpu", "dataset", "quality", "served: mean [90 % i
            "tokens to quality (x baseline)", "time to quality (x baseline, projection)"]
 
 
-# the verdict and claims tables in a screen's width: its headers and cells wrap (an interval under its mean), its names and codes
-# within 12-20 em
+# the verdict, legend and claims tables in a screen's width: headers and cells wrap (an interval under its mean),
+# long texts within 12-40 em
 VERDICTS_STYLE = ("<style>#quality-verdicts th,#quality-verdicts td,#quality-claims th,#quality-claims td"
-                  "{white-space:normal}#quality-verdicts td.text,#quality-claims td.text{min-width:12em;max-width:20em}"
-                  "</style>")
+                  "{white-space:normal}#quality-verdicts td.text,#quality-claims td.text,#legend td.text"
+                  "{min-width:12em;max-width:40em}</style>")
 
 
 def page_table(table: pl.DataFrame, names: dict | None = None) -> pl.DataFrame:
@@ -325,13 +325,14 @@ def learned(rows: list[dict]) -> list[str]:
 
 def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers: list[dict], origin: str,
                    fp8_errors: list[dict] | None = None, full: bool = True, names: dict | None = None,
-                   peers: dict | None = None, front_curves: str | None = None) -> str:
+                   peers: dict | None = None, front_curves: str | None = None, legend: tuple | None = None) -> str:
     """The report's front page (`full` false) answers two questions, each with a figure: what is fastest while
     keeping quality (speed against quality and one sentence), and what the real fine-tune learned (held-out loss
     before and after, the baseline's curves (`front_curves`, else every curve: `chart_svg`), two held-out prompts
     answered before and after), the quality page one click away.
-    The quality page (`full`) adds the verdict table (each technique by its display name, `names`, and its code),
-    the published claims, every prompt and the FP8 GEMM errors."""
+    The quality page (`full`) adds the verdict table (each technique by its display name, `names`, and its code)
+    with its variants' legend (`legend`: ftbench.judge.analysis.legend_block's), the published claims, every prompt
+    and the FP8 GEMM errors."""
     from ftbench.judge.analysis import _escape, html_table, report_link
 
     frame = speed_quality_frame(rows, names, peers)
@@ -353,10 +354,9 @@ def front_fragment(rows: list[dict], claims: list[dict], chart_svg: str, answers
                  "its 90 % interval and the margin in nats.</p>")
     table = verdict_table([r for r in rows if r.get("technique", r["variant"]) == r["variant"]])
     parts.append(VERDICTS_STYLE + html_table(page_table(table, names), "quality-verdicts"))
-    if len(table):  # what each variant of the table is, in words, once
-        parts.append("<p>The techniques of each variant above, in words:</p>")
-        parts.append(html_table(table.select("variant", "techniques, in words").unique("variant", maintain_order=True),
-                                "quality-legend"))
+    if legend:  # what each variant of the table is, in words
+        heading, frame, table_id = legend
+        parts.append(f"<p>{heading}:</p>" + html_table(frame, table_id))
     if claims:
         parts.append("<p>The published quality claims, read from the verdicts:</p>")
         parts.append(html_table(pl.DataFrame(claims), "quality-claims"))

@@ -17,7 +17,7 @@ from ftbench.harness import ranks
 from ftbench.config.settings import RunSpec, TrainSettings
 from ftbench.core.knobs import Variant
 from ftbench.harness.flops import peak_precision, peak_tflops
-from ftbench.core.records import COMPILE_CACHE_NOTES, compile_cache_kind, host_change, write_json_first
+from ftbench.core.records import COMPILE_CACHE_NOTES, SHARED_GPU, compile_cache_kind, host_change, write_json_first
 from ftbench.harness.meter import (Meter, Unsupported, guarded, job_dir, new_record, pick_device, provenance, write_csv,
                       write_record)
 from ftbench.harness.summary import summarize
@@ -50,7 +50,7 @@ def host_sharing(device) -> list[str]:
     FTBENCH_GPU_SHARED), say so. The change, for the record."""
     if device.type == "cuda":
         shared = os.environ.get("FTBENCH_GPU_SHARED")
-        return [host_change(f"GPU shared with up to {int(shared) - 1} other job(s): its speed is not a measurement",
+        return [host_change(f"GPU shared with up to {int(shared) - 1} other job(s): {SHARED_GPU}",
                             "tiny_jobs_per_gpu", "tiny scale, or training.share_gpu (runs whose losses alone matter)")] \
             if shared else []
     threads = os.environ.get("FTBENCH_CPU_THREADS")
