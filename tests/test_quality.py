@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ftbench.judge import quality, quality_page, stats
+from ftbench.data import heldout
 from ftbench.data.datasets import held_out_module, python_docs, python_docs_split
 from ftbench.build.models import materialize_gguf
 from conftest import ROOT
@@ -118,7 +119,7 @@ def test_python_docs_are_real_text_held_out_by_whole_module():
 
 def run(variant, pts, status="ok", gpu="H100 SXM5", served=None, scored="the answer"):
     """A record row with a held-out curve of (tokens, loss) points (and `served` losses beside, where given)."""
-    curve = [{"step": i, "tokens": t, "loss": x} for i, (t, x) in enumerate(pts or [])]
+    curve = [{"step": 8 * i, "tokens": t, "loss": x} for i, (t, x) in enumerate(pts or [])]  # scored every 8 steps
     for p, y in zip(curve, served or []):
         p["served"] = y
     return {"model": "m", "dataset": "d", "gpu": gpu, "variant": variant, "status": status, "reason": None,
@@ -198,6 +199,42 @@ def test_a_run_far_short_is_left_out_of_its_pairs_and_a_few_tokens_short_are_rea
     out = verdicts((rows, knobs))
     assert out["packed"]["compared at tokens"] == 198 and out["packed"]["paired seeds"] == 4
     assert out["packed-s1"]["quality"] == "quality not measured" and "short" in out["packed-s1"]["why"]
+
+
+def stepped(variant, per_step, end_loss, steps):
+    """A record row whose curve is scored at `steps` (optimizer steps), `per_step` label tokens a step, its loss
+    falling from 3.0 to `end_loss` at the last."""
+    last = steps[-1]
+    curve = [{"step": k, "tokens": k * per_step, "loss": end_loss + (3.0 - end_loss) * (1 - k / last) ** 2}
+             for k in steps]
+    return {"model": "m", "dataset": "d", "gpu": "H100 SXM5", "variant": variant, "status": "ok", "reason": None,
+            "loss.held_out": json.dumps({"points": curve, "scored": "the answer"})}
+
+
+def test_a_run_a_step_short_is_read_where_the_baselines_last_steps_were_each_scored():
+    """Mixed rows train 2-3 % fewer label tokens in 32 steps than the padded baseline: more than SHORT_BY short, so
+    against curves scored every 8 steps they are not read (the baseline would be read across its last stretch).
+    Where every baseline seed also scored each of its last 4 steps (training.held_out_last_steps), such a run is
+    read, between the baseline's points a step apart; one 20 % short still is not."""
+    every = [0, 8, 16, 24, 32]
+    tail = [0, 8, 16, 24, 29, 30, 31, 32]
+    for base_steps, read in ((every, False), (tail, True)):
+        rows = [stepped(name("lora", sd), 4000, end, base_steps) for sd, end in zip(SEEDS, BASE_END)]
+        rows += [stepped(name("mix", sd), 3880, end + 0.001, tail) for sd, end in zip(SEEDS, BASE_END)]
+        rows += [stepped(name("far", sd), 3200, end, tail) for sd, end in zip(SEEDS, BASE_END)]
+        knobs = {name(v, sd): {"peft": "lora", "t": v, "seed": sd} for v in ("lora", "mix", "far") for sd in SEEDS}
+        out = {r["variant"]: r for r in quality.quality_rows(pl.DataFrame(rows, infer_schema_length=None), "lora", [],
+                                                             knobs)}
+        assert (out["mix"]["quality"] != "quality not measured") is read, base_steps
+        assert out["far"]["quality"] == "quality not measured" and "short" in out["far"]["why"]
+    assert out["mix"]["paired seeds"] == 5 and out["mix"]["compared at tokens"] == 32 * 3880
+    assert stats.dense_from(json.loads(rows[0]["loss.held_out"])["points"]) == 29 * 4000
+
+
+def test_the_held_out_curve_scores_every_few_steps_and_each_of_the_last_ones():
+    curve = heldout.HeldOutCurve(8, last=(4, 32))
+    assert [k for k in range(1, 33) if curve.due(k)] == [8, 16, 24, 29, 30, 31, 32]
+    assert [k for k in range(1, 33) if heldout.HeldOutCurve(8).due(k)] == [8, 16, 24, 32]
 
 
 def test_an_fp8_technique_is_judged_as_served_on_the_bf16_base_and_shown_as_trained():

@@ -100,6 +100,7 @@ class TrainSettings:
     # the held-out loss every this many optimizer steps, and before the first and after the last (None: only the
     # trainer's evaluation at the end): the quality study's curve (ftbench.data.heldout, ftbench.judge.quality)
     held_out_every_steps: int | None = None
+    held_out_last_steps: int = 0  # ... and after each of the last this many: a short run read a step apart from them
     # the study's jobs share each GPU as tiny ones do (tiny_jobs_per_gpu slots): runs whose losses alone matter
     # (the quality study), never runs whose speed is measured; their records say the GPU was shared
     share_gpu: bool = False

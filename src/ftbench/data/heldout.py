@@ -47,11 +47,12 @@ def held_out_loss(trainer, model=None) -> tuple[float, int]:
 
 class HeldOutCurve:
     """The held-out loss before the first step, every `every` optimizer steps and after the last, each at the label
-    tokens trained so far (counted on the device each step; read only when the curve is evaluated). `served`: a
-    callable giving the bf16 base with the trained adapters copied in (`ServedTwin`), scored beside at each point."""
+    tokens trained so far (counted on the device each step; read only when the curve is evaluated); `last`: (k,
+    steps): also after each of the last k of the run's `steps`. `served`: a callable giving the bf16 base with the
+    trained adapters copied in (`ServedTwin`), scored beside at each point."""
 
-    def __init__(self, every: int, served=None, scored: str = "every token"):
-        self.every, self.served, self.scored = every, served, scored
+    def __init__(self, every: int, served=None, scored: str = "every token", last: tuple[int, int] = (0, 0)):
+        self.every, self.served, self.scored, self.last = every, served, scored, last
         self.points: list[dict] = []
         self.trained = None  # label tokens trained on so far (a device tensor)
         self.eval_tokens = None
@@ -71,10 +72,11 @@ class HeldOutCurve:
         self.points.append(point)
 
     def due(self, step: int) -> bool:
-        return step % self.every == 0
+        return step % self.every == 0 or (self.last[0] > 0 and step > self.last[1] - self.last[0])
 
     def summary(self) -> dict:
-        return {"points": self.points, "every_steps": self.every, "eval_label_tokens": self.eval_tokens,
+        return {"points": self.points, "every_steps": self.every, "last_steps": self.last[0],
+                "eval_label_tokens": self.eval_tokens,
                 "scored": self.scored,
                 "served": ("each point's `served`: the trained adapters on the bf16 base, the same split and loss"
                            if self.served is not None else None),

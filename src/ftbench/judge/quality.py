@@ -17,7 +17,7 @@ baseline's held-out loss there (config, with its source):
 - costs quality: +x nats [lo, hi]: the whole interval lies above it;
 - inconclusive: the interval straddles the margin, or fewer than MIN_PAIRS seeds are paired;
 - quality not measured: no curve (a speed run, a failed run), or one ending more than SHORT_BY short of the
-  baseline's tokens: never "keeps quality".
+  baseline's tokens (unless within the baseline's last steps scored one by one: stats.read_floor): never "keeps".
 
 A technique that changes no numbers (ftbench.core.knobs.NUMERICS_FREE: pinned memory, no host sync, no per-step
 metrics) runs one seed; where its curve is bit-identical to the rung it stands on (same seed), it inherits that rung's
@@ -41,7 +41,7 @@ import polars as pl
 
 from ftbench.core.knobs import same_numbers
 from ftbench.config.techniques import words
-from ftbench.judge.stats import interval, loss_at, points, tokens_to
+from ftbench.judge.stats import interval, loss_at, points, read_floor, tokens_to
 
 MIN_PAIRS = 3  # seeds a technique must share with the baseline for a verdict (an interval from fewer is too wide)
 CONFIDENCE = 0.90  # the interval's two-sided confidence, unless config's quality.confidence says otherwise
@@ -348,8 +348,7 @@ def read_group(runs: dict, fams: dict, lineage: dict | None, settings: dict, var
     on; families of one seed whose curve is bit-identical to the rung they stand on inherit its verdicts."""
     base = fams[("baseline",)]
     base_curves = {v: curves_of(base, runs, v) for v in VIEWS}
-    ends = [c[-1]["tokens"] for c in base_curves["trained"].values() if c]
-    floor = (1 - SHORT_BY) * min(ends) if ends else math.inf
+    floor = read_floor(list(base_curves["trained"].values()), SHORT_BY)
     out = {}
     for fkey, fam in fams.items():
         r = {}

@@ -41,6 +41,25 @@ def tokens_to(pts: list[dict], target: float) -> float | None:
     return float(pts[0]["tokens"]) if pts and pts[0]["loss"] <= target else None
 
 
+def dense_from(pts: list[dict]) -> float:
+    """The label tokens from which a curve has a point after every optimizer step to its end (its last steps scored
+    one by one: training.held_out_last_steps); inf where its last two points lie more than a step apart."""
+    i = len(pts) - 1
+    while i > 0 and pts[i]["step"] - pts[i - 1]["step"] == 1:
+        i -= 1
+    return pts[i]["tokens"] if i < len(pts) - 1 else math.inf
+
+
+def read_floor(curves: list, short_by: float) -> float:
+    """The fewest label tokens a run may end at and still be paired with these (the baseline's seeds') curves:
+    `short_by` of their fewest short, or, where every one of them scored each of its last steps, as low as the first
+    of those points on each (each read between points a step apart, within its schedule's last steps)."""
+    curves = [c for c in curves if c]
+    if not curves:
+        return math.inf
+    return min((1 - short_by) * min(c[-1]["tokens"] for c in curves), max(dense_from(c) for c in curves))
+
+
 def t_quantile(p: float, df: int) -> float:
     """Student's t quantile (bisection on its CDF, the regularized incomplete beta by its continued fraction)."""
     def betacf(a, b, x):

@@ -175,7 +175,7 @@ def train(ctx, record, device, meter):
         kind = ctx.dataset["kind"]
         eval_ds = heldout.scored_split(eval_ds, tokenizer, kind)
         curve = heldout.HeldOutCurve(s.held_out_every_steps, served=served_twin(ctx, device, model),
-                                     scored=heldout.SCORED[kind])
+                                     scored=heldout.SCORED[kind], last=(s.held_out_last_steps, s.max_steps))
     syncs = SyncWatch(device)
     trainer_cls = measured_trainer(v, s, device, tokenizer.pad_token_id, slots, curve)
     callback = harness_callback(record, meter, curve, syncs,
