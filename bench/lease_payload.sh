@@ -64,7 +64,7 @@ PY
 rm -rf "$out"
 (cd "$work" && tar -cf - -C pb wheels | split -b 30m -d - part.)
 for f in "$work"/part.*; do n=${f##*.}; mkdir -p "$out/p$n"; mv "$f" "$out/p$n/"; done
-grep -qx "/${out##*/}/" .git/info/exclude || echo "/${out##*/}/" >> .git/info/exclude
+grep -qx "/${out##*/}/" "$root/.git/info/exclude" || echo "/${out##*/}/" >> "$root/.git/info/exclude"
 last=$(ls -d "$out"/p* | tail -1)
 git rev-parse --short HEAD > "$last/commit.txt"
 rm -rf "$work"

@@ -173,8 +173,9 @@ def speed_quality_line(frame: pl.DataFrame) -> str:
     speed = {v: rs[0]["tokens/s at Qwen3-8B"] for v, rs in by.items()}
     name = {v: rs[0]["name"] for v, rs in by.items()}
     datasets = sorted({r["dataset"] for rs in by.values() for r in rs})
-    keeps = [v for v, rs in by.items() if not rs[0]["baseline"]
-             and {r["dataset"] for r in rs if r["verdict"] == KEEPS} == set(datasets)]
+    # the datasets each technique keeps quality on (the baseline is the zero, not a technique)
+    kept = {v: {r["dataset"] for r in rs if r["verdict"] == KEEPS} for v, rs in by.items() if not rs[0]["baseline"]}
+    keeps = [v for v, on in kept.items() if on == set(datasets)]
     fastest = max(speed, key=speed.get)
     best = max(keeps, key=speed.get) if keeps else None
     said = (f"Fastest that keeps quality (as served, on every dataset): {name[best]} at {speed[best]:,.0f} "
@@ -183,8 +184,7 @@ def speed_quality_line(frame: pl.DataFrame) -> str:
             "dataset yet")
     alone = []  # where the datasets disagree: the fastest that keeps quality on each one alone
     for d in datasets if len(datasets) > 1 else []:
-        mine = [v for v, rs in by.items() if not rs[0]["baseline"]
-                and any(r["dataset"] == d and r["verdict"] == KEEPS for r in rs)]
+        mine = [v for v, on in kept.items() if d in on]
         top = max(mine, key=speed.get) if mine else None
         alone.append(f"{d}: {name[top]} at {speed[top]:,.0f}" if top else f"{d}: none beyond the baseline")
     return (f"{said}; fastest overall: {name[fastest]} at {speed[fastest]:,.0f} "
