@@ -231,6 +231,27 @@ def test_a_run_a_step_short_is_read_where_the_baselines_last_steps_were_each_sco
     assert stats.dense_from(json.loads(rows[0]["loss.held_out"])["points"]) == 29 * 4000
 
 
+def test_a_short_seed_is_read_with_its_family_only_where_the_others_were_scored_each_step_there():
+    """One seed of a family ends 3 % short, within the baseline's last steps scored one by one. Where its family's
+    other seeds were scored only every 8 steps, reading them at its tokens would draw a straight line across their
+    last stretch (above the falling, flattening curve): that seed is left out and the rest are read where they end.
+    Where they too scored each of their last steps, all five are read at the short seed's tokens."""
+    every, tail = [0, 8, 16, 24, 32], [0, 8, 16, 24, 29, 30, 31, 32]
+    rows = [stepped(name("lora", sd), 4000, end, tail) for sd, end in zip(SEEDS, BASE_END)]
+    for v, others in (("old", every), ("dense", tail)):
+        rows += [stepped(name(v, sd), 3880 if sd == SEEDS[1] else 4000, end + 0.001,
+                         tail if sd == SEEDS[1] else others) for sd, end in zip(SEEDS, BASE_END)]
+    knobs = {name(v, sd): {"peft": "lora", "t": v, "seed": sd} for v in ("lora", "old", "dense") for sd in SEEDS}
+    out = {r["variant"]: r for r in quality.quality_rows(pl.DataFrame(rows, infer_schema_length=None), "lora", [],
+                                                         knobs)}
+    assert out["old"]["paired seeds"] == 4 and out["old"]["compared at tokens"] == 32 * 4000
+    assert out[name("old", SEEDS[1])]["quality"] == "quality not measured"
+    assert out["dense"]["paired seeds"] == 5 and out["dense"]["compared at tokens"] == 32 * 3880
+    assert 0 < out["dense"]["delta (nats)"] < 0.0015
+    stretch = [{"step": 24, "tokens": 96000}, {"step": 32, "tokens": 128000}]
+    assert not stats.readable(stretch, 124160, 0.02) and stats.readable(stretch, 96000, 0.02)
+
+
 def test_the_held_out_curve_scores_every_few_steps_and_each_of_the_last_ones():
     curve = heldout.HeldOutCurve(8, last=(4, 32))
     assert [k for k in range(1, 33) if curve.due(k)] == [8, 16, 24, 29, 30, 31, 32]

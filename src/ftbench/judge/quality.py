@@ -9,9 +9,9 @@ instruction's answer, a plain text's words; never the prompt or the chat templat
 served). A technique that changes the numbers runs under the same seeds as the baseline (config `quality.seeds`).
 
 The verdict is a paired equivalence test. For each seed both ran, the difference of their held-out losses at the same
-tokens (the fewest either trained: curves interpolated linearly, never extrapolated); their mean and its two-sided
-`confidence` interval (Student's t on the paired differences); the practical margin: `margin.relative` of the
-baseline's held-out loss there (config, with its source):
+tokens (the fewest either trained: linear between points near each curve's end, stats.readable); their mean and its
+two-sided `confidence` interval (Student's t on the paired differences); the practical margin: `margin.relative` of
+the baseline's held-out loss there (config, with its source):
 
 - keeps quality: the whole interval lies below the margin (it may be better: a fall keeps quality);
 - costs quality: +x nats [lo, hi]: the whole interval lies above it;
@@ -41,7 +41,7 @@ import polars as pl
 
 from ftbench.core.knobs import same_numbers
 from ftbench.config.techniques import words
-from ftbench.judge.stats import interval, loss_at, points, read_floor, tokens_to
+from ftbench.judge.stats import interval, loss_at, points, read_floor, read_together, tokens_to
 
 MIN_PAIRS = 3  # seeds a technique must share with the baseline for a verdict (an interval from fewer is too wide)
 CONFIDENCE = 0.90  # the interval's two-sided confidence, unless config's quality.confidence says otherwise
@@ -200,14 +200,14 @@ def latest_scoring(df: pl.DataFrame) -> pl.DataFrame:
 
 def paired(mine: dict, base: dict, floor: float) -> dict:
     """The paired differences of two families' curves ({seed: curve}) over the seeds both ran, read at the fewest
-    tokens any of those runs trained; a run ending below `floor` tokens (more than SHORT_BY short of the baseline's)
-    is left out, and said. Returns {diffs, seeds, tokens, base_loss, left_out}."""
+    tokens any of those runs trained; a run ending below `floor` tokens (more than SHORT_BY short of the baseline's),
+    or where another's curve has no point a step apart (stats.read_together), is left out, and said."""
     shared = [s for s in mine if s in base and mine[s] and base[s]]
     left = [s for s in shared if mine[s][-1]["tokens"] < floor]
-    shared = [s for s in shared if s not in left]
+    shared, more, tokens = read_together(mine, base, [s for s in shared if s not in left], SHORT_BY)
+    left += more
     if not shared:
         return {"diffs": [], "seeds": [], "tokens": None, "base_loss": None, "left_out": left}
-    tokens = min(min(mine[s][-1]["tokens"], base[s][-1]["tokens"]) for s in shared)
     diffs = [loss_at(mine[s], tokens) - loss_at(base[s], tokens) for s in shared]
     base_loss = statistics.fmean(loss_at(base[s], tokens) for s in shared)
     return {"diffs": diffs, "seeds": shared, "tokens": tokens, "base_loss": base_loss, "left_out": left}
@@ -437,7 +437,8 @@ def quality_row(key, name: str, x: dict, runs: dict, fams: dict, readings: dict,
         word = served["verdict"]
         if x["seed"] in (served.get("left_out") or []):
             word, why = NOT_MEASURED, (f"its curve ends at {pts[-1]['tokens']:,} label tokens, more than "
-                                       f"{SHORT_BY:.0%} short of the baseline's: not read ({why})")
+                                       f"{SHORT_BY:.0%} short of the baseline's, or of its seeds' where their "
+                                       f"curves were not scored each step: not read ({why})")
     if x["apart"] and word != NOT_MEASURED:
         why = f"served on the bf16 base: {why}; as trained: {trained['verdict']}, {trained['why']}"
     base_pts = [c for c in curves_of(fams[("baseline",)], runs, "trained").values() if c]

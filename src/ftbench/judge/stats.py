@@ -60,6 +60,38 @@ def read_floor(curves: list, short_by: float) -> float:
     return min((1 - short_by) * min(c[-1]["tokens"] for c in curves), max(dense_from(c) for c in curves))
 
 
+def readable(pts: list[dict], tokens: float, short_by: float) -> bool:
+    """Whether a curve may be read at `tokens`: at most `short_by` of its tokens before its end, at one of its points,
+    or between two points a step apart; not across a stretch of several steps, where a straight line between two
+    points of a falling, flattening curve lies above it."""
+    if tokens >= (1 - short_by) * pts[-1]["tokens"]:
+        return True
+    return any(a["tokens"] <= tokens <= b["tokens"] and (tokens in (a["tokens"], b["tokens"])
+                                                         or (b.get("step") or 0) - (a.get("step") or 0) == 1)
+               for a, b in zip(pts, pts[1:]))
+
+
+def read_together(mine: dict, base: dict, seeds: list, short_by: float) -> tuple[list, list, float | None]:
+    """The seeds two families' curves ({seed: curve}) are read at together, and the tokens: the fewest any of their
+    runs trained, where every one of their curves is `readable`; else the seed whose runs end first is left out, and
+    so on. A run of a longer schedule than its pair's (a longer arm: more than `short_by` more tokens) is read along
+    its curve wherever its pair ends. Returns (seeds read, seeds left out, tokens)."""
+    def same_schedule(s):
+        return (1 - short_by) * mine[s][-1]["tokens"] <= base[s][-1]["tokens"]
+
+    seeds, left = list(seeds), []
+    while seeds:
+        ends = {s: min(mine[s][-1]["tokens"], base[s][-1]["tokens"]) for s in seeds}
+        tokens = min(ends.values())
+        if all(readable(base[s], tokens, short_by) and (readable(mine[s], tokens, short_by) or not same_schedule(s))
+               for s in seeds):
+            return seeds, left, tokens
+        first = min(seeds, key=ends.get)
+        seeds.remove(first)
+        left.append(first)
+    return [], left, None
+
+
 def t_quantile(p: float, df: int) -> float:
     """Student's t quantile (bisection on its CDF, the regularized incomplete beta by its continued fraction)."""
     def betacf(a, b, x):
