@@ -12,7 +12,7 @@ through FA4 by two routes:
 Prints, for each case and route, the largest difference of the output and of the three gradients (relative to FA2's
 largest value) and how many values are NaN or infinite.
 
-    python3 bench/fa4_check.py            (PYTHONPATH with flash-attn-4 and the CUTLASS DSL's dsl_packages)
+    python3 bench/fa4_check.py            (PYTHONPATH with flash-attn-4 and the CuTe DSL's python_packages)
 
 Why: the FA4 rung's loss was NaN from step 2 on an H100 (measurements/h100-2026-11-27-e) while its first forward
 agreed with FA2's. The cases separate what the rows add to a plain causal call: several sequences in one row, the

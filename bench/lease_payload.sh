@@ -28,7 +28,7 @@ fi
 # FlashAttention-4 with the CuTe DSL (80 MB, three more pieces) only with FA4=1. The DSL's Python (cutlass.cute) is in
 # nvidia-cutlass-dsl 4.5.3's CUDA 13 wheel (whole: the Python, its MLIR library and runtime) and in no wheel of 4.6 to
 # 4.8.1 on this index (theirs hold the compiled MLIR parts alone), so the newest flash-attn-4 that accepts 4.5.x,
-# 4.0.0b18 (b20 and later pin 4.6), with quack-kernels 0.5.0 (0.5.1 and later pin 4.6 too); b18's _flash_attn_fwd
+# 4.0.0b18 (b20 to b36 pin 4.6), with quack-kernels 0.5.0 (0.5.1 and later pin 4.6 too); b18's _flash_attn_fwd
 # and _flash_attn_bwd take the arguments ftbench.build.attention names. The DSL's Python lies under
 # nvidia_cutlass_dsl/python_packages (the wheel's .pth, which --target skips, names it): quality_lease.sh's path.
 if [ -n "${FA4:-}" ]; then

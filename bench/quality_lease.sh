@@ -31,7 +31,7 @@
 set -u
 tree=/tmp/ftb
 mine=/tmp/mine
-site="/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
+site="/tmp/site:/tmp/site/nvidia_cutlass_dsl/python_packages"
 smk="python3 -m snakemake --cores 16 --resources gpu=1 --scheduler greedy --keep-going"
 quality="--configfile config/quality_gpu.yaml --omit-from quality"
 nemo_runs="results/runs/quality/smollm2-135m/full/python_docstrings/nemo-lora-tb/bs1/metrics.json"

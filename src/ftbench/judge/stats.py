@@ -66,9 +66,8 @@ def readable(pts: list[dict], tokens: float, short_by: float) -> bool:
     points of a falling, flattening curve lies above it."""
     if tokens >= (1 - short_by) * pts[-1]["tokens"]:
         return True
-    return any(a["tokens"] <= tokens <= b["tokens"] and (tokens in (a["tokens"], b["tokens"])
-                                                         or (b.get("step") or 0) - (a.get("step") or 0) == 1)
-               for a, b in zip(pts, pts[1:]))
+    return any(a["tokens"] <= tokens <= b["tokens"]
+               and (tokens in (a["tokens"], b["tokens"]) or b["step"] - a["step"] == 1) for a, b in zip(pts, pts[1:]))
 
 
 def read_together(mine: dict, base: dict, seeds: list, short_by: float) -> tuple[list, list, float | None]:
